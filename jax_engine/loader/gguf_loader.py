@@ -1,0 +1,118 @@
+"""Load a llama.cpp GGUF file: config, dequantized weights and tokenizer, with NumPy only."""
+
+import re
+
+import numpy as np
+from gguf import GGUFReader, GGMLQuantizationType
+from gguf.quants import dequantize
+
+from jax_engine.loader.checkpoint import Checkpoint
+from jax_engine.loader.gguf_tokenizer import tokenizer_from_gguf
+from jax_engine.model_config import ModelConfig
+
+# GGUF tensor name -> HF parameter name ({i} is the layer index).
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(.+)")
+
+
+def _field(reader: GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _hf_name(gguf_name: str) -> str:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_PATTERN.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        raise ValueError(f"unexpected tensor {gguf_name!r} in GGUF file")
+    return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+
+
+def _undo_rope_permutation(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Invert llama.cpp's q/k row permutation.
+
+    llama.cpp's converter reorders each head's rows from HF's "rotate half" layout
+    [x0..x31 | x32..x63] to interleaved pairs (x0, x32, x1, x33, ...); we put them back.
+    """
+    out_features = weight.shape[0]
+    per_head = out_features // num_heads
+    return (
+        weight.reshape(num_heads, per_head // 2, 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def _read_config(reader: GGUFReader) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    get = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    hidden = int(get("embedding_length"))
+    num_heads = int(get("attention.head_count"))
+    tokens = reader.fields["tokenizer.ggml.tokens"]
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(get("vocab_size", len(tokens.data))),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=int(get("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(get("attention.head_count_kv", num_heads)),
+        head_dim=int(get("attention.key_length", hidden // num_heads)),
+        rope_theta=float(get("rope.freq_base", 10000.0)),
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        max_position_embeddings=int(get("context_length")),
+        tie_word_embeddings="output.weight" not in {t.name for t in reader.tensors},
+        attention_bias="blk.0.attn_q.bias" in {t.name for t in reader.tensors},
+        qk_norm="blk.0.attn_q_norm.weight" in {t.name for t in reader.tensors},
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (int(eos),),
+    )
+
+
+def _dequantized(tensor) -> np.ndarray:
+    if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        array = np.asarray(tensor.data, dtype=np.float32)
+    else:
+        array = dequantize(tensor.data, tensor.tensor_type)
+    # GGUF lists dimensions fastest-first; NumPy's order is the reverse, which is HF's [out, in].
+    return array.reshape(tuple(reversed([int(d) for d in tensor.shape]))).astype(np.float32)
+
+
+def load_gguf(path: str) -> Checkpoint:
+    """Load a GGUF file into float32 NumPy weights under HF names, plus its tokenizer."""
+    reader = GGUFReader(path)
+    config = _read_config(reader)
+    # Only llama.cpp's llama-family converter permutes q/k rows; qwen2/qwen3 files keep HF order.
+    permuted = config.architecture in ("llama", "mistral")
+    weights = {}
+    for tensor in reader.tensors:
+        name = _hf_name(tensor.name)
+        array = _dequantized(tensor)
+        if permuted and name.endswith("q_proj.weight"):
+            array = _undo_rope_permutation(array, config.num_heads)
+        elif permuted and name.endswith("k_proj.weight"):
+            array = _undo_rope_permutation(array, config.num_kv_heads)
+        weights[name] = array
+    return Checkpoint(config, weights, tokenizer_from_gguf(reader))

@@ -1,0 +1,1 @@
+"""Pallas GPU PagedAttention kernels (the kernel issue fills this package)."""

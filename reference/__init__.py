@@ -1,0 +1,24 @@
+"""The NumPy reference oracle of a PagedAttention serving engine.
+
+Read in this order: block_pool -> block_manager -> request -> scheduler -> paged_attention -> kv_cache ->
+llama -> sampler -> engine; kv_memory is the memory accounting behind the tutorial's first plot.
+Only NumPy and the standard library are imported here (a test enforces it).
+"""
+
+from reference.block_manager import BlockManager
+from reference.block_pool import Block, BlockHash, BlockPool, hash_block_tokens
+from reference.engine import Generation, ReferenceEngine
+from reference.kv_cache import KVCache
+from reference.kv_memory import KVMemoryUsage, contiguous_usage, paged_usage
+from reference.llama import LlamaModel
+from reference.paged_attention import AttentionMetadata, dense_attention, paged_attention, write_kv
+from reference.request import Request, RequestStatus, SamplingParams
+from reference.sampler import sample
+from reference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+
+__all__ = [
+    "AttentionMetadata", "Block", "BlockHash", "BlockManager", "BlockPool", "Generation", "KVCache",
+    "KVMemoryUsage", "LlamaModel", "ReferenceEngine", "Request", "RequestStatus", "SamplingParams",
+    "Scheduler", "SchedulerConfig", "SchedulerOutput", "contiguous_usage", "dense_attention",
+    "hash_block_tokens", "paged_attention", "paged_usage", "sample", "write_kv",
+]

@@ -1,0 +1,119 @@
+"""A Llama-family decoder forward pass in NumPy, reading and writing a paged KV cache.
+
+    tokens -> embed -> 30 x [ RMSNorm -> attention (RoPE, GQA, paged cache) -> + residual
+                              RMSNorm -> SwiGLU MLP                          -> + residual ]
+           -> RMSNorm -> lm_head (tied to the embedding for SmolLM2) -> logits
+
+Weights use Hugging Face names and shapes ([out, in]), as `jax_engine.loader` returns them. Qwen2's q/k/v
+biases and Qwen3's per-head q/k RMSNorm are applied when the weights contain them.
+"""
+
+from typing import Protocol
+
+import numpy as np
+
+from reference.kv_cache import KVCache
+from reference.paged_attention import AttentionMetadata, paged_attention, write_kv
+
+
+class LlamaConfig(Protocol):
+    """The fields the forward pass reads (jax_engine.model_config.ModelConfig has them all)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+    """Rotary position embedding, "rotate half" layout: pairs are (x[i], x[i + d/2]).
+
+    Args:
+        x: [num_tokens, num_heads, head_dim]; positions: [num_tokens].
+    """
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) * 2 / x.shape[-1])
+    angles = (positions[:, None] * inv_freq[None, :])[:, None, :]  # [T, 1, d/2]
+    cos, sin = np.cos(angles).astype(x.dtype), np.sin(angles).astype(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class LlamaModel:
+    """Forward pass over a batch of new tokens from many sequences (prefill chunks and decodes mixed)."""
+
+    def __init__(self, config: LlamaConfig, weights: dict[str, np.ndarray]) -> None:
+        self.config = config
+        self.weights = weights
+        self.lm_head = weights["model.embed_tokens.weight"] if config.tie_word_embeddings else weights["lm_head.weight"]
+
+    def _w(self, layer: int, name: str) -> np.ndarray | None:
+        return self.weights.get(f"model.layers.{layer}.{name}")
+
+    def _project(self, x: np.ndarray, layer: int, name: str, num_heads: int) -> np.ndarray:
+        y = x @ self._w(layer, f"self_attn.{name}.weight").T
+        bias = self._w(layer, f"self_attn.{name}.bias")
+        y = y if bias is None else y + bias
+        return y.reshape(len(x), num_heads, self.config.head_dim)  # [T, heads, D]
+
+    def _attention(self, x, layer, positions, cache: KVCache, metadata: AttentionMetadata):
+        cfg = self.config
+        q = self._project(x, layer, "q_proj", cfg.num_heads)
+        k = self._project(x, layer, "k_proj", cfg.num_kv_heads)
+        v = self._project(x, layer, "v_proj", cfg.num_kv_heads)
+        if self._w(layer, "self_attn.q_norm.weight") is not None:  # Qwen3
+            q = rms_norm(q, self._w(layer, "self_attn.q_norm.weight"), cfg.rms_norm_eps)
+            k = rms_norm(k, self._w(layer, "self_attn.k_norm.weight"), cfg.rms_norm_eps)
+        q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
+        write_kv(cache.k[layer], cache.v[layer], k, v, metadata.slot_mapping)
+        out = paged_attention(q, cache.k[layer], cache.v[layer], metadata, scale=cfg.head_dim**-0.5)
+        return out.reshape(len(x), -1) @ self._w(layer, "self_attn.o_proj.weight").T
+
+    def _mlp(self, x: np.ndarray, layer: int) -> np.ndarray:
+        gate = x @ self._w(layer, "mlp.gate_proj.weight").T
+        up = x @ self._w(layer, "mlp.up_proj.weight").T
+        return (silu(gate) * up) @ self._w(layer, "mlp.down_proj.weight").T
+
+    def forward(
+        self,
+        token_ids: np.ndarray,
+        positions: np.ndarray,
+        cache: KVCache,
+        metadata: AttentionMetadata,
+        logits_indices: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Run the new tokens of a batch through the model, writing their K/V into the cache.
+
+        Args:
+            token_ids, positions: [num_tokens] the batch's new tokens and their positions.
+            cache: the paged KV cache, updated in place.
+            metadata: slots, block tables and context lengths of the batch's sequences.
+            logits_indices: rows whose logits are wanted (usually each sequence's last token); all rows
+                if None.
+
+        Returns:
+            [len(logits_indices), vocab_size] float32 logits.
+        """
+        cfg = self.config
+        x = self.weights["model.embed_tokens.weight"][token_ids]  # [T, hidden]
+        for layer in range(cfg.num_layers):
+            h = rms_norm(x, self._w(layer, "input_layernorm.weight"), cfg.rms_norm_eps)
+            x = x + self._attention(h, layer, positions, cache, metadata)
+            h = rms_norm(x, self._w(layer, "post_attention_layernorm.weight"), cfg.rms_norm_eps)
+            x = x + self._mlp(h, layer)
+        if logits_indices is not None:
+            x = x[logits_indices]
+        return rms_norm(x, self.weights["model.norm.weight"], cfg.rms_norm_eps) @ self.lm_head.T
