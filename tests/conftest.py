@@ -1,0 +1,22 @@
+"""Shared fixtures: Hypothesis profiles, the default model (loaded once), tiny random checkpoints."""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+# `ci` keeps the suite inside its time budget and reproducible; `thorough` (make test-thorough) digs.
+settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=500, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may reach a hub at run time
+
+
+@pytest.fixture(scope="session")
+def default_checkpoint():
+    from jax_engine.loader import load_checkpoint
+
+    return load_checkpoint()
