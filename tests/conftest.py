@@ -20,3 +20,14 @@ def default_checkpoint():
     from jax_engine.loader import load_checkpoint
 
     return load_checkpoint()
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """A random 2-layer Llama checkpoint (vocab 258), written and loaded once per session."""
+    from jax_engine.loader import load_checkpoint
+    from tests.tiny_checkpoints import make_tiny_checkpoint
+
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    make_tiny_checkpoint(directory, "llama")
+    return load_checkpoint(str(directory))
