@@ -98,7 +98,8 @@ class LlamaModel:
         """Run the new tokens of a batch through the model, writing their K/V into the cache.
 
         Args:
-            token_ids, positions: [num_tokens] the batch's new tokens and their positions.
+            token_ids: [num_tokens] the batch's new tokens.
+            positions: [num_tokens] their positions in their sequences.
             cache: the paged KV cache, updated in place.
             metadata: slots, block tables and context lengths of the batch's sequences.
             logits_indices: rows whose logits are wanted (usually each sequence's last token); all rows

@@ -86,7 +86,8 @@ def paged_attention(
 
     Args:
         q: [num_tokens, num_heads, head_dim] queries of the batch's new tokens.
-        k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim] one layer's cache.
+        k_cache: [num_blocks, block_size, num_kv_heads, head_dim] one layer's key cache.
+        v_cache: the same layer's value cache, same shape.
         metadata: batch layout; see AttentionMetadata.
         scale: softmax scale, usually 1 / sqrt(head_dim).
 
@@ -106,7 +107,9 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -
 
     Args:
         q: [n, num_heads, d], the last n positions of the sequence.
-        k, v: [seq_len, num_kv_heads, d], the whole sequence.
+        k: [seq_len, num_kv_heads, d] keys of the whole sequence.
+        v: [seq_len, num_kv_heads, d] values of the whole sequence.
+        scale: softmax scale.
     """
     n, num_heads, _ = q.shape
     seq_len, num_kv_heads, _ = k.shape

@@ -1,0 +1,39 @@
+"""The tutorial is tested: its example files run, their printed output matches the page, the site builds."""
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).parents[1]
+EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
+# A page includes an example with a snippet line, optionally followed by its output in a text block.
+INCLUDE = re.compile(r'--8<-- "(docs/examples/[\w.]+)"\n```\n(?:\nIts output:\n\n```text\n(.*?)```)?', re.S)
+
+
+def run_example(path: pathlib.Path) -> str:
+    result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_example_runs_and_pages_show_its_real_output(example):
+    stdout = run_example(example)
+    shown = [m.group(2) for page in (ROOT / "docs").glob("**/*.md")
+             for m in INCLUDE.finditer(page.read_text()) if m.group(1) == f"docs/examples/{example.name}"]
+    assert shown, f"no page includes {example.name}"
+    for output in shown:
+        if output is not None:
+            assert output == stdout
+
+
+def test_mkdocs_build_strict(tmp_path):
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+                            capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "site" / "api" / "reference" / "index.html").exists()
