@@ -37,3 +37,10 @@ def test_mkdocs_build_strict(tmp_path):
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "reference" / "index.html").exists()
+
+
+def test_readme_python_example_runs():
+    code = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Paris" in result.stdout
