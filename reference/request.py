@@ -33,7 +33,7 @@ def _check(ok: bool, name: str, limit: str, value) -> None:
 class SamplingParams:
     """How to pick each next token. Defaults follow vLLM (temperature 1, max_tokens 16).
 
-    temperature 0 means greedy. top_k 0 or -1, top_p 1 and min_p 0 disable those filters. With a `seed`,
+    max_tokens None means "until max_model_len". temperature 0 means greedy. top_k 0 or -1, top_p 1 and min_p 0 disable those filters. With a `seed`,
     the token at position p is drawn from a random stream that depends only on (seed, p).
     """
 
@@ -42,7 +42,7 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     seed: int | None = None
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
 
@@ -52,7 +52,8 @@ class SamplingParams:
         _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
         _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "-1, 0 (disabled) or >= 1", self.top_k)
         _check(isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
-        _check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", ">= 1", self.max_tokens)
+        m = self.max_tokens
+        _check(m is None or (isinstance(m, int) and m >= 1), "max_tokens", ">= 1 or None", m)
         _check(self.seed is None or isinstance(self.seed, int), "seed", "an int or None", self.seed)
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
 
@@ -84,6 +85,8 @@ class Request:
 
     @property
     def max_num_tokens(self) -> int:
+        """Prompt plus max_tokens: the most tokens this request can ever hold in the cache."""
+        assert self.sampling_params.max_tokens is not None, "the scheduler resolves max_tokens=None on arrival"
         return len(self.prompt_token_ids) + self.sampling_params.max_tokens
 
     def stop_status(self, eos_token_ids: tuple[int, ...]) -> RequestStatus | None:

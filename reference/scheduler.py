@@ -16,6 +16,7 @@ Budgets: at most `max_num_seqs` running requests and `max_num_batched_tokens` to
 chunked prefill a prompt is computed whole or not at all; with it, a long prompt is split across steps.
 """
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -84,6 +85,9 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         """Queue a request; raise ValueError if it could never fit in the model or the cache."""
         limit = self.config.max_model_len
+        if request.sampling_params.max_tokens is None:  # generate until the model's length limit
+            room = max(1, limit - len(request.prompt_token_ids))
+            request.sampling_params = dataclasses.replace(request.sampling_params, max_tokens=room)
         if request.max_num_tokens > limit:
             raise ValueError(
                 f"prompt ({len(request.prompt_token_ids)} tokens) + max_tokens "

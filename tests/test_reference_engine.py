@@ -108,7 +108,7 @@ def test_stop_token_ids_and_max_tokens(tiny_checkpoint):
     ("top_p", 1.5, r"in \(0, 1\]"),
     ("top_k", -2, "-1, 0"),
     ("min_p", 2.0, r"in \[0, 1\]"),
-    ("max_tokens", 0, ">= 1"),
+    ("max_tokens", 0, ">= 1 or None"),
 ])
 def test_bad_sampling_params_name_the_field_and_limit(field, value, limit):
     with pytest.raises(ValueError, match=f"{field} must be {limit}"):
@@ -123,6 +123,10 @@ def test_bad_prompts_name_the_field_and_limit(tiny_checkpoint):
         engine.generate([[1, 258]])
     with pytest.raises(ValueError, match="exceeds max_model_len=16"):
         engine.generate([list(range(20))], GREEDY)
+    with pytest.raises(ValueError, match="exceeds max_model_len=16"):  # no room for even one token
+        engine.generate([list(range(16))], SamplingParams(max_tokens=None))
+    [until_limit] = engine.generate([list(range(10))], SamplingParams(temperature=0, max_tokens=None, ignore_eos=True))
+    assert len(until_limit.output_token_ids) == 6 and until_limit.finish_reason == "length"
     # A bad prompt in a batch leaves nothing queued behind it.
     with pytest.raises(ValueError):
         engine.generate([[1, 2], [-1]])
