@@ -1,0 +1,78 @@
+"""Paged attention in plain jnp (the CPU default): gather each sequence's context, masked softmax.
+
+Decode sequences attend with one query each; prefill chunks are gathered into a padded [Bp, Qp] layout
+so each chunk is one dense, causally masked block of queries.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from jax_engine.attention.backend import AttentionMetadata
+
+_MASKED = -1e30  # finite, so fully masked padding rows give a harmless uniform softmax, not NaN
+
+
+def _context_slots(block_tables: jax.Array, block_size: int) -> jax.Array:
+    """[B, C] block ids -> [B, C * block_size] slot ids, in logical token order."""
+    slots = block_tables[:, :, None] * block_size + jnp.arange(block_size)[None, None, :]
+    return slots.reshape(block_tables.shape[0], -1)
+
+
+def _softmax_attend(scores: jax.Array, visible: jax.Array, v: jax.Array, spec: str) -> jax.Array:
+    scores = jnp.where(visible, scores.astype(jnp.float32), _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    return jnp.einsum(spec, probs, v)
+
+
+def _decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale):
+    """q [Bd, K, G, D] -> [Bd, K, G, D]: one query per sequence over its whole context."""
+    slots = _context_slots(tables, block_size)
+    k, v = k_cache[layer, slots], v_cache[layer, slots]  # [Bd, Tctx, K, D]
+    scores = jnp.einsum("bkgd,btkd->bkgt", q, k) * scale
+    visible = jnp.arange(slots.shape[1])[None, None, None, :] < seq_lens[:, None, None, None]
+    return _softmax_attend(scores, visible, v, "bkgt,btkd->bkgd")
+
+
+def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale):
+    """q [Bp, Qp, K, G, D], positions [Bp, Qp] -> [Bp, Qp, K, G, D], causal over the context."""
+    slots = _context_slots(tables, block_size)
+    k, v = k_cache[layer, slots], v_cache[layer, slots]  # [Bp, Tctx, K, D]
+    scores = jnp.einsum("bqkgd,btkd->bkgqt", q, k) * scale
+    visible = jnp.arange(slots.shape[1])[None, None, None, None, :] <= positions[:, None, None, :, None]
+    return _softmax_attend(scores, visible, v, "bkgqt,btkd->bqkgd")
+
+
+def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
+                    metadata: AttentionMetadata, block_size: int, scale: float) -> jax.Array:
+    """Attention of every new token over its sequence's cached context.
+
+    Args:
+        q: [T, N, D] queries of the step's tokens.
+        k_cache: [L, num_slots, K, D] every layer's keys, this step's already written.
+        v_cache: [L, num_slots, K, D] every layer's values.
+        layer: the layer to attend in (a traced scalar inside the scan over layers).
+        metadata: the batch layout (see AttentionMetadata).
+        block_size: tokens per block.
+        scale: softmax scale.
+
+    Returns:
+        [T, N, D] attention output (rows of padding tokens are zeros or garbage, never NaN).
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    grouped = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = jnp.zeros_like(grouped)
+    num_decode = metadata.decode_token_index.shape[0]
+    if num_decode:
+        rows = metadata.decode_token_index
+        qd = jnp.take(grouped, rows, axis=0, mode="fill", fill_value=0)
+        o = _decode(qd, k_cache, v_cache, layer, metadata.block_tables[:num_decode],
+                    metadata.seq_lens[:num_decode], block_size, scale)
+        out = out.at[rows].set(o, mode="drop")
+    if metadata.prefill_token_index.shape[0]:
+        rows = metadata.prefill_token_index  # [Bp, Qp]
+        qp = jnp.take(grouped, rows, axis=0, mode="fill", fill_value=0)
+        positions = jnp.take(metadata.positions, rows, axis=0, mode="fill", fill_value=0)
+        o = _prefill(qp, positions, k_cache, v_cache, layer, metadata.block_tables[num_decode:], block_size, scale)
+        out = out.at[rows].set(o, mode="drop")
+    return out.reshape(num_tokens, num_heads, head_dim)

@@ -1,0 +1,120 @@
+"""Engine arguments (vLLM's names and defaults) and what they resolve to on this machine."""
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from jax_engine.attention.backend import ATTENTION_BACKENDS
+from jax_engine.model_config import ModelConfig
+from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+DEFAULT_CPU_KV_CACHE_BYTES = 2 * GiB
+
+
+@dataclass
+class EngineArgs:
+    """Everything `LLM(...)` and `jax-engine` accept. Invalid values raise ValueError naming the argument.
+
+    Args:
+        model: a .gguf file or HF checkpoint directory; None loads SmolLM2-135M-Instruct.
+        dtype: "auto" (float32 on CPU, bfloat16 on GPU), "float32", "bfloat16" or "float16".
+        block_size: tokens per KV block.
+        max_model_len: longest prompt + output; None uses the model's own limit.
+        max_num_seqs: most sequences in one step.
+        max_num_batched_tokens: most tokens in one step; None picks 2048 (or max_model_len without
+            chunked prefill).
+        kv_cache_memory_bytes: KV cache size; None means 2 GiB on CPU, or gpu_memory_utilization on GPU.
+        gpu_memory_utilization: fraction of accelerator memory for weights, activations and KV cache.
+        num_gpu_blocks_override: exact number of KV blocks, ignoring the memory budget.
+        enable_prefix_caching: reuse the KV blocks of shared prompt prefixes.
+        enable_chunked_prefill: split long prompts across steps, mixed with decodes.
+        preemption_mode: "recompute" or "swap", when the cache runs out.
+        swap_space: GiB of host memory for swapped-out blocks.
+        attention_backend: "auto", "xla" or "pallas".
+        seed: seed for requests that do not set their own.
+    """
+
+    model: str | None = None
+    dtype: str = "auto"
+    block_size: int = 16
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks_override: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    preemption_mode: str = "recompute"
+    swap_space: float = 4.0
+    attention_backend: str = "auto"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, name: str, limit: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} must be {limit}, got {getattr(self, name)!r}")
+
+        check(self.dtype == "auto" or self.dtype in DTYPES, "dtype", f"'auto' or one of {list(DTYPES)}")
+        check(isinstance(self.block_size, int) and self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), "block_size",
+              "a power of two in [1, 128]")
+        check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", ">= 1")
+        check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1, "max_num_seqs", ">= 1")
+        check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1, "max_num_batched_tokens", ">= 1")
+        check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes", "> 0")
+        check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "in (0, 1]")
+        check(self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 1, "num_gpu_blocks_override", ">= 1")
+        check(self.preemption_mode in PREEMPTION_MODES, "preemption_mode", f"one of {PREEMPTION_MODES}")
+        check(self.swap_space >= 0, "swap_space", ">= 0 (GiB)")
+        check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend", f"one of {ATTENTION_BACKENDS}")
+        check(isinstance(self.seed, int), "seed", "an int")
+
+    @classmethod
+    def field_names(cls) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+
+def platform() -> str:
+    return jax.default_backend()
+
+
+def resolve_dtype(name: str):
+    if name == "auto":
+        return jnp.float32 if platform() == "cpu" else jnp.bfloat16
+    return DTYPES[name]
+
+
+def bytes_per_block(cfg: ModelConfig, block_size: int, dtype) -> int:
+    """K and V of `block_size` tokens in every layer."""
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
+
+
+def kv_cache_bytes(args: EngineArgs, weight_bytes: int) -> int:
+    if args.kv_cache_memory_bytes is not None:
+        return args.kv_cache_memory_bytes
+    if platform() == "cpu":
+        return DEFAULT_CPU_KV_CACHE_BYTES
+    stats = jax.devices()[0].memory_stats() or {}
+    limit = stats.get("bytes_limit", 16 * GiB)
+    # What the utilization allows, less the weights and a margin for activations.
+    return max(int(args.gpu_memory_utilization * limit) - weight_bytes - GiB, 0)
+
+
+def resolve_scheduler_config(args: EngineArgs, cfg: ModelConfig) -> SchedulerConfig:
+    max_model_len = args.max_model_len or cfg.max_position_embeddings
+    if max_model_len > cfg.max_position_embeddings:
+        raise ValueError(f"max_model_len must be <= the model's max_position_embeddings "
+                         f"({cfg.max_position_embeddings}), got {max_model_len}")
+    budget = args.max_num_batched_tokens
+    if budget is None:
+        budget = 2048 if args.enable_chunked_prefill else max(max_model_len, 2048)
+    return SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=budget,
+                           max_model_len=max_model_len, enable_chunked_prefill=args.enable_chunked_prefill,
+                           preemption_mode=args.preemption_mode)

@@ -1,0 +1,5 @@
+"""Engine-side bookkeeping: block pool, KV-cache manager and scheduler.
+
+Same policies as `reference/` (tests compare their decisions step by step), built for speed: block ids are
+plain ints, block hashes are computed once per full block, queues are deques.
+"""

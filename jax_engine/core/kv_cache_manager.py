@@ -1,0 +1,176 @@
+"""Per-request block tables over device and host block pools, with prefix caching and swapping.
+
+Decisions match `reference.block_manager.BlockManager` call for call; the differences are for speed:
+block hashes are computed once per full block and remembered per request, and tables are lists of ints.
+"""
+
+from collections.abc import Sequence
+
+from jax_engine.core.block_pool import BlockPool
+from reference.block_pool import BlockHash, hash_block_tokens
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class KVCacheManager:
+    """Allocates, shares, swaps and frees KV blocks for requests identified by `seq_id`."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
+                 enable_prefix_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.device = BlockPool(num_blocks)
+        self.host = BlockPool(num_host_blocks)
+        self.block_tables: dict[str, list[int]] = {}
+        self.block_hashes: dict[str, list[BlockHash]] = {}  # chained hashes of the full blocks so far
+        self.swapped_out: set[str] = set()
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return cdiv(num_tokens, self.block_size)
+
+    # ---------------------------------------------------------------------------- prefix cache
+    def _hashes(self, seq_id: str, token_ids: Sequence[int], num_blocks: int) -> list[BlockHash]:
+        """The first `num_blocks` chained block hashes of a request, each computed only once.
+
+        A request's tokens are append-only, so a full block's hash never changes while it lives.
+        """
+        hashes = self.block_hashes.setdefault(seq_id, [])
+        bs = self.block_size
+        for i in range(len(hashes), num_blocks):
+            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, token_ids[i * bs : (i + 1) * bs]))
+        return hashes[:num_blocks]
+
+    def find_cached_prefix(self, seq_id: str, token_ids: Sequence[int]) -> list[int]:
+        """Block ids of the longest cached run of leading full blocks (never the last token)."""
+        if not self.enable_prefix_caching:
+            return []
+        hits = []
+        for block_hash in self._hashes(seq_id, token_ids, (len(token_ids) - 1) // self.block_size):
+            block = self.device.cached_blocks.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def _allocation_cost(self, token_ids: Sequence[int], hits: list[int]) -> int:
+        evictable_hits = sum(self.device.ref_cnt[b] == 0 for b in hits)
+        return self.num_blocks_for(len(token_ids)) - len(hits) + evictable_hits
+
+    def can_allocate(self, seq_id: str, token_ids: Sequence[int]) -> bool:
+        hits = self.find_cached_prefix(seq_id, token_ids)
+        return self._allocation_cost(token_ids, hits) <= self.device.num_free_blocks
+
+    def allocate(self, seq_id: str, token_ids: Sequence[int]) -> int:
+        """Blocks for all of `token_ids`, cached prefix blocks reused. Returns num_cached_tokens."""
+        assert seq_id not in self.block_tables, f"sequence {seq_id!r} already has blocks"
+        hits = self.find_cached_prefix(seq_id, token_ids)
+        assert self._allocation_cost(token_ids, hits) <= self.device.num_free_blocks, "out of blocks"
+        for block in hits:
+            self.device.share(block)
+        table = hits + [self.device.allocate() for _ in range(self.num_blocks_for(len(token_ids)) - len(hits))]
+        self.block_tables[seq_id] = table
+        if self.enable_prefix_caching:
+            self.prefix_cache_queries += len(token_ids)
+            self.prefix_cache_hits += len(hits) * self.block_size
+        return len(hits) * self.block_size
+
+    def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
+        if not self.enable_prefix_caching or seq_id in self.swapped_out:
+            return
+        num_full = num_computed_tokens // self.block_size
+        hashes = self._hashes(seq_id, token_ids, num_full)
+        table = self.block_tables[seq_id]
+        for block, block_hash in zip(table, hashes):
+            self.device.cache(block, block_hash)
+
+    # ---------------------------------------------------------------------------------- growth
+    def _writes_shared_block(self, seq_id: str, num_computed_tokens: int) -> bool:
+        table = self.block_tables[seq_id]
+        pool = self.host if seq_id in self.swapped_out else self.device
+        return num_computed_tokens < len(table) * self.block_size and pool.ref_cnt[table[-1]] > 1
+
+    def num_blocks_to_append(self, seq_id: str, num_computed_tokens: int, num_new_tokens: int) -> int:
+        table = self.block_tables[seq_id]
+        new = max(0, self.num_blocks_for(num_computed_tokens + num_new_tokens) - len(table))
+        return new + self._writes_shared_block(seq_id, num_computed_tokens)
+
+    def can_append_slots(self, seq_id: str, num_computed_tokens: int, num_new_tokens: int) -> bool:
+        return self.num_blocks_to_append(seq_id, num_computed_tokens, num_new_tokens) <= self.device.num_free_blocks
+
+    def append_slots(self, seq_id: str, num_computed_tokens: int, num_new_tokens: int) -> list[tuple[int, int]]:
+        """Room for tokens [num_computed, num_computed + num_new); returns copy-on-write copies."""
+        assert self.can_append_slots(seq_id, num_computed_tokens, num_new_tokens), "out of blocks"
+        table = self.block_tables[seq_id]
+        copies = []
+        if self._writes_shared_block(seq_id, num_computed_tokens):
+            shared, private = table[-1], self.device.allocate()
+            self.device.free(shared)
+            table[-1] = private
+            copies.append((shared, private))
+        for _ in range(self.num_blocks_for(num_computed_tokens + num_new_tokens) - len(table)):
+            table.append(self.device.allocate())
+        return copies
+
+    # --------------------------------------------------------------------------- share and free
+    def fork(self, parent_id: str, child_id: str) -> None:
+        assert child_id not in self.block_tables and parent_id not in self.swapped_out
+        for block in self.block_tables[parent_id]:
+            self.device.share(block)
+        self.block_tables[child_id] = list(self.block_tables[parent_id])
+        self.block_hashes[child_id] = list(self.block_hashes.get(parent_id, []))
+
+    def free(self, seq_id: str) -> None:
+        """Release blocks tail first, so a request's tail is evicted before its prefix."""
+        pool = self.host if seq_id in self.swapped_out else self.device
+        for block in reversed(self.block_tables.pop(seq_id)):
+            pool.free(block)
+        self.swapped_out.discard(seq_id)
+
+    def forget(self, seq_id: str) -> None:
+        """Drop a finished request's remembered hashes."""
+        self.block_hashes.pop(seq_id, None)
+
+    # --------------------------------------------------------------------------------- swapping
+    def _distinct_blocks(self, seq_ids: Sequence[str]) -> set[int]:
+        return {b for seq_id in seq_ids for b in self.block_tables[seq_id]}
+
+    def can_swap_out(self, seq_ids: Sequence[str]) -> bool:
+        return len(self._distinct_blocks(seq_ids)) <= self.host.num_free_blocks
+
+    def can_swap_in(self, seq_ids: Sequence[str], num_extra_blocks: int = 0) -> bool:
+        return len(self._distinct_blocks(seq_ids)) + num_extra_blocks <= self.device.num_free_blocks
+
+    def swap_out(self, seq_ids: Sequence[str]) -> dict[int, int]:
+        """Move blocks to the host pool; returns {device_block: host_block}."""
+        assert self.can_swap_out(seq_ids), "not enough host blocks"
+        return self._move(seq_ids, self.device, self.host, swapped=True)
+
+    def swap_in(self, seq_ids: Sequence[str]) -> dict[int, int]:
+        """Move blocks back to the device pool; returns {host_block: device_block}."""
+        assert self.can_swap_in(seq_ids), "not enough device blocks"
+        return self._move(seq_ids, self.host, self.device, swapped=False)
+
+    def _move(self, seq_ids, src: BlockPool, dst: BlockPool, swapped: bool) -> dict[int, int]:
+        mapping: dict[int, int] = {}
+        for seq_id in seq_ids:
+            new_table = []
+            for block in self.block_tables[seq_id]:
+                if block in mapping:
+                    dst.share(mapping[block])
+                else:
+                    mapping[block] = dst.allocate()
+                new_table.append(mapping[block])
+                src.free(block)
+            self.block_tables[seq_id] = new_table
+            (self.swapped_out.add if swapped else self.swapped_out.discard)(seq_id)
+        return mapping
+
+    # ------------------------------------------------------------------------------- statistics
+    @property
+    def usage(self) -> float:
+        """Fraction of device blocks held by requests (cached free blocks count as free)."""
+        return 1.0 - self.device.num_free_blocks / self.device.num_blocks

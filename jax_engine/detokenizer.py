@@ -1,0 +1,36 @@
+"""Incremental detokenization: each step decodes only the newest tokens (vLLM's algorithm).
+
+Byte-level BPE tokens do not map one-to-one to characters: a character may span several tokens, and a
+token's leading space depends on its neighbour. We keep a small window of token strings, decode the window
+with and without the new token, and emit the difference, holding text back while it ends in an incomplete
+UTF-8 sequence (decoded as U+FFFD).
+"""
+
+from transformers import PreTrainedTokenizerBase
+
+# Start the window with a few prompt tokens so the first output token's spacing is right.
+_PROMPT_WINDOW = 5
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int],
+                 skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.tokens = tokenizer.convert_ids_to_tokens(prompt_token_ids[-_PROMPT_WINDOW - 1 :],
+                                                      skip_special_tokens=skip_special_tokens)
+        self.prefix_offset = max(len(self.tokens) - _PROMPT_WINDOW, 0)
+        self.read_offset = len(self.tokens)
+        self.text = ""
+
+    def add_token(self, token_id: int) -> str:
+        """Append one generated token; return the text it completes (possibly empty)."""
+        self.tokens += self.tokenizer.convert_ids_to_tokens([token_id], skip_special_tokens=self.skip_special_tokens)
+        before = self.tokenizer.convert_tokens_to_string(self.tokens[self.prefix_offset : self.read_offset])
+        after = self.tokenizer.convert_tokens_to_string(self.tokens[self.prefix_offset :])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""  # nothing new yet, or half a character
+        delta = after[len(before) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.tokens)
+        self.text += delta
+        return delta

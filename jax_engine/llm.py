@@ -1,0 +1,83 @@
+"""LLM: offline batched generation, vLLM's front door. A thin loop over LLMEngine."""
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from jax_engine.config import EngineArgs
+from jax_engine.llm_engine import LLMEngine, Prompt
+from jax_engine.outputs import RequestOutput
+from jax_engine.sampling_params import SamplingParams
+
+Conversation = list[dict[str, str]]
+
+
+class LLM:
+    """Generate text for many prompts at once, with continuous batching over a paged KV cache.
+
+    Args:
+        model: a .gguf file or HF checkpoint directory; None loads SmolLM2-135M-Instruct.
+        **kwargs: any EngineArgs field (dtype, block_size, max_model_len, max_num_seqs, ...).
+    """
+
+    def __init__(self, model: str | None = None, **kwargs) -> None:
+        unknown = set(kwargs) - EngineArgs.field_names()
+        if unknown:
+            raise ValueError(f"unknown engine arguments: {sorted(unknown)}")
+        self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
+        self._counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Complete every prompt; returns one RequestOutput per prompt, in input order.
+
+        Args:
+            prompts: a string, a list of strings, a list of token ids, or a list of token-id lists.
+            sampling_params: one SamplingParams for all prompts, or one per prompt; None uses defaults.
+            use_tqdm: show a progress bar with estimated input and output tokens per second.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        ids = [str(next(self._counter)) for _ in prompts]
+        try:
+            for request_id, prompt, p in zip(ids, prompts, params):
+                self.llm_engine.add_request(request_id, prompt, p)
+        except ValueError:
+            self.llm_engine.abort_request(ids)  # a bad prompt must not leave the others queued
+            self.llm_engine.step() if self.llm_engine.has_unfinished_requests() else None
+            raise
+        return self._run_engine(ids, use_tqdm)
+
+    def chat(self, messages: Conversation | Sequence[Conversation], sampling_params=None, use_tqdm: bool = True,
+             add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tokenizer = self.get_tokenizer()
+        prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=False)
+                   for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine, finished = self.llm_engine, {}
+        bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
+        input_tokens = output_tokens = 0
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if not output.finished:
+                    continue
+                finished[output.request_id] = output
+                input_tokens += len(output.prompt_token_ids) * len(output.outputs)
+                output_tokens += sum(len(c.token_ids) for c in output.outputs)
+                elapsed = bar.format_dict["elapsed"] or 1e-9
+                bar.set_postfix_str(f"est. speed input: {input_tokens / elapsed:.2f} toks/s, "
+                                    f"output: {output_tokens / elapsed:.2f} toks/s", refresh=False)
+                bar.update(1)
+        bar.close()
+        return [finished[i] for i in ids]

@@ -1,0 +1,161 @@
+"""The model runner: turns a SchedulerOutput into padded device arrays and runs the jitted step.
+
+Every shape is rounded up to a power-of-two bucket, so the number of compilations stays small and a
+steady state (same buckets) never recompiles. The KV cache is donated to each step and updated in place.
+"""
+
+import functools
+import logging
+import time
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_engine.attention.backend import AttentionMetadata
+from jax_engine.buckets import bucket
+from jax_engine.core.scheduler import SchedulerOutput
+from jax_engine.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+
+@functools.partial(jax.jit, static_argnames=("attention",), donate_argnames=("k_cache", "v_cache"))
+def _forward(model, k_cache, v_cache, token_ids, metadata, logits_indices, attention):
+    hidden, k_cache, v_cache = model(token_ids, k_cache, v_cache, metadata, attention)
+    return model.logits(hidden[logits_indices]), hidden, k_cache, v_cache
+
+
+@jax.jit
+def _all_logits(model, hidden):
+    return model.logits(hidden)
+
+
+@functools.partial(jax.jit, donate_argnames=("k_cache", "v_cache"))
+def _copy_blocks(k_cache, v_cache, src, dst):
+    return k_cache.at[:, dst].set(k_cache[:, src]), v_cache.at[:, dst].set(v_cache[:, src])
+
+
+@dataclass
+class StepInputs:
+    """Host-side arrays of one step, before transfer."""
+
+    token_ids: np.ndarray
+    metadata: AttentionMetadata
+    logits_indices: np.ndarray  # rows whose next-token logits are sampled (padded)
+    sampling_requests: list  # the Request of each real row of logits_indices, in order
+    num_tokens: int  # real (unpadded) tokens
+
+
+class ModelRunner:
+    """Owns the model weights and the device KV cache; executes one scheduled step at a time."""
+
+    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
+                 max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, attention, dtype) -> None:
+        cfg = model.cfg
+        self.model = model
+        self.block_size = block_size
+        self.num_slots = num_blocks * block_size
+        self.attention = attention
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.k_cache = jnp.zeros(shape, dtype)
+        self.v_cache = jnp.zeros(shape, dtype)
+        # The host pool for swapped-out blocks lives in NumPy (CPU RAM) memory.
+        host_shape = (cfg.num_layers, num_host_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.host_k = np.zeros(host_shape, np.dtype(dtype))
+        self.host_v = np.zeros(host_shape, np.dtype(dtype))
+        self.compiled_shapes: set[tuple] = set()
+        self.compile_seconds = 0.0
+
+    # ------------------------------------------------------------------------- block copies
+    def apply_block_moves(self, out: SchedulerOutput) -> None:
+        """Swap out, swap in, then copy-on-write, before the step that relies on them."""
+        if out.swap_out:
+            src, dst = map(list, zip(*out.swap_out.items()))
+            self.host_k[:, dst] = np.asarray(self.k_cache[:, jnp.array(src)])
+            self.host_v[:, dst] = np.asarray(self.v_cache[:, jnp.array(src)])
+        if out.swap_in:
+            src, dst = map(list, zip(*out.swap_in.items()))
+            dst_idx = jnp.array(dst)
+            self.k_cache = self.k_cache.at[:, dst_idx].set(jnp.asarray(self.host_k[:, src]))
+            self.v_cache = self.v_cache.at[:, dst_idx].set(jnp.asarray(self.host_v[:, src]))
+        if out.copies:
+            src, dst = (jnp.array(x) for x in zip(*out.copies))
+            self.k_cache, self.v_cache = _copy_blocks(self.k_cache, self.v_cache, src, dst)
+
+    # ------------------------------------------------------------------------------- inputs
+    def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> StepInputs:
+        """Lay out the step's tokens: decode sequences first, then prefill chunks, all padded."""
+        bs = self.block_size
+        decode = [s for s in out.scheduled if s.num_new_tokens == 1]
+        prefill = [s for s in out.scheduled if s.num_new_tokens > 1]
+        num_decode, num_prefill = bucket(len(decode)), bucket(len(prefill))
+        max_chunk = bucket(max((s.num_new_tokens for s in prefill), default=0), 8)
+        num_tokens = sum(s.num_new_tokens for s in out.scheduled)
+        padded_tokens = bucket(num_tokens, 8)
+        max_blocks = max(-(-(s.request.num_computed_tokens + s.num_new_tokens) // bs) for s in out.scheduled)
+        num_cols = min(bucket(max_blocks, 4), self.max_blocks_per_seq)
+
+        token_ids = np.zeros(padded_tokens, np.int32)
+        positions = np.zeros(padded_tokens, np.int32)
+        slot_mapping = np.full(padded_tokens, self.num_slots, np.int32)  # padding: out of range, dropped
+        tables = np.zeros((num_decode + num_prefill, num_cols), np.int32)
+        seq_lens = np.zeros(num_decode + num_prefill, np.int32)
+        starts = np.full(num_decode + num_prefill + 1, num_tokens, np.int32)
+        decode_rows = np.full(num_decode, padded_tokens, np.int32)
+        prefill_rows = np.full((num_prefill, max_chunk), padded_tokens, np.int32)
+        logits_rows, sampling_requests = [], []
+
+        row = 0
+        seq_slots = list(range(len(decode))) + [num_decode + j for j in range(len(prefill))]
+        for seq, s in zip(seq_slots, decode + prefill):
+            request, n = s.request, s.num_new_tokens
+            first = request.num_computed_tokens
+            table = block_tables[request.request_id]
+            pos = np.arange(first, first + n)
+            token_ids[row : row + n] = request.all_token_ids[first : first + n]
+            positions[row : row + n] = pos
+            slot_mapping[row : row + n] = np.asarray(table)[pos // bs] * bs + pos % bs
+            tables[seq, : len(table)] = table
+            seq_lens[seq] = first + n
+            starts[seq] = row
+            if seq < num_decode:
+                decode_rows[seq] = row
+            else:
+                prefill_rows[seq - num_decode, :n] = np.arange(row, row + n)
+            if first + n == request.num_tokens:  # all its tokens computed: sample the next one
+                logits_rows.append(row + n - 1)
+                sampling_requests.append(request)
+            row += n
+        num_rows = bucket(len(logits_rows), 8) if logits_rows else 0
+        logits_indices = np.zeros(num_rows, np.int32)
+        logits_indices[: len(logits_rows)] = logits_rows
+        metadata = AttentionMetadata(positions, slot_mapping, tables, seq_lens, starts, decode_rows, prefill_rows)
+        return StepInputs(token_ids, metadata, logits_indices, sampling_requests, num_tokens)
+
+    # -------------------------------------------------------------------------------- execute
+    def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
+        """Run the step. Returns (logits [rows, V] of the sampling rows, hidden states [T, H])."""
+        shapes = (inputs.token_ids.shape, inputs.metadata.block_tables.shape,
+                  inputs.metadata.decode_token_index.shape, inputs.metadata.prefill_token_index.shape,
+                  inputs.logits_indices.shape)
+        started = time.perf_counter()
+        token_ids, metadata, logits_indices = jax.device_put((inputs.token_ids, inputs.metadata, inputs.logits_indices))
+        logits, hidden, self.k_cache, self.v_cache = _forward(self.model, self.k_cache, self.v_cache, token_ids,
+                                                              metadata, logits_indices, self.attention)
+        if shapes not in self.compiled_shapes:  # first use of these buckets: this call compiled
+            logits.block_until_ready()
+            self.compiled_shapes.add(shapes)
+            self.compile_seconds += time.perf_counter() - started
+            logger.info("compiled step #%d for tokens=%d seqs=%s ctx_blocks=%d in %.1f s",
+                        len(self.compiled_shapes), shapes[0][0], shapes[1][0], shapes[1][1],
+                        time.perf_counter() - started)
+        return logits, hidden
+
+    def all_logits(self, hidden: jax.Array) -> np.ndarray:
+        """Logits of every row (for prompt logprobs)."""
+        return np.asarray(_all_logits(self.model, hidden))

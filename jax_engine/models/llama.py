@@ -1,0 +1,168 @@
+"""Llama-family decoder in Flax NNX, with layer weights stacked for one `lax.scan` over layers.
+
+Stacking keeps compile time flat in the number of layers (one layer body is compiled, not 30), and the
+paged KV cache rides through the scan as carry so each layer updates it in place (the cache is donated).
+
+Dimension names: T tokens, H hidden, N query heads, K KV heads, D head dim, I MLP width, V vocab, L layers.
+"""
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_engine.attention.backend import AttentionFn, AttentionMetadata
+from jax_engine.model_config import ModelConfig
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)  # normalise in float32 like HF, whatever the weights' dtype
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE. x [T, heads, D]; cos, sin [T, 1, D/2] (float32)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    inv_freq = 1.0 / theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    angles = positions.astype(jnp.float32)[:, None, None] * inv_freq[None, None, :]  # [T, 1, D/2]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+# HF parameter name (per layer) -> (our stacked name, how to reshape one layer's HF array).
+def _layer_weight_map(cfg: ModelConfig) -> dict[str, tuple[str, callable]]:
+    H, N, K, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    m = {
+        "input_layernorm.weight": ("attn_norm", lambda w: w),
+        "post_attention_layernorm.weight": ("mlp_norm", lambda w: w),
+        "self_attn.q_proj.weight": ("wq", lambda w: w.T.reshape(H, N, D)),  # [N*D, H] -> [H, N, D]
+        "self_attn.k_proj.weight": ("wk", lambda w: w.T.reshape(H, K, D)),
+        "self_attn.v_proj.weight": ("wv", lambda w: w.T.reshape(H, K, D)),
+        "self_attn.o_proj.weight": ("wo", lambda w: w.T.reshape(N, D, H)),  # [H, N*D] -> [N, D, H]
+        "mlp.gate_proj.weight": ("w_gate", lambda w: w.T),  # [I, H] -> [H, I]
+        "mlp.up_proj.weight": ("w_up", lambda w: w.T),
+        "mlp.down_proj.weight": ("w_down", lambda w: w.T),  # [H, I] -> [I, H]
+    }
+    if cfg.attention_bias:
+        m |= {
+            "self_attn.q_proj.bias": ("bq", lambda w: w.reshape(N, D)),
+            "self_attn.k_proj.bias": ("bk", lambda w: w.reshape(K, D)),
+            "self_attn.v_proj.bias": ("bv", lambda w: w.reshape(K, D)),
+        }
+    if cfg.qk_norm:
+        m |= {"self_attn.q_norm.weight": ("q_norm", lambda w: w), "self_attn.k_norm.weight": ("k_norm", lambda w: w)}
+    return m
+
+
+@dataclass(frozen=True)
+class _LayerStatics:
+    """Hashable per-model constants the layer body closes over."""
+
+    cfg: ModelConfig
+    block_size: int
+    attention: AttentionFn
+
+
+class LlamaForCausalLM(nnx.Module):
+    """Decoder-only transformer; `__call__` runs a step's tokens through it over the paged cache."""
+
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs) -> None:
+        self.cfg = cfg
+        L, H, N, K, D, I, V = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                               cfg.intermediate_size, cfg.vocab_size)
+        init = nnx.initializers.normal(0.02)
+        shapes = {"attn_norm": (L, H), "mlp_norm": (L, H), "wq": (L, H, N, D), "wk": (L, H, K, D),
+                  "wv": (L, H, K, D), "wo": (L, N, D, H), "w_gate": (L, H, I), "w_up": (L, H, I), "w_down": (L, I, H)}
+        if cfg.attention_bias:
+            shapes |= {"bq": (L, N, D), "bk": (L, K, D), "bv": (L, K, D)}
+        if cfg.qk_norm:
+            shapes |= {"q_norm": (L, D), "k_norm": (L, D)}
+        self.layers = nnx.Dict({name: nnx.Param(init(rngs.params(), shape, dtype)) for name, shape in shapes.items()})
+        self.embed = nnx.Param(init(rngs.params(), (V, H), dtype))  # [V, H]
+        self.final_norm = nnx.Param(jnp.ones((H,), dtype))
+        self.lm_head = None if cfg.tie_word_embeddings else nnx.Param(init(rngs.params(), (H, V), dtype))
+
+    # ---------------------------------------------------------------------------------- weights
+    @classmethod
+    def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, np.ndarray], dtype=jnp.float32) -> "LlamaForCausalLM":
+        """Build the model directly from HF-named NumPy weights (no random initialisation)."""
+        model = nnx.eval_shape(lambda: cls(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+        for hf_name, (name, reshape) in _layer_weight_map(cfg).items():
+            stacked = np.stack([reshape(weights[f"model.layers.{i}.{hf_name}"]) for i in range(cfg.num_layers)])
+            model.layers[name] = nnx.Param(jnp.asarray(stacked, dtype))
+        model.embed = nnx.Param(jnp.asarray(weights["model.embed_tokens.weight"], dtype))
+        model.final_norm = nnx.Param(jnp.asarray(weights["model.norm.weight"], dtype))
+        if not cfg.tie_word_embeddings:
+            model.lm_head = nnx.Param(jnp.asarray(weights["lm_head.weight"].T, dtype))
+        return model
+
+    # ---------------------------------------------------------------------------------- forward
+    def __call__(self, token_ids: jax.Array, k_cache: jax.Array, v_cache: jax.Array, metadata: AttentionMetadata,
+                 attention: AttentionFn) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Run a step's tokens; write their K/V; return final hidden states and the updated caches.
+
+        Args:
+            token_ids: [T] the step's new tokens (padding included).
+            k_cache: [L, num_blocks, block_size, K, D] keys (donated by the caller).
+            v_cache: [L, num_blocks, block_size, K, D] values.
+            metadata: the batch layout shared by every attention backend.
+            attention: the backend's paged-attention function.
+
+        Returns:
+            (hidden [T, H] after the final norm, k_cache, v_cache).
+        """
+        cfg = self.cfg
+        L, num_blocks, block_size = k_cache.shape[:3]
+        k_flat = k_cache.reshape(L, num_blocks * block_size, *k_cache.shape[3:])  # [L, S, K, D]
+        v_flat = v_cache.reshape(k_flat.shape)
+        cos, sin = rope_tables(metadata.positions, cfg.head_dim, cfg.rope_theta)
+        statics = _LayerStatics(cfg, block_size, attention)
+        x = self.embed[...][token_ids]  # [T, H]
+
+        def layer(carry, xs):
+            x, k_flat, v_flat = carry
+            weights, index = xs
+            x, k_flat, v_flat = _decoder_layer(statics, weights, index, x, k_flat, v_flat, cos, sin, metadata)
+            return (x, k_flat, v_flat), None
+
+        layer_weights = {name: p[...] for name, p in self.layers.items()}
+        (x, k_flat, v_flat), _ = jax.lax.scan(layer, (x, k_flat, v_flat), (layer_weights, jnp.arange(L)))
+        hidden = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
+        return hidden, k_flat.reshape(k_cache.shape), v_flat.reshape(v_cache.shape)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """[S, H] -> [S, V] float32 logits."""
+        head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
+        return jnp.einsum("sh,hv->sv", hidden, head, preferred_element_type=jnp.float32)
+
+
+def _decoder_layer(statics: _LayerStatics, w: dict, layer: jax.Array, x, k_flat, v_flat, cos, sin,
+                   metadata: AttentionMetadata):
+    cfg = statics.cfg
+    h = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
+    q = jnp.einsum("th,hnd->tnd", h, w["wq"])  # [T, N, D]
+    k = jnp.einsum("th,hkd->tkd", h, w["wk"])  # [T, K, D]
+    v = jnp.einsum("th,hkd->tkd", h, w["wv"])
+    if cfg.attention_bias:
+        q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
+    if cfg.qk_norm:
+        q, k = rms_norm(q, w["q_norm"], cfg.rms_norm_eps), rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
+    q, k = rope(q, cos, sin), rope(k, cos, sin)
+    # Write this step's K/V first, so attention reads them from the cache like any other token.
+    k_flat = k_flat.at[layer, metadata.slot_mapping].set(k.astype(k_flat.dtype), mode="drop")
+    v_flat = v_flat.at[layer, metadata.slot_mapping].set(v.astype(v_flat.dtype), mode="drop")
+    # The backend gathers straight from the stacked cache: slicing out k_flat[layer] would copy it.
+    attn = statics.attention(q, k_flat, v_flat, layer, metadata, statics.block_size, cfg.head_dim**-0.5)
+    x = x + jnp.einsum("tnd,ndh->th", attn, w["wo"])
+    h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
+    gate = jnp.einsum("th,hi->ti", h, w["w_gate"])
+    up = jnp.einsum("th,hi->ti", h, w["w_up"])
+    x = x + jnp.einsum("ti,ih->th", jax.nn.silu(gate) * up, w["w_down"])
+    return x, k_flat, v_flat

@@ -1,0 +1,76 @@
+"""One sequence being generated, as the engine tracks it.
+
+A prompt with `n` completions becomes n of these (sharing the prompt's blocks through the prefix cache),
+grouped back into one RequestOutput by the engine.
+"""
+
+from dataclasses import dataclass, field
+
+from jax_engine.detokenizer import IncrementalDetokenizer
+from jax_engine.outputs import PositionLogprobs, RequestMetrics
+from jax_engine.sampling_params import SamplingParams
+from reference.request import RequestStatus
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str  # unique per sequence: "<parent id>" or "<parent id>#<index>" for n > 1
+    parent_id: str
+    index: int  # which of the parent's n completions
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival: int
+    seed: int  # resolved seed: the user's seed + index, or one drawn by the engine
+    max_tokens: int  # resolved: SamplingParams.max_tokens or the room left under max_model_len
+    eos_token_ids: tuple[int, ...]
+    detokenizer: IncrementalDetokenizer | None
+    metrics: RequestMetrics
+    all_token_ids: list[int] = field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int | None = None
+    cumulative_logprob: float = 0.0
+    logprobs: list[PositionLogprobs] | None = None
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    stop_reason: int | str | None = None
+
+    def __post_init__(self) -> None:
+        self.all_token_ids = list(self.prompt_token_ids)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[len(self.prompt_token_ids) :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    @property
+    def max_num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + self.max_tokens
+
+    def append_token(self, token_id: int) -> RequestStatus | None:
+        """Record a sampled token; return the finished status it causes, if any."""
+        self.all_token_ids.append(token_id)
+        params = self.sampling_params
+        if self.num_output_tokens >= params.min_tokens:
+            if token_id in params.stop_token_ids:
+                self.stop_reason = token_id
+                return RequestStatus.FINISHED_STOPPED
+            if not params.ignore_eos and token_id in self.eos_token_ids:
+                return RequestStatus.FINISHED_STOPPED  # vLLM leaves stop_reason None for EOS
+        if self.num_output_tokens >= self.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None

@@ -1,0 +1,159 @@
+"""Batched, jitted sampling: penalties, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+
+Randomness: row r draws one uniform number from `fold_in(key(seed_r), position_r)` and inverts the
+filtered distribution's CDF. A seeded request's token at a position therefore depends only on (seed,
+position) and its logits, never on which other requests share the batch.
+"""
+
+import functools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_engine.buckets import bucket
+from jax_engine.sampling_params import MAX_LOGPROBS
+
+_NEG_INF = -jnp.inf
+
+
+@dataclass(frozen=True)
+class SamplerFlags:
+    """Which optional stages this batch needs (static: each combination compiles once)."""
+
+    all_greedy: bool
+    top_k_or_p: bool
+    penalties: bool
+    ban_tokens: bool
+
+
+def _apply_penalties(logits, prompt_ids, output_ids, presence, frequency, repetition):
+    """vLLM's penalties. prompt_ids / output_ids are padded with vocab_size (dropped)."""
+    rows, vocab = logits.shape
+    row_index = jnp.arange(rows)[:, None]
+    counts = jnp.zeros((rows, vocab), jnp.float32).at[row_index, output_ids].add(1.0, mode="drop")
+    in_prompt = jnp.zeros((rows, vocab), bool).at[row_index, prompt_ids].set(True, mode="drop")
+    seen = in_prompt | (counts > 0)
+    r = repetition[:, None]
+    logits = jnp.where(seen, jnp.where(logits > 0, logits / r, logits * r), logits)
+    return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+
+
+def _top_k_top_p_mask(logits, top_k, top_p):
+    """Mask (to -inf) what top-k and top-p remove. top_k 0 keeps all; ties with the k-th value stay."""
+    vocab = logits.shape[-1]
+    ordered = jnp.sort(logits, axis=-1)[:, ::-1]  # descending
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    kth = jnp.take_along_axis(ordered, (k - 1)[:, None], axis=-1)
+    ordered = jnp.where(ordered >= kth, ordered, _NEG_INF)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs  # of strictly more likely tokens
+    keep = mass_before < top_p[:, None]
+    threshold = jnp.min(jnp.where(keep, ordered, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(logits >= jnp.maximum(threshold, kth), logits, _NEG_INF)
+
+
+def _draw(probs, seeds, positions):
+    """Inverse-CDF sampling with one uniform per row from (seed, position)."""
+    def uniform(seed, position):
+        return jax.random.uniform(jax.random.fold_in(jax.random.key(seed), position))
+
+    u = jax.vmap(uniform)(seeds, positions)
+    cdf = jnp.cumsum(probs, axis=-1)
+    # The first token whose cumulative mass exceeds u * total: it has positive mass, so it was kept.
+    token = jnp.sum(cdf <= u[:, None] * cdf[:, -1:], axis=-1)
+    return jnp.minimum(token, probs.shape[-1] - 1)
+
+
+@functools.partial(jax.jit, static_argnames=("flags", "num_logprobs"))
+def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, prompt_ids, output_ids, presence,
+           frequency, repetition, banned_ids, flags: SamplerFlags, num_logprobs: int):
+    """Sample one token per row.
+
+    Args:
+        logits: [R, V] float32 next-token logits.
+        temperature, top_p, min_p: [R] float32; top_k: [R] int32 (0 = all).
+        seeds: [R] uint32 per-request seeds; positions: [R] int32 position being sampled.
+        prompt_ids, output_ids: [R, P] / [R, O] int32 token ids padded with V (penalties only).
+        presence, frequency, repetition: [R] float32 penalty values.
+        banned_ids: [R, Bn] int32 tokens masked this step (stop tokens before min_tokens), padded with V.
+        flags: which stages to compile in.
+        num_logprobs: how many top logprobs to return (0 = none).
+
+    Returns:
+        (tokens [R] int32, their logprobs [R], their ranks [R], top ids [R, n], top logprobs [R, n]);
+        logprobs are of the model's raw distribution, as vLLM reports them.
+    """
+    raw_logprobs = jax.nn.log_softmax(logits, axis=-1)
+    if flags.penalties:
+        logits = _apply_penalties(logits, prompt_ids, output_ids, presence, frequency, repetition)
+    if flags.ban_tokens:
+        logits = logits.at[jnp.arange(logits.shape[0])[:, None], banned_ids].set(_NEG_INF, mode="drop")
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if flags.all_greedy:
+        tokens = greedy
+    else:
+        scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+        if flags.top_k_or_p:
+            scaled = _top_k_top_p_mask(scaled, top_k, top_p)
+        probs = jax.nn.softmax(scaled, axis=-1)
+        probs = jnp.where(probs >= min_p[:, None] * probs.max(axis=-1, keepdims=True), probs, 0.0)
+        tokens = jnp.where(temperature > 0, _draw(probs, seeds, positions).astype(jnp.int32), greedy)
+    token_logprobs = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
+    ranks = jnp.sum(raw_logprobs > token_logprobs[:, None], axis=-1) + 1
+    if num_logprobs:
+        top_logprobs, top_ids = jax.lax.top_k(raw_logprobs, num_logprobs)
+    else:
+        top_logprobs, top_ids = jnp.zeros((logits.shape[0], 0)), jnp.zeros((logits.shape[0], 0), jnp.int32)
+    return tokens, token_logprobs, ranks, top_ids, top_logprobs
+
+
+def _padded(rows: list[list[int]], fill: int, minimum: int = 1) -> np.ndarray:
+    width = bucket(max((len(r) for r in rows), default=0), minimum) or minimum
+    out = np.full((len(rows), width), fill, np.int32)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+def sampler_inputs(requests: list, num_rows: int, vocab_size: int) -> tuple[dict, SamplerFlags, int]:
+    """Per-row sampling arrays for `requests` (padded to num_rows) and the batch's static flags."""
+    params = [r.sampling_params for r in requests]
+    pad = num_rows - len(requests)
+
+    def column(values, dtype, fill):
+        return np.array(list(values) + [fill] * pad, dtype)
+
+    flags = SamplerFlags(
+        all_greedy=all(p.greedy for p in params),
+        top_k_or_p=any(not p.greedy and (p.top_k > 0 or p.top_p < 1) for p in params),
+        penalties=any(p.uses_penalties for p in params),
+        ban_tokens=any(r.num_output_tokens < p.min_tokens for r, p in zip(requests, params)),
+    )
+    empty = [[] for _ in range(num_rows)]
+    banned = [list(p.stop_token_ids) + ([] if p.ignore_eos else list(r.eos_token_ids))
+              if r.num_output_tokens < p.min_tokens else [] for r, p in zip(requests, params)]
+    arrays = dict(
+        temperature=column((p.temperature for p in params), np.float32, 0.0),
+        top_k=column((max(p.top_k, 0) for p in params), np.int32, 0),
+        top_p=column((p.top_p for p in params), np.float32, 1.0),
+        min_p=column((p.min_p for p in params), np.float32, 0.0),
+        seeds=column((r.seed for r in requests), np.uint32, 0),
+        positions=column((r.num_tokens for r in requests), np.int32, 0),
+        prompt_ids=_padded([r.prompt_token_ids for r in requests] + empty[len(requests):], vocab_size)
+        if flags.penalties else np.zeros((num_rows, 1), np.int32),
+        output_ids=_padded([r.output_token_ids for r in requests] + empty[len(requests):], vocab_size)
+        if flags.penalties else np.zeros((num_rows, 1), np.int32),
+        presence=column((p.presence_penalty for p in params), np.float32, 0.0),
+        frequency=column((p.frequency_penalty for p in params), np.float32, 0.0),
+        repetition=column((p.repetition_penalty for p in params), np.float32, 1.0),
+        banned_ids=_padded(banned + empty[len(requests):], vocab_size),
+    )
+    num_logprobs = max((p.logprobs or 0 for p in params), default=0)
+    return arrays, flags, bucket_logprobs(num_logprobs)
+
+
+def bucket_logprobs(n: int) -> int:
+    """0, or a power of two up to 20, so few logprob sizes compile."""
+    return 0 if n == 0 else min(bucket(n), MAX_LOGPROBS)
