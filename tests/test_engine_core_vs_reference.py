@@ -1,0 +1,170 @@
+"""The engine's KV-cache manager and scheduler make the reference's decisions, operation for operation."""
+
+from hypothesis import strategies as st
+from hypothesis import given
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from jax_engine.core.kv_cache_manager import KVCacheManager
+from jax_engine.core.scheduler import Scheduler
+from jax_engine.outputs import RequestMetrics
+from jax_engine.request import Request
+from jax_engine.sampling_params import SamplingParams
+from reference import BlockManager
+from reference import Request as ReferenceRequest
+from reference import Scheduler as ReferenceScheduler
+from reference import SchedulerConfig
+
+tokens = st.lists(st.integers(0, 2), min_size=1, max_size=12)
+
+
+class SameDecisions(RuleBasedStateMachine):
+    """Apply each operation to both managers; every return value and every table must agree."""
+
+    @initialize(num_blocks=st.integers(1, 12), block_size=st.sampled_from([1, 2, 4]), num_host_blocks=st.integers(0, 8),
+                caching=st.booleans())
+    def setup(self, num_blocks, block_size, num_host_blocks, caching):
+        self.ref = BlockManager(num_blocks, block_size, num_host_blocks, caching)
+        self.fast = KVCacheManager(num_blocks, block_size, num_host_blocks, caching)
+        self.tokens: dict[str, list[int]] = {}
+        self.next_id = 0
+
+    def _live(self, data, resident=True):
+        seqs = [s for s in self.tokens if (s not in self.ref.swapped_out) == resident]
+        return data.draw(st.sampled_from(seqs)) if seqs else None
+
+    @rule(prompt=tokens)
+    def allocate(self, prompt):
+        seq = f"s{self.next_id}"  # a fresh id per attempt: the engine never reuses a request id
+        self.next_id += 1
+        ok = self.ref.can_allocate(prompt)
+        assert self.fast.can_allocate(seq, prompt) == ok
+        if ok:
+            assert self.fast.allocate(seq, prompt) == self.ref.allocate(seq, prompt)
+            self.tokens[seq] = list(prompt)
+            self.ref.cache_full_blocks(seq, prompt, len(prompt))
+            self.fast.cache_full_blocks(seq, prompt, len(prompt))
+
+    @rule(data=st.data(), token=st.integers(0, 2), num_new=st.integers(1, 3))
+    def append(self, data, token, num_new):
+        seq = self._live(data)
+        if seq is None:
+            return
+        n = len(self.tokens[seq])
+        ok = self.ref.can_append_slots(seq, n, num_new)
+        assert self.fast.can_append_slots(seq, n, num_new) == ok
+        if ok:
+            assert self.fast.append_slots(seq, n, num_new) == self.ref.append_slots(seq, n, num_new)
+            self.tokens[seq] += [token] * num_new
+            self.ref.cache_full_blocks(seq, self.tokens[seq], len(self.tokens[seq]))
+            self.fast.cache_full_blocks(seq, self.tokens[seq], len(self.tokens[seq]))
+
+    @rule(data=st.data())
+    def fork(self, data):
+        parent = self._live(data)
+        if parent is not None:
+            child = f"s{self.next_id}"
+            self.next_id += 1
+            self.ref.fork(parent, child)
+            self.fast.fork(parent, child)
+            self.tokens[child] = list(self.tokens[parent])
+
+    @rule(data=st.data())
+    def free(self, data):
+        seq = self._live(data) or self._live(data, resident=False)
+        if seq is not None:
+            self.ref.free(seq)
+            self.fast.free(seq)
+            del self.tokens[seq]
+
+    @rule(data=st.data())
+    def swap_out(self, data):
+        seq = self._live(data)
+        if seq is not None and self.ref.can_swap_out([seq]):
+            assert self.fast.can_swap_out([seq])
+            assert self.fast.swap_out([seq]) == self.ref.swap_out([seq])
+
+    @rule(data=st.data())
+    def swap_in(self, data):
+        seq = self._live(data, resident=False)
+        if seq is not None:
+            ok = self.ref.can_swap_in([seq])
+            assert self.fast.can_swap_in([seq]) == ok
+            if ok:
+                assert self.fast.swap_in([seq]) == self.ref.swap_in([seq])
+
+    @invariant()
+    def same_state(self):
+        if not hasattr(self, "ref"):
+            return
+        assert {s: self.ref.block_table(s) for s in self.ref.block_tables} == self.fast.block_tables
+        assert [b.ref_cnt for b in self.ref.device.blocks] == self.fast.device.ref_cnt
+        assert list(self.ref.device.free_queue) == list(self.fast.device.free_queue)
+        assert self.ref.device.cached_blocks == self.fast.device.cached_blocks
+        assert (self.ref.prefix_cache_hits, self.ref.prefix_cache_queries) == (
+            self.fast.prefix_cache_hits, self.fast.prefix_cache_queries)
+
+
+TestSameDecisions = SameDecisions.TestCase
+
+
+# ------------------------------------------------------------------------------- scheduler traces
+def _engine_request(request_id, prompt, max_tokens, arrival):
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    return Request(request_id, request_id, 0, list(prompt), params, arrival, 0, max_tokens, (99,), None,
+                   RequestMetrics(0.0))
+
+
+@st.composite
+def traces(draw):
+    chunked = draw(st.booleans())
+    max_model_len = draw(st.integers(4, 24))
+    config = SchedulerConfig(
+        max_num_seqs=draw(st.integers(1, 4)), max_model_len=max_model_len,
+        max_num_batched_tokens=draw(st.integers(1, 24)) if chunked else draw(st.integers(max_model_len, 40)),
+        enable_chunked_prefill=chunked, preemption_mode=draw(st.sampled_from(["recompute", "swap"])))
+    blocks = (draw(st.integers(1, 10)), draw(st.sampled_from([1, 2, 4])), draw(st.integers(0, 8)), draw(st.booleans()))
+    requests = draw(st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 2), min_size=1, max_size=12),
+                                       st.integers(1, 8)), min_size=1, max_size=8))
+    sampled = draw(st.lists(st.sampled_from([0, 1, 99]), min_size=1, max_size=20))
+    return config, blocks, requests, sampled
+
+
+@given(traces())
+def test_engine_scheduler_decides_like_the_reference(trace):
+    config, blocks, requests, sampled = trace
+    ref = ReferenceScheduler(config, BlockManager(*blocks))
+    fast = Scheduler(config, KVCacheManager(*blocks))
+    fast_requests = {}
+    pending = sorted(enumerate(requests), key=lambda r: r[1][0])
+    step = 0
+    while pending or ref.has_unfinished_requests():
+        while pending and pending[0][1][0] <= step:
+            i, (_, prompt, max_tokens) = pending.pop(0)
+            request = ReferenceRequest(f"r{i}", list(prompt), SamplingParams(temperature=0, max_tokens=max_tokens), i)
+            try:
+                ref.add_request(request)
+            except ValueError:
+                continue  # the engine refuses the same requests before they reach its scheduler
+            fast_requests[f"r{i}"] = _engine_request(f"r{i}", prompt, max_tokens, i)
+            fast.add_request(fast_requests[f"r{i}"])
+        ref_out, fast_out = ref.schedule(), fast.schedule()
+        assert [(s.request.request_id, s.num_new_tokens, fast.kv.block_tables[s.request.request_id])
+                for s in fast_out.scheduled] == [(s.request_id, s.num_new_tokens, s.block_table) for s in ref_out.scheduled]
+        assert [r.request_id for r in fast_out.preempted] == ref_out.preempted
+        assert (fast_out.swap_out, fast_out.swap_in, fast_out.copies) == (ref_out.swap_out, ref_out.swap_in, ref_out.copies)
+        token = sampled[step % len(sampled)]
+        for finished in ref.update_from_output(ref_out, {s.request_id: token for s in ref_out.scheduled}, (99,)):
+            pass
+        for s in fast_out.scheduled:  # the engine's own update, as LLMEngine._advance / _append_token do it
+            r = s.request
+            r.num_computed_tokens += s.num_new_tokens
+            fast.kv.cache_full_blocks(r.request_id, r.all_token_ids, r.num_computed_tokens)
+            if r.num_computed_tokens == r.num_tokens:
+                status = r.append_token(token)
+                if status is not None:
+                    fast.finish(r, status)
+        for request_id, r in fast_requests.items():
+            assert (r.status, r.output_token_ids) == (ref.requests[request_id].status, ref.requests[request_id].output_token_ids)
+        step += 1
+        assert step < 2000
+    assert not fast.has_unfinished_requests()
