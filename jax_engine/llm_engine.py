@@ -119,6 +119,8 @@ class LLMEngine:
             child.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
             parent.children.append(child)
         for child in parent.children:
+            if params.prompt_logprobs is not None:  # every prompt position must be computed to score it
+                self.kv_cache_manager.uncached.add(child.request_id)
             self.scheduler.add_request(child)
         self._parents[request_id] = parent
         self._arrivals += 1
@@ -172,8 +174,9 @@ class LLMEngine:
             s.request.metrics.first_scheduled_time = s.request.metrics.first_scheduled_time or now
         self.runner.apply_block_moves(out)
         inputs = self.runner.prepare(out, self.kv_cache_manager.block_tables)
-        logits, _ = self.runner.execute(inputs)
+        logits, hidden = self.runner.execute(inputs)
         sampled = self._sample(logits, inputs.sampling_requests)
+        self._score_prompts(out, inputs.row_of, hidden)
         self._advance(out)
         touched = {s.request.parent_id for s in out.scheduled}
         for request, row in zip(inputs.sampling_requests, sampled):
@@ -195,6 +198,33 @@ class LLMEngine:
         return [(int(tokens[i]), float(token_logprobs[i]), int(ranks[i]), top_ids[i], top_logprobs[i])
                 for i in range(len(requests))]
 
+    def _score_prompts(self, out: SchedulerOutput, row_of: dict[str, int], hidden) -> None:
+        """Prompt logprobs: at each computed prompt position p, the logprob of prompt token p + 1."""
+        rows, targets, owners = [], [], []
+        for s in out.scheduled:
+            r = s.request
+            if r.prompt_logprobs is None:
+                continue
+            for p in range(r.num_computed_tokens, min(r.num_computed_tokens + s.num_new_tokens, r.num_prompt_tokens - 1)):
+                if p + 1 >= len(r.prompt_logprobs):  # not scored yet (a recomputed prefill scores nothing new)
+                    rows.append(row_of[r.request_id] + p - r.num_computed_tokens)
+                    targets.append(r.prompt_token_ids[p + 1])
+                    owners.append(r)
+        if not rows:
+            return
+        num_top = max(r.sampling_params.prompt_logprobs for r in owners)
+        logprob, rank, top_ids, top_logprobs = self.runner.token_logprobs(hidden, rows, targets, num_top)
+        for i, (r, target) in enumerate(zip(owners, targets)):
+            r.prompt_logprobs.append(self._logprob_entry(target, logprob[i], rank[i], top_ids[i], top_logprobs[i],
+                                                         r.sampling_params.prompt_logprobs))
+
+    def _logprob_entry(self, token: int, logprob: float, rank: int, top_ids, top_logprobs, k: int) -> dict:
+        """vLLM's per-position logprobs: the chosen token, then the top k (ranks 1..k)."""
+        entry = {int(token): Logprob(float(logprob), int(rank), self.tokenizer.decode([int(token)]))}
+        for i, (tid, lp) in enumerate(zip(top_ids[:k], top_logprobs[:k])):
+            entry.setdefault(int(tid), Logprob(float(lp), i + 1, self.tokenizer.decode([int(tid)])))
+        return entry
+
     def _advance(self, out: SchedulerOutput) -> None:
         for s in out.scheduled:
             request = s.request
@@ -210,10 +240,7 @@ class LLMEngine:
         request.cumulative_logprob += logprob
         params = request.sampling_params
         if request.logprobs is not None:
-            entry = {token: Logprob(logprob, rank, self.tokenizer.decode([token]))}
-            for i, (tid, lp) in enumerate(zip(top_ids[: params.logprobs], top_logprobs[: params.logprobs])):
-                entry.setdefault(int(tid), Logprob(float(lp), i + 1, self.tokenizer.decode([int(tid)])))
-            request.logprobs.append(entry)
+            request.logprobs.append(self._logprob_entry(token, logprob, rank, top_ids, top_logprobs, params.logprobs))
         delta = request.detokenizer.add_token(token)
         if status is None and params.stop and delta:
             status = self._check_stop_strings(request, len(delta))

@@ -32,6 +32,16 @@ def _all_logits(model, hidden):
     return model.logits(hidden)
 
 
+@functools.partial(jax.jit, static_argnames=("num_top",))
+def _token_logprobs(model, hidden, rows, targets, num_top):
+    """Log-probabilities of `targets` at `rows` of the hidden states, their ranks, and the top tokens."""
+    logprobs = jax.nn.log_softmax(model.logits(hidden[rows]), axis=-1)
+    target = jnp.take_along_axis(logprobs, targets[:, None], axis=-1)[:, 0]
+    ranks = jnp.sum(logprobs > target[:, None], axis=-1) + 1
+    top_logprobs, top_ids = jax.lax.top_k(logprobs, num_top)
+    return target, ranks, top_ids, top_logprobs
+
+
 @functools.partial(jax.jit, donate_argnames=("k_cache", "v_cache"))
 def _copy_blocks(k_cache, v_cache, src, dst):
     return k_cache.at[:, dst].set(k_cache[:, src]), v_cache.at[:, dst].set(v_cache[:, src])
@@ -45,6 +55,7 @@ class StepInputs:
     metadata: AttentionMetadata
     logits_indices: np.ndarray  # rows whose next-token logits are sampled (padded)
     sampling_requests: list  # the Request of each real row of logits_indices, in order
+    row_of: dict[str, int]  # first row of each scheduled request's tokens
     num_tokens: int  # real (unpadded) tokens
 
 
@@ -108,7 +119,7 @@ class ModelRunner:
         starts = np.full(num_decode + num_prefill + 1, num_tokens, np.int32)
         decode_rows = np.full(num_decode, padded_tokens, np.int32)
         prefill_rows = np.full((num_prefill, max_chunk), padded_tokens, np.int32)
-        logits_rows, sampling_requests = [], []
+        logits_rows, sampling_requests, row_of = [], [], {}
 
         row = 0
         seq_slots = list(range(len(decode))) + [num_decode + j for j in range(len(prefill))]
@@ -120,9 +131,11 @@ class ModelRunner:
             token_ids[row : row + n] = request.all_token_ids[first : first + n]
             positions[row : row + n] = pos
             slot_mapping[row : row + n] = np.asarray(table)[pos // bs] * bs + pos % bs
-            tables[seq, : len(table)] = table
+            used = -(-(first + n) // bs)  # the table may run further (blocks for later chunks)
+            tables[seq, :used] = table[:used]
             seq_lens[seq] = first + n
             starts[seq] = row
+            row_of[request.request_id] = row
             if seq < num_decode:
                 decode_rows[seq] = row
             else:
@@ -135,7 +148,7 @@ class ModelRunner:
         logits_indices = np.zeros(num_rows, np.int32)
         logits_indices[: len(logits_rows)] = logits_rows
         metadata = AttentionMetadata(positions, slot_mapping, tables, seq_lens, starts, decode_rows, prefill_rows)
-        return StepInputs(token_ids, metadata, logits_indices, sampling_requests, num_tokens)
+        return StepInputs(token_ids, metadata, logits_indices, sampling_requests, row_of, num_tokens)
 
     # -------------------------------------------------------------------------------- execute
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
@@ -157,5 +170,13 @@ class ModelRunner:
         return logits, hidden
 
     def all_logits(self, hidden: jax.Array) -> np.ndarray:
-        """Logits of every row (for prompt logprobs)."""
+        """Logits of every row of a step's hidden states."""
         return np.asarray(_all_logits(self.model, hidden))
+
+    def token_logprobs(self, hidden: jax.Array, rows: list[int], targets: list[int], num_top: int):
+        """(logprob, rank, top ids, top logprobs) of each target token at its row, as NumPy arrays."""
+        padded = bucket(len(rows), 8)
+        rows_arr, targets_arr = np.zeros(padded, np.int32), np.zeros(padded, np.int32)
+        rows_arr[: len(rows)], targets_arr[: len(rows)] = rows, targets
+        result = _token_logprobs(self.model, hidden, rows_arr, targets_arr, max(num_top, 1))
+        return tuple(np.asarray(x)[: len(rows)] for x in result)

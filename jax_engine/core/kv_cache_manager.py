@@ -26,6 +26,7 @@ class KVCacheManager:
         self.block_tables: dict[str, list[int]] = {}
         self.block_hashes: dict[str, list[BlockHash]] = {}  # chained hashes of the full blocks so far
         self.swapped_out: set[str] = set()
+        self.uncached: set[str] = set()  # requests that must compute every token (prompt logprobs)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
@@ -46,7 +47,7 @@ class KVCacheManager:
 
     def find_cached_prefix(self, seq_id: str, token_ids: Sequence[int]) -> list[int]:
         """Block ids of the longest cached run of leading full blocks (never the last token)."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or seq_id in self.uncached:
             return []
         hits = []
         for block_hash in self._hashes(seq_id, token_ids, (len(token_ids) - 1) // self.block_size):
@@ -131,8 +132,9 @@ class KVCacheManager:
         self.swapped_out.discard(seq_id)
 
     def forget(self, seq_id: str) -> None:
-        """Drop a finished request's remembered hashes."""
+        """Drop what is remembered about a finished request."""
         self.block_hashes.pop(seq_id, None)
+        self.uncached.discard(seq_id)
 
     # --------------------------------------------------------------------------------- swapping
     def _distinct_blocks(self, seq_ids: Sequence[str]) -> set[int]:
