@@ -31,3 +31,16 @@ def tiny_checkpoint(tmp_path_factory):
     directory = tmp_path_factory.mktemp("tiny-llama")
     make_tiny_checkpoint(directory, "llama")
     return load_checkpoint(str(directory))
+
+
+# One engine per model for the whole session: every LLM compiles its own step shapes, and compiles are the
+# suite's main cost. Tests that need other engine arguments build their own, small ones.
+LLM_ARGS = dict(num_gpu_blocks_override=256, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=256)
+
+
+@pytest.fixture(scope="session")
+def llm():
+    from jax_engine import LLM
+
+    return LLM(**LLM_ARGS)
+

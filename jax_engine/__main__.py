@@ -1,0 +1,3 @@
+from jax_engine.cli import main
+
+main()

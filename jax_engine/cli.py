@@ -1,0 +1,98 @@
+"""`jax-engine` (also `python -m jax_engine`): generate from the command line, or chat interactively."""
+
+import argparse
+import dataclasses
+import sys
+import typing
+
+from jax_engine.config import EngineArgs
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineArgs field, named as vLLM names them (--max-model-len, ...)."""
+    hints = typing.get_type_hints(EngineArgs)
+    for f in dataclasses.fields(EngineArgs):
+        if f.name == "model":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kind = hints[f.name]
+        if kind is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+            parser.add_argument(flag, type=base, default=f.default)
+    parser.add_argument("--model", default=None, help="a .gguf file or HF checkpoint directory (default: SmolLM2)")
+
+
+def engine_args(ns: argparse.Namespace) -> dict:
+    return {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)}
+
+
+def _sampling(ns: argparse.Namespace):
+    from jax_engine.sampling_params import SamplingParams
+
+    return SamplingParams(temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, seed=ns.sampling_seed,
+                          max_tokens=ns.max_tokens)
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
+
+
+def generate(ns: argparse.Namespace) -> None:
+    from jax_engine.llm import LLM
+
+    llm = LLM(**engine_args(ns))
+    params = _sampling(ns)
+    if ns.chat:
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompts], params, use_tqdm=False)
+    else:
+        outputs = llm.generate(ns.prompts, params, use_tqdm=False)
+    for output in outputs:
+        print(output.outputs[0].text if ns.chat else output.prompt + output.outputs[0].text)
+
+
+def chat(ns: argparse.Namespace) -> None:
+    from jax_engine.llm import LLM
+
+    llm = LLM(**engine_args(ns))
+    params, conversation = _sampling(ns), []
+    print("Chatting with the model. Type /exit or press Ctrl-D to leave.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if line.strip() == "/exit":
+            break
+        conversation.append({"role": "user", "content": line})
+        [output] = llm.chat(conversation, params, use_tqdm=False)
+        reply = output.outputs[0].text.strip()
+        conversation.append({"role": "assistant", "content": reply})
+        print(reply, flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jax-engine", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser("generate", help="complete prompts and print the results")
+    gen.add_argument("prompts", nargs="+")
+    gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    chat_parser = commands.add_parser("chat", help="interactive chat on stdin")
+    for sub, run in ((gen, generate), (chat_parser, chat)):
+        add_engine_args(sub)
+        _add_sampling_args(sub)
+        sub.set_defaults(run=run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    ns = build_parser().parse_args(argv)
+    try:
+        ns.run(ns)
+    except ValueError as error:  # bad arguments or prompts: a message, not a traceback
+        sys.exit(f"jax-engine: error: {error}")

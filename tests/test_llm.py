@@ -1,0 +1,214 @@
+"""LLM().generate on the real default model: the oracle, HF, invariance, and vLLM's API surface."""
+
+import numpy as np
+import pytest
+
+from jax_engine import LLM, EngineArgs, SamplingParams
+from reference import LlamaModel, ReferenceEngine
+from reference import SamplingParams as ReferenceSamplingParams
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a little robot"]
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+def test_greedy_tokens_equal_the_reference_engine(llm, default_checkpoint):
+    reference = ReferenceEngine(LlamaModel(default_checkpoint.config, default_checkpoint.weights), num_blocks=64,
+                                tokenizer=default_checkpoint.tokenizer)
+    expected = reference.generate(PROMPTS, ReferenceSamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    outputs = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == [g.output_token_ids for g in expected]
+    assert [o.outputs[0].text for o in outputs] == [g.text for g in expected]
+
+
+def test_chat_knows_the_capital_of_france(llm):
+    [output] = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                        SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
+    assert "Paris" in output.outputs[0].text and output.outputs[0].finish_reason == "stop"
+
+
+def test_outputs_do_not_depend_on_the_rest_of_the_batch(llm):
+    params = [GREEDY, SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=12, ignore_eos=True),
+              SamplingParams(temperature=1.2, top_k=20, seed=5, max_tokens=12, ignore_eos=True)]
+    together = llm.generate(PROMPTS, params, use_tqdm=False)
+    for prompt, p, batched in zip(PROMPTS, params, together):
+        [alone] = llm.generate(prompt, p, use_tqdm=False)
+        assert alone.outputs[0].token_ids == batched.outputs[0].token_ids
+
+
+def test_greedy_continuations_equal_hf_generate(llm, default_checkpoint):
+    import torch
+
+    from tests.test_llama_vs_hf import hf_llama_from_checkpoint
+
+    hf = hf_llama_from_checkpoint(default_checkpoint)
+    tokenizer = default_checkpoint.tokenizer
+    ours = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    for prompt, output in zip(PROMPTS, ours):
+        ids = torch.tensor([tokenizer.encode(prompt)])
+        with torch.no_grad():
+            expected = hf.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert output.outputs[0].token_ids == expected[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+def test_tiny_checkpoints_greedy_equals_hf_generate(tmp_path, architecture):
+    import torch
+
+    from tests.tiny_checkpoints import make_tiny_checkpoint
+
+    hf = make_tiny_checkpoint(tmp_path, architecture)
+    llm = LLM(str(tmp_path), num_gpu_blocks_override=32, block_size=8, max_model_len=64, max_num_seqs=4)
+    prompts = [[256, 5, 6, 7], [256, 100, 101, 102, 103, 104, 105, 106, 107, 108]]
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+    for prompt, output in zip(prompts, outputs):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                                   pad_token_id=0)
+        assert output.outputs[0].token_ids == expected[0, len(prompt):].tolist()
+
+
+def test_prompt_forms_and_request_output_fields(llm):
+    tokenizer = llm.get_tokenizer()
+    ids = tokenizer.encode(PROMPTS[0])
+    from_text, from_ids, from_dict = llm.generate([PROMPTS[0], ids, {"prompt_token_ids": ids}], GREEDY, use_tqdm=False)
+    assert from_text.prompt == PROMPTS[0] and from_ids.prompt is None
+    assert from_text.prompt_token_ids == from_ids.prompt_token_ids == ids
+    assert from_text.outputs[0].token_ids == from_ids.outputs[0].token_ids == from_dict.outputs[0].token_ids
+    assert from_text.finished and from_text.outputs[0].finish_reason == "length" and len(from_text.outputs[0].token_ids) == 12
+    [single] = llm.generate(ids, GREEDY, use_tqdm=False)  # one token-id list is one prompt
+    assert single.outputs[0].token_ids == from_ids.outputs[0].token_ids
+    assert single.metrics.first_token_time >= single.metrics.arrival_time
+
+
+def test_n_completions_and_logprobs(llm):
+    params = SamplingParams(n=3, temperature=1.0, seed=0, max_tokens=6, logprobs=5, ignore_eos=True)
+    [output] = llm.generate(PROMPTS[2], params, use_tqdm=False)
+    assert [c.index for c in output.outputs] == [0, 1, 2]
+    assert len({tuple(c.token_ids) for c in output.outputs}) > 1  # seeds 0, 1, 2 differ
+    for completion in output.outputs:
+        assert len(completion.logprobs) == 6
+        for token, entry in zip(completion.token_ids, completion.logprobs):
+            assert token in entry and 5 <= len(entry) <= 6
+            assert sorted(lp.rank for t, lp in entry.items() if t != token or lp.rank <= 5)[:5] == [1, 2, 3, 4, 5]
+            top = max(entry.values(), key=lambda lp: lp.logprob)
+            assert top.rank == 1 and all(lp.logprob <= 0 for lp in entry.values())
+        chosen = [entry[t].logprob for t, entry in zip(completion.token_ids, completion.logprobs)]
+        assert completion.cumulative_logprob == pytest.approx(sum(chosen), abs=1e-4)
+
+
+def test_prompt_logprobs_match_the_generated_logprobs_of_a_greedy_run(llm):
+    [first] = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4, logprobs=0, ignore_eos=True),
+                           use_tqdm=False)
+    full = first.prompt_token_ids + first.outputs[0].token_ids
+    [rescored] = llm.generate([full], SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2), use_tqdm=False)
+    assert rescored.prompt_logprobs[0] is None and len(rescored.prompt_logprobs) == len(full)
+    n = len(first.prompt_token_ids)
+    for i, token in enumerate(first.outputs[0].token_ids):  # scoring the text again gives the same numbers
+        scored = rescored.prompt_logprobs[n + i][token]
+        assert scored.rank == 1 and scored.logprob == pytest.approx(first.outputs[0].logprobs[i][token].logprob, abs=1e-3)
+
+
+def test_stop_strings_stop_tokens_and_min_tokens(llm):
+    [free] = llm.generate(PROMPTS[1], GREEDY, use_tqdm=False)
+    text, tokens = free.outputs[0].text, free.outputs[0].token_ids
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
+    [cut] = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, stop=[stop]), use_tqdm=False)
+    assert cut.outputs[0].text == text[: text.index(stop)] and cut.outputs[0].stop_reason == stop
+    [kept] = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, stop=stop,
+                                                     include_stop_str_in_output=True), use_tqdm=False)
+    assert kept.outputs[0].text == text[: text.index(stop) + len(stop)]
+    [by_id] = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[tokens[3]]),
+                           use_tqdm=False)
+    assert by_id.outputs[0].token_ids == tokens[: tokens.index(tokens[3]) + 1] and by_id.outputs[0].stop_reason == tokens[3]
+    [late] = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[tokens[0]],
+                                                     min_tokens=2), use_tqdm=False)
+    assert tokens[0] not in late.outputs[0].token_ids[:2] and len(late.outputs[0].token_ids) >= 2
+
+
+def test_eos_ends_a_chat_unless_ignored(llm):
+    chat = [{"role": "user", "content": "Say hi."}]
+    [ended] = llm.chat(chat, SamplingParams(temperature=0, max_tokens=40), use_tqdm=False)
+    assert ended.outputs[0].finish_reason == "stop" and ended.outputs[0].stop_reason is None
+    assert ended.outputs[0].token_ids[-1] == 2  # <|im_end|>, kept in token_ids, skipped in text
+    assert "<|im_end|>" not in ended.outputs[0].text
+
+
+def test_abort_frees_every_block(llm):
+    engine = llm.llm_engine
+    total = engine.kv_cache_manager.device.num_blocks
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"abort-{i}", prompt, SamplingParams(max_tokens=50, ignore_eos=True))
+    engine.step()
+    engine.step()
+    engine.abort_request(["abort-0", "abort-1", "abort-2"])
+    outputs = engine.step()
+    assert sorted(o.request_id for o in outputs) == ["abort-0", "abort-1", "abort-2"]
+    assert all(o.finished and o.outputs[0].finish_reason == "abort" for o in outputs)
+    assert not engine.has_unfinished_requests() and engine.kv_cache_manager.device.num_free_blocks == total
+
+
+def test_bad_input_is_a_clear_value_error(llm):
+    cases = [
+        ([""], "prompt must not be empty"),
+        ([[1, 49152]], r"\[0, vocab_size=49152\)"),
+        ([[-1]], r"\[0, vocab_size=49152\)"),
+        (["word " * 300], "exceeds max_model_len=256"),
+        ([3.5], "prompt must be a string or a list of token ids"),
+    ]
+    for prompts, message in cases:
+        with pytest.raises(ValueError, match=message):
+            llm.generate(prompts, SamplingParams(max_tokens=4), use_tqdm=False)
+    with pytest.raises(ValueError, match="exceeds max_model_len=256"):
+        llm.generate(PROMPTS[0], SamplingParams(max_tokens=300), use_tqdm=False)
+    with pytest.raises(ValueError, match="2 sampling_params for 3 prompts"):
+        llm.generate(PROMPTS, [GREEDY, GREEDY], use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()  # nothing half-added is left behind
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
+    (dict(top_p=0), r"top_p must be in \(0, 1\]"),
+    (dict(n=0), "n must be >= 1"),
+    (dict(logprobs=21), r"logprobs must be None or in \[0, 20\]"),
+    (dict(prompt_logprobs=-1), r"prompt_logprobs must be None or in \[0, 20\]"),
+    (dict(presence_penalty=3), r"presence_penalty must be in \[-2, 2\]"),
+    (dict(repetition_penalty=0), "repetition_penalty must be a finite number > 0"),
+    (dict(min_tokens=5, max_tokens=4), r"min_tokens must be <= max_tokens \(4\)"),
+    (dict(stop=[""]), "stop must be a list of non-empty strings"),
+])
+def test_bad_sampling_params(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(block_size=12), "block_size must be a power of two"),
+    (dict(preemption_mode="drop"), "preemption_mode must be one of"),
+    (dict(attention_backend="cuda"), "attention_backend must be one of"),
+    (dict(dtype="int4"), "dtype must be"),
+    (dict(max_num_seqs=0), "max_num_seqs must be >= 1"),
+    (dict(gpu_memory_utilization=1.5), r"gpu_memory_utilization must be in \(0, 1\]"),
+])
+def test_bad_engine_args(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(**kwargs)
+
+
+def test_unknown_engine_argument_and_too_small_cache():
+    with pytest.raises(ValueError, match="unknown engine arguments: \\['max_batch'\\]"):
+        LLM(max_batch=3)
+    with pytest.raises(ValueError, match="max_model_len is 256"):
+        LLM(num_gpu_blocks_override=4, max_model_len=256)
+
+
+def test_steady_state_never_recompiles(llm):
+    llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    before = len(llm.llm_engine.runner.compiled_shapes)
+    llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert len(llm.llm_engine.runner.compiled_shapes) == before
+
+
+def test_progress_bar_reports_speeds(llm, capsys):
+    llm.generate(PROMPTS, GREEDY, use_tqdm=True)
+    err = capsys.readouterr().err
+    assert "Processed prompts: 100%" in err and "est. speed input:" in err and "output:" in err
