@@ -39,8 +39,9 @@ def test_mkdocs_build_strict(tmp_path):
     assert (tmp_path / "site" / "api" / "reference" / "index.html").exists()
 
 
-def test_readme_python_example_runs():
-    code = re.search(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+@pytest.mark.parametrize("index", [0, 1])
+def test_readme_python_examples_run(index):
+    code = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)[index]
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Paris" in result.stdout

@@ -1,0 +1,93 @@
+"""The engine's jitted sampler against the reference sampler's filters, and its seeded randomness."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jax_engine.outputs import RequestMetrics
+from jax_engine.request import Request
+from jax_engine.sampler import sample, sampler_inputs
+from jax_engine.sampling_params import SamplingParams
+from reference.sampler import filtered_probs
+
+VOCAB = 32
+
+
+def make_request(params: SamplingParams, seed: int = 0, prompt=(1, 2, 3), output=()) -> Request:
+    request = Request("r", "r", 0, list(prompt), params, 0, seed, params.max_tokens or 16, (0,), None,
+                      RequestMetrics(0.0))
+    request.all_token_ids += list(output)
+    return request
+
+
+def run(requests: list[Request], logits: np.ndarray, num_rows: int | None = None):
+    num_rows = num_rows or len(requests)
+    padded = np.zeros((num_rows, logits.shape[1]), np.float32)
+    padded[: len(logits)] = logits
+    arrays, flags, num_logprobs = sampler_inputs(requests, num_rows, logits.shape[1])
+    result = sample(padded, **arrays, flags=flags, num_logprobs=num_logprobs)
+    return [np.asarray(x)[: len(requests)] for x in result]
+
+
+@given(seed=st.integers(0, 2**31 - 1), temperature=st.sampled_from([0.5, 1.0, 1.5]),
+       top_k=st.sampled_from([0, 1, 3, 10]), top_p=st.sampled_from([1.0, 0.9, 0.5, 0.1]),
+       min_p=st.sampled_from([0.0, 0.05, 0.3]))
+def test_sampled_tokens_are_always_ones_the_reference_keeps(seed, temperature, top_k, top_p, min_p):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 2, (8, VOCAB)).astype(np.float32)
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    requests = [make_request(params, seed=seed + i) for i in range(8)]
+    tokens = run(requests, logits)[0]
+    for row, token in zip(logits, tokens):
+        assert filtered_probs(row, params)[token] > 0
+
+
+def test_sampled_frequencies_follow_the_reference_distribution():
+    logits = np.log(np.array([[0.4, 0.3, 0.15, 0.1, 0.05] + [1e-9] * 3], np.float32))
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    requests = [make_request(params, seed=s) for s in range(2000)]
+    tokens = run(requests, np.repeat(logits, 2000, axis=0))[0]
+    expected = filtered_probs(logits[0], params)
+    counts = np.bincount(tokens, minlength=8) / 2000
+    np.testing.assert_allclose(counts, expected, atol=0.035)  # ~3.5 standard errors at n = 2000
+
+
+def test_a_seeded_row_draws_the_same_token_in_any_batch():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(0, 1, (16, VOCAB)).astype(np.float32)
+    params = SamplingParams(temperature=1.0, seed=42)
+    alone = [run([make_request(params, seed=42)], logits[i : i + 1])[0][0] for i in range(16)]
+    batched = run([make_request(params, seed=42) for _ in range(16)], logits, num_rows=32)[0]
+    assert list(batched) == alone
+    other_position = run([make_request(params, seed=42, output=[5])], logits[:1])[0][0]
+    assert len(set(alone)) > 1 and other_position in range(VOCAB)
+
+
+def test_greedy_logprobs_and_ranks():
+    logits = np.array([[1.0, 3.0, 2.0, 0.0]], np.float32)
+    tokens, logprobs, ranks, top_ids, top_logprobs = run([make_request(SamplingParams(temperature=0, logprobs=2))], logits)
+    expected = logits[0] - np.log(np.exp(logits[0]).sum())
+    assert tokens[0] == 1 and ranks[0] == 1 and logprobs[0] == pytest.approx(expected[1], abs=1e-6)
+    assert list(top_ids[0][:2]) == [1, 2] and top_logprobs[0][:2] == pytest.approx(expected[[1, 2]], abs=1e-6)
+
+
+def test_penalties_follow_vllm():
+    logits = np.array([[3.0, 2.9, -1.0, 0.5]], np.float32)
+    # Token 0 was generated twice: a frequency penalty of 0.1 per occurrence lets token 1 win.
+    freq = make_request(SamplingParams(temperature=0, frequency_penalty=0.1), output=[0, 0])
+    assert run([freq], logits)[0][0] == 1
+    # Repetition penalty 1.2 divides the positive logit of a seen token (3.0 -> 2.5 < 2.9).
+    rep = make_request(SamplingParams(temperature=0, repetition_penalty=1.2), prompt=[0])
+    assert run([rep], logits)[0][0] == 1
+    # Presence penalty subtracts once, however often the token appeared.
+    pres = make_request(SamplingParams(temperature=0, presence_penalty=0.05), output=[0, 0, 0])
+    assert run([pres], logits)[0][0] == 0
+
+
+def test_min_tokens_bans_stop_and_eos_tokens():
+    logits = np.array([[5.0, 4.0, 1.0, 0.0]], np.float32)  # token 0 is EOS here
+    early = make_request(SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[1]))
+    assert run([early], logits)[0][0] == 2
+    done = make_request(SamplingParams(temperature=0, min_tokens=2), output=[3, 3])
+    assert run([done], logits)[0][0] == 0
