@@ -1,31 +1,34 @@
 """LLMEngine: add requests, step, read outputs. The loop that LLM.generate and the server drive.
 
     step():
-        schedule          -> which requests run, how many tokens each, block copies
+        schedule          -> which sequences run, how many tokens each, block copies
         model runner      -> swap / copy blocks, pad inputs to buckets, run the jitted model
-        sampler           -> one token per request whose tokens are all computed
-        process outputs   -> logprobs, detokenize, stop checks, free finished requests' blocks
+        sampler           -> one token per sequence whose tokens are all computed
+        process outputs   -> forks, beams, logprobs, detokenize, stop checks, free finished sequences
 """
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from jax_engine.attention.backend import get_attention_backend
+from jax_engine.beam_search import BeamSearchParams, BeamSearchSequence, beam_score, select_candidates
+from jax_engine.buckets import bucket
 from jax_engine.config import (EngineArgs, GiB, bytes_per_block, kv_cache_bytes, platform, resolve_dtype,
                                resolve_scheduler_config)
 from jax_engine.core.kv_cache_manager import KVCacheManager
 from jax_engine.core.scheduler import Scheduler, SchedulerOutput
 from jax_engine.detokenizer import IncrementalDetokenizer
-from jax_engine.loader import load_checkpoint
+from jax_engine.loader import Checkpoint, load_checkpoint
 from jax_engine.model_runner import ModelRunner
 from jax_engine.models.llama import LlamaForCausalLM
 from jax_engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from jax_engine.request import Request
 from jax_engine.sampler import sample, sampler_inputs
 from jax_engine.sampling_params import SamplingParams
+from jax_engine.sequence_group import SequenceGroup
 from reference.request import RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -34,32 +37,29 @@ Prompt = str | list[int] | dict
 
 
 @dataclass
-class _Parent:
-    """A user request: its prompt and its n sequences."""
+class StepTrace:
+    """What one step did, for tests and curious users (see LLMEngine.enable_trace)."""
 
-    prompt: str | None
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    children: list[Request] = field(default_factory=list)
-
-    @property
-    def finished(self) -> bool:
-        return all(c.status.is_finished for c in self.children)
+    step: int
+    scheduled: list[tuple[str, int]]  # (sequence id, tokens computed)
+    preempted: list[tuple[str, str, str]]  # (sequence id, "recompute" | "swap", reason)
+    cache_misses: list[tuple[str, str]]  # (sequence id, why its prompt was not (fully) found in the cache)
+    num_free_blocks: int
 
 
 class LLMEngine:
     """A continuous-batching engine over a paged KV cache."""
 
-    def __init__(self, args: EngineArgs) -> None:
+    def __init__(self, args: EngineArgs, checkpoint: Checkpoint | None = None) -> None:
+        """Load the model (or take an already loaded `checkpoint`), size the KV cache, build the loop."""
         started = time.perf_counter()
         self.args = args
-        checkpoint = load_checkpoint(args.model)
+        checkpoint = checkpoint or load_checkpoint(args.model)
         self.model_config = cfg = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.dtype = resolve_dtype(args.dtype)
         self.scheduler_config = resolve_scheduler_config(args, cfg)
         model = LlamaForCausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype)
-        del checkpoint
         block_bytes = bytes_per_block(cfg, args.block_size, self.dtype)
         weight_bytes = cfg.num_params * np.dtype(self.dtype).itemsize
         num_blocks = args.num_gpu_blocks_override or kv_cache_bytes(args, weight_bytes) // block_bytes
@@ -77,12 +77,16 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
         self.runner = ModelRunner(model, num_blocks, args.block_size, num_host_blocks, self.scheduler_config.max_num_seqs,
                                   self.scheduler_config.max_num_batched_tokens, max_len, attention, self.dtype)
-        self.eos_token_ids = tuple(cfg.eos_token_ids) or ((self.tokenizer.eos_token_id,) if self.tokenizer.eos_token_id is not None else ())
+        eos = self.tokenizer.eos_token_id
+        self.eos_token_ids = tuple(cfg.eos_token_ids) or ((eos,) if eos is not None else ())
         self._rng = np.random.default_rng(args.seed)
-        self._parents: dict[str, _Parent] = {}
+        self._groups: dict[str, SequenceGroup] = {}
         self._pending_outputs: list[RequestOutput] = []  # aborted requests, reported on the next step
         self._arrivals = 0
         self.num_steps = 0
+        self.trace: list[StepTrace] | None = None
+        self._blocks_held = 0  # summed over steps: physical blocks held by sequences
+        self._blocks_unshared = 0  # summed over steps: blocks they would hold without sharing
         logger.info("engine ready in %.1f s (attention backend %r)", time.perf_counter() - started, self.attention_backend)
 
     @classmethod
@@ -99,33 +103,46 @@ class LLMEngine:
             return None, [int(t) for t in prompt]
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None,
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
                     arrival_time: float | None = None) -> None:
-        """Validate and queue a request. Raises ValueError naming the bad field and its limit."""
+        """Validate and queue a request. Raises ValueError naming the bad field and its limit.
+
+        With SamplingParams(n=k) the prompt is computed once and forked into k sequences; with
+        BeamSearchParams the request runs beam search (see jax_engine/beam_search.py).
+        """
         params = params or SamplingParams()
-        if request_id in self._parents:
+        if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids = self._prompt_token_ids(prompt)
-        max_max_tokens = self._validate_prompt(token_ids, params)
-        parent = _Parent(text, token_ids, params)
+        room = self._validate_prompt(token_ids, params)
+        group = SequenceGroup(request_id, text, token_ids, params)
         metrics = RequestMetrics(arrival_time or time.time())
-        for index in range(params.n):
-            child_id = request_id if params.n == 1 else f"{request_id}#{index}"
-            seed = params.seed + index if params.seed is not None else int(self._rng.integers(2**31))
-            detokenizer = IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens)
-            child = Request(child_id, request_id, index, token_ids, params, self._arrivals, seed & 0xFFFFFFFF,
-                            params.max_tokens or max_max_tokens, self.eos_token_ids, detokenizer, metrics)
-            child.logprobs = [] if params.logprobs is not None else None
-            child.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
-            parent.children.append(child)
-        for child in parent.children:
-            if params.prompt_logprobs is not None:  # every prompt position must be computed to score it
-                self.kv_cache_manager.uncached.add(child.request_id)
-            self.scheduler.add_request(child)
-        self._parents[request_id] = parent
+        if group.is_beam_search:  # beams read the top 2 x width logprobs of each step
+            beam_params = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=True,
+                                         logprobs=2 * params.beam_width)
+            group.seqs.append(self._new_sequence(group, 0, beam_params, room, metrics))
+        else:
+            group.seqs = [self._new_sequence(group, i, params, room, metrics) for i in range(params.n)]
+            group.pending_forks = group.seqs[1:]
+        first = group.seqs[0]
+        if getattr(params, "prompt_logprobs", None) is not None:  # every prompt position must be scored
+            self.kv_cache_manager.uncached.add(first.request_id)
+        self.scheduler.add_request(first)
+        self._groups[request_id] = group
         self._arrivals += 1
 
-    def _validate_prompt(self, token_ids: list[int], params: SamplingParams) -> int:
+    def _new_sequence(self, group: SequenceGroup, index: int, params: SamplingParams, room: int,
+                      metrics: RequestMetrics) -> Request:
+        seq_id = group.request_id if index == 0 else f"{group.request_id}#{index}"
+        seed = params.seed + index if params.seed is not None else int(self._rng.integers(2**31))
+        detokenizer = IncrementalDetokenizer(self.tokenizer, group.prompt_token_ids, params.skip_special_tokens)
+        seq = Request(seq_id, group.request_id, index, group.prompt_token_ids, params, self._arrivals,
+                      seed & 0xFFFFFFFF, params.max_tokens or room, self.eos_token_ids, detokenizer, metrics)
+        seq.logprobs = [] if params.logprobs is not None else None
+        seq.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
+        return seq
+
+    def _validate_prompt(self, token_ids: list[int], params: SamplingParams | BeamSearchParams) -> int:
         """Check a prompt; return the largest max_tokens it leaves room for."""
         if not token_ids:
             raise ValueError("prompt must not be empty")
@@ -143,61 +160,133 @@ class LLMEngine:
     def abort_request(self, request_id: str | list[str]) -> None:
         """Stop requests wherever they are and free their blocks; unknown ids are ignored."""
         for rid in [request_id] if isinstance(request_id, str) else request_id:
-            parent = self._parents.pop(rid, None)
-            if parent is None:
+            group = self._groups.pop(rid, None)
+            if group is None:
                 continue
-            for child in parent.children:
-                if not child.status.is_finished:
-                    self.scheduler.finish(child, RequestStatus.FINISHED_ABORTED)
-            self._pending_outputs.append(self._request_output(rid, parent))
+            for seq in group.live_seqs:
+                self.scheduler.finish(seq, RequestStatus.FINISHED_ABORTED)
+            self._pending_outputs.append(self._request_output(group))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._pending_outputs)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self._parents)
+        return len(self._groups)
+
+    def enable_trace(self) -> list[StepTrace]:
+        """Record every step's decisions from now on in `self.trace` (returned)."""
+        self.trace = []
+        return self.trace
 
     # ---------------------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, run the model, sample, and report every request that progressed."""
         outputs, self._pending_outputs = self._pending_outputs, []
         out = self.scheduler.schedule()
-        for victim in out.preempted:
-            logger.info("preempted request %s by %s: out of KV blocks (%d free)", victim.request_id,
-                        "swap" if victim.status is RequestStatus.SWAPPED else "recompute",
-                        self.kv_cache_manager.device.num_free_blocks)
+        for p in out.preempted:
+            logger.info("preempted %s by %s: %s", p.request.request_id, p.mode, p.reason)
+        if self.trace is not None:
+            self.trace.append(self._step_trace(out))
         if not out.scheduled:
             return outputs
         self.num_steps += 1
         now = time.time()
         for s in out.scheduled:
             s.request.metrics.first_scheduled_time = s.request.metrics.first_scheduled_time or now
+        self._count_sharing()
         self.runner.apply_block_moves(out)
         inputs = self.runner.prepare(out, self.kv_cache_manager.block_tables)
         logits, hidden = self.runner.execute(inputs)
-        sampled = self._sample(logits, inputs.sampling_requests)
-        self._score_prompts(out, inputs.row_of, hidden)
         self._advance(out)
-        touched = {s.request.parent_id for s in out.scheduled}
-        for request, row in zip(inputs.sampling_requests, sampled):
-            self._append_token(request, *row)
-        for parent_id in touched:
-            parent = self._parents.get(parent_id)
-            if parent is not None:
-                outputs.append(self._request_output(parent_id, parent))
-                if parent.finished:
-                    del self._parents[parent_id]
+        self._score_prompts(out, inputs.row_of, hidden)
+        requests, rows = self._fork_parallel_samples(inputs.sampling_requests)
+        for request, result in zip(requests, self._sample(logits, requests, rows)):
+            if self._groups[request.parent_id].is_beam_search:
+                request.beam_proposals = list(zip(result[3].tolist(), result[4].tolist()))
+            else:
+                self._append_token(request, *result)
+        for group_id in {s.request.parent_id for s in out.scheduled}:
+            group = self._groups[group_id]
+            if group.is_beam_search:
+                self._advance_beams(group)
+            outputs.append(self._request_output(group))
+            if group.finished:
+                del self._groups[group_id]
         return outputs
 
-    def _sample(self, logits, requests: list[Request]) -> list[tuple]:
+    def _advance(self, out: SchedulerOutput) -> None:
+        for s in out.scheduled:
+            request = s.request
+            request.num_computed_tokens += s.num_new_tokens
+            self.kv_cache_manager.cache_full_blocks(request.request_id, request.all_token_ids,
+                                                    request.num_computed_tokens)
+
+    def _sample(self, logits, requests: list[Request], rows: list[int]) -> list[tuple]:
         if not requests:
             return []
+        if rows != list(range(len(rows))):  # forked samples read their parent's logits row
+            logits = logits[np.array(rows + [0] * (bucket(len(rows), 8) - len(rows)), np.int32)]
         arrays, flags, num_logprobs = sampler_inputs(requests, logits.shape[0], self.model_config.vocab_size)
         result = sample(logits, **arrays, flags=flags, num_logprobs=num_logprobs)
         tokens, token_logprobs, ranks, top_ids, top_logprobs = (np.asarray(x) for x in result)
         return [(int(tokens[i]), float(token_logprobs[i]), int(ranks[i]), top_ids[i], top_logprobs[i])
                 for i in range(len(requests))]
 
+    # ---------------------------------------------------------------------------- sharing
+    def _fork_parallel_samples(self, requests: list[Request]) -> tuple[list[Request], list[int]]:
+        """Fork waiting parallel samples off a sequence whose prompt just finished; they share its logits row."""
+        expanded, rows = [], []
+        for row, request in enumerate(requests):
+            expanded.append(request)
+            rows.append(row)
+            group = self._groups[request.parent_id]
+            for child in group.pending_forks:
+                child.adopt(request)
+                self.kv_cache_manager.fork(request.request_id, child.request_id)
+                self.scheduler.add_running(child)
+                expanded.append(child)
+                rows.append(row)
+            group.pending_forks = []
+        return expanded, rows
+
+    def _advance_beams(self, group: SequenceGroup) -> None:
+        """Once every live beam proposed its next tokens: keep the best, fork, free the pruned."""
+        beams, params = group.live_seqs, group.params
+        if any(b.beam_proposals is None for b in beams):
+            return  # a beam was preempted before it proposed: wait for it
+        survivors, completed = select_candidates(beams, params, self.eos_token_ids)
+        group.completed_beams += [BeamSearchSequence(c.beam.all_token_ids + [c.token], c.cum_logprob,
+                                                     finish_reason="stop") for c in completed]
+        plan, used = [], set()
+        for candidate in survivors:  # fork before anyone appends, so children copy the parent's tokens
+            beam = candidate.beam
+            target = beam if id(beam) not in used else self._fork_beam(group, beam)
+            used.add(id(beam))
+            plan.append((target, candidate))
+        for beam in beams:
+            beam.beam_proposals = None
+            if id(beam) not in used:
+                self.scheduler.finish(beam, RequestStatus.FINISHED_ABORTED)  # pruned: its blocks are freed
+        for target, candidate in plan:
+            target.all_token_ids.append(candidate.token)
+            target.cumulative_logprob = candidate.cum_logprob
+            if target.num_output_tokens >= params.max_tokens:
+                self.scheduler.finish(target, RequestStatus.FINISHED_LENGTH)
+
+    def _fork_beam(self, group: SequenceGroup, parent: Request) -> Request:
+        child = self._new_sequence(group, len(group.seqs), parent.sampling_params, parent.max_tokens, parent.metrics)
+        child.adopt(parent)
+        self.kv_cache_manager.fork(parent.request_id, child.request_id)
+        self.scheduler.add_running(child)
+        group.seqs.append(child)
+        return child
+
+    def _count_sharing(self) -> None:
+        kv = self.kv_cache_manager
+        self._blocks_held += kv.device.num_blocks - kv.device.num_free_blocks
+        self._blocks_unshared += sum(len(t) for seq, t in kv.block_tables.items() if seq not in kv.swapped_out)
+
+    # ------------------------------------------------------------------------ token outputs
     def _score_prompts(self, out: SchedulerOutput, row_of: dict[str, int], hidden) -> None:
         """Prompt logprobs: at each computed prompt position p, the logprob of prompt token p + 1."""
         rows, targets, owners = [], [], []
@@ -205,9 +294,9 @@ class LLMEngine:
             r = s.request
             if r.prompt_logprobs is None:
                 continue
-            for p in range(r.num_computed_tokens, min(r.num_computed_tokens + s.num_new_tokens, r.num_prompt_tokens - 1)):
+            for p in range(r.num_computed_tokens - s.num_new_tokens, min(r.num_computed_tokens, r.num_prompt_tokens - 1)):
                 if p + 1 >= len(r.prompt_logprobs):  # not scored yet (a recomputed prefill scores nothing new)
-                    rows.append(row_of[r.request_id] + p - r.num_computed_tokens)
+                    rows.append(row_of[r.request_id] + p - (r.num_computed_tokens - s.num_new_tokens))
                     targets.append(r.prompt_token_ids[p + 1])
                     owners.append(r)
         if not rows:
@@ -224,13 +313,6 @@ class LLMEngine:
         for i, (tid, lp) in enumerate(zip(top_ids[:k], top_logprobs[:k])):
             entry.setdefault(int(tid), Logprob(float(lp), i + 1, self.tokenizer.decode([int(tid)])))
         return entry
-
-    def _advance(self, out: SchedulerOutput) -> None:
-        for s in out.scheduled:
-            request = s.request
-            request.num_computed_tokens += s.num_new_tokens
-            self.kv_cache_manager.cache_full_blocks(request.request_id, request.all_token_ids,
-                                                    request.num_computed_tokens)
 
     def _append_token(self, request: Request, token: int, logprob: float, rank: int, top_ids, top_logprobs) -> None:
         now = time.time()
@@ -261,25 +343,52 @@ class LLMEngine:
         return None
 
     # ------------------------------------------------------------------------------- outputs
-    def _request_output(self, request_id: str, parent: _Parent) -> RequestOutput:
-        completions = [
-            CompletionOutput(
-                index=c.index,
-                text=c.detokenizer.text,
-                token_ids=c.output_token_ids,
-                cumulative_logprob=c.cumulative_logprob if c.sampling_params.logprobs is not None else None,
-                logprobs=c.logprobs,
-                finish_reason=c.status.finish_reason,
-                stop_reason=c.stop_reason,
-            )
-            for c in parent.children
-        ]
-        first = parent.children[0]
-        return RequestOutput(request_id, parent.prompt, parent.prompt_token_ids, first.prompt_logprobs, completions,
-                             parent.finished, first.num_cached_tokens or 0, first.metrics)
+    def _request_output(self, group: SequenceGroup) -> RequestOutput:
+        if group.is_beam_search:
+            completions = self._beam_completions(group)
+        else:
+            completions = [CompletionOutput(s.index, s.detokenizer.text, s.output_token_ids,
+                                            s.cumulative_logprob if s.sampling_params.logprobs is not None else None,
+                                            s.logprobs, s.status.finish_reason, s.stop_reason) for s in group.seqs]
+        first = group.seqs[0]
+        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, first.prompt_logprobs,
+                             completions, group.finished, first.num_cached_tokens or 0, first.metrics)
+
+    def _beam_completions(self, group: SequenceGroup) -> list[CompletionOutput]:
+        """The best beam_width of live, length-finished and EOS-completed beams, by vLLM's beam score."""
+        params, n = group.params, len(group.prompt_token_ids)
+        beams = [BeamSearchSequence(s.all_token_ids, s.cumulative_logprob, finish_reason=s.status.finish_reason)
+                 for s in group.seqs if s.status is not RequestStatus.FINISHED_ABORTED]
+        beams += group.completed_beams
+        beams.sort(key=lambda b: beam_score(b.tokens, b.cum_logprob, self.eos_token_ids, params.length_penalty),
+                   reverse=True)
+        return [CompletionOutput(i, self.tokenizer.decode(b.tokens[n:], skip_special_tokens=True), b.tokens[n:],
+                                 b.cum_logprob, None, b.finish_reason if group.finished else None)
+                for i, b in enumerate(beams[: params.beam_width])]
 
     # ---------------------------------------------------------------------------- statistics
+    def _step_trace(self, out: SchedulerOutput) -> StepTrace:
+        kv = self.kv_cache_manager
+        misses = []
+        for r in out.admitted:
+            full_blocks, hit_blocks = (r.num_tokens - 1) // kv.block_size, r.num_computed_tokens // kv.block_size
+            if hit_blocks < full_blocks or full_blocks == 0:
+                misses.append((r.request_id, self._miss_reason(r, hit_blocks, full_blocks)))
+        return StepTrace(self.num_steps, [(s.request.request_id, s.num_new_tokens) for s in out.scheduled],
+                         [(p.request.request_id, p.mode, p.reason) for p in out.preempted], misses,
+                         kv.device.num_free_blocks)
+
+    def _miss_reason(self, request: Request, hit_blocks: int, full_blocks: int) -> str:
+        if not self.kv_cache_manager.enable_prefix_caching:
+            return "prefix caching disabled"
+        if request.request_id in self.kv_cache_manager.uncached:
+            return "prompt logprobs need every prompt token computed"
+        if full_blocks == 0:
+            return "prefix shorter than one block"
+        return f"{hit_blocks} of {full_blocks} full blocks found in the cache"
+
     def stats(self) -> dict:
+        """KV-cache and scheduling statistics since the engine started."""
         kv = self.kv_cache_manager
         return {
             "num_blocks": kv.device.num_blocks,
@@ -289,6 +398,7 @@ class LLMEngine:
             "prefix_cache_queries": kv.prefix_cache_queries,
             "prefix_cache_hits": kv.prefix_cache_hits,
             "num_preemptions": self.scheduler.num_preemptions,
+            "memory_saved_by_sharing": 1 - self._blocks_held / self._blocks_unshared if self._blocks_unshared else 0.0,
             "num_compilations": len(self.runner.compiled_shapes),
             "compile_seconds": self.runner.compile_seconds,
         }

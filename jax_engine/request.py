@@ -33,9 +33,17 @@ class Request:
     logprobs: list[PositionLogprobs] | None = None
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     stop_reason: int | str | None = None
+    beam_proposals: list[tuple[int, float]] | None = None  # beam search: (token, logprob) this step
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
+
+    def adopt(self, parent: "Request") -> None:
+        """Take over a parent's tokens and progress: this sequence was just forked from it."""
+        self.all_token_ids = list(parent.all_token_ids)
+        self.num_computed_tokens = parent.num_computed_tokens
+        self.num_cached_tokens = parent.num_cached_tokens
+        self.cumulative_logprob = parent.cumulative_logprob
 
     @property
     def token_ids(self) -> list[int]:

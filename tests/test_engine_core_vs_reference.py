@@ -150,7 +150,7 @@ def test_engine_scheduler_decides_like_the_reference(trace):
         ref_out, fast_out = ref.schedule(), fast.schedule()
         assert [(s.request.request_id, s.num_new_tokens, fast.kv.block_tables[s.request.request_id])
                 for s in fast_out.scheduled] == [(s.request_id, s.num_new_tokens, s.block_table) for s in ref_out.scheduled]
-        assert [r.request_id for r in fast_out.preempted] == ref_out.preempted
+        assert [p.request.request_id for p in fast_out.preempted] == ref_out.preempted
         assert (fast_out.swap_out, fast_out.swap_in, fast_out.copies) == (ref_out.swap_out, ref_out.swap_in, ref_out.copies)
         token = sampled[step % len(sampled)]
         for finished in ref.update_from_output(ref_out, {s.request_id: token for s in ref_out.scheduled}, (99,)):

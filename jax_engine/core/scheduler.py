@@ -21,9 +21,17 @@ class ScheduledRequest:
 
 
 @dataclass
+class Preemption:
+    request: Request
+    mode: str  # "recompute" or "swap"
+    reason: str
+
+
+@dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    preempted: list[Request] = field(default_factory=list)
+    preempted: list[Preemption] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)  # taken from WAITING this step
     swap_out: dict[int, int] = field(default_factory=dict)  # device block -> host block
     swap_in: dict[int, int] = field(default_factory=dict)  # host block -> device block
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
@@ -62,6 +70,10 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         self._enqueue(self.waiting, request, RequestStatus.WAITING)
 
+    def add_running(self, request: Request) -> None:
+        """A sequence forked from a running one: it already holds (shared) blocks."""
+        self._enqueue(self.running, request, RequestStatus.RUNNING)
+
     def has_unfinished_requests(self) -> bool:
         return bool(len(self.waiting) or len(self.running) or len(self.swapped))
 
@@ -77,6 +89,10 @@ class Scheduler:
             budget -= self._schedule_swapped(out, budget)
             if not len(self.swapped):
                 self._schedule_waiting(out, budget)
+        if not out.scheduled and len(self.running) and (len(self.waiting) or len(self.swapped)):
+            # Every running sequence is idle (beams waiting for a sibling) and holds the blocks the
+            # others need: give the latest arrival's blocks up so the queue cannot deadlock.
+            self._preempt(self.running.items.pop(), out, "idle while holding blocks others wait for")
         return out
 
     def _chunk(self, num_remaining: int, budget: int) -> int:
@@ -93,7 +109,9 @@ class Scheduler:
                 i += 1
                 continue
             while not kv.can_append_slots(request.request_id, request.num_computed_tokens, n):
-                self._preempt(running.pop(), out)
+                needed = kv.num_blocks_to_append(request.request_id, request.num_computed_tokens, n)
+                reason = f"{request.request_id} needed {needed} blocks, {kv.device.num_free_blocks} free"
+                self._preempt(running.pop(), out, reason)
                 if request.status is not RequestStatus.RUNNING:
                     return used
             out.copies += kv.append_slots(request.request_id, request.num_computed_tokens, n)
@@ -132,19 +150,23 @@ class Scheduler:
                 request.num_cached_tokens = request.num_computed_tokens
             self._enqueue(self.running, request, RequestStatus.RUNNING)
             out.scheduled.append(ScheduledRequest(request, n))
+            out.admitted.append(request)
             budget -= n
 
-    def _preempt(self, request: Request, out: SchedulerOutput) -> None:
+    def _preempt(self, request: Request, out: SchedulerOutput, reason: str) -> None:
         self.num_preemptions += 1
-        out.preempted.append(request)
         out.scheduled = [s for s in out.scheduled if s.request is not request]
         if self.config.preemption_mode == "swap" and self.kv.can_swap_out([request.request_id]):
             out.swap_out.update(self.kv.swap_out([request.request_id]))
             self._enqueue(self.swapped, request, RequestStatus.SWAPPED)
+            out.preempted.append(Preemption(request, "swap", reason))
         else:
+            if self.config.preemption_mode == "swap":
+                reason += "; host swap space full, recomputing instead"
             self.kv.free(request.request_id)
             request.num_computed_tokens = 0
             self._enqueue(self.waiting, request, RequestStatus.WAITING)
+            out.preempted.append(Preemption(request, "recompute", reason))
 
     def _enqueue(self, queue: _ArrivalQueue, request: Request, status: RequestStatus) -> None:
         request.status = status

@@ -1,0 +1,73 @@
+"""Beam search over forked sequences: beams share KV blocks; pruned beams free theirs.
+
+Each step every live beam proposes its 2 x beam_width most likely next tokens. The best beam_width
+(beam, token) pairs by cumulative log-probability survive: the first survivor of a beam continues in
+place, later ones fork it (sharing every block, copy-on-write on the partial last block), and beams with
+no survivor are freed. Candidates ending in EOS are set aside as completed. At max_tokens the best
+beam_width of completed and live beams, ranked with the length penalty, are returned (vLLM's rules).
+"""
+
+import math
+from dataclasses import dataclass, field
+
+from jax_engine.sampling_params import MAX_LOGPROBS
+
+
+@dataclass(frozen=True)
+class BeamSearchParams:
+    """vLLM's beam search parameters."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beam_width, int) or not 1 <= self.beam_width <= MAX_LOGPROBS // 2:
+            raise ValueError(f"beam_width must be in [1, {MAX_LOGPROBS // 2}], got {self.beam_width!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
+        if not math.isfinite(self.length_penalty):
+            raise ValueError(f"length_penalty must be finite, got {self.length_penalty!r}")
+        if self.temperature != 0:
+            raise ValueError(f"temperature must be 0 for beam search (scores are log-probabilities), got {self.temperature!r}")
+
+
+@dataclass
+class BeamSearchSequence:
+    """One finished beam: prompt and generated tokens, score inputs, text and why it ended."""
+
+    tokens: list[int]
+    cum_logprob: float
+    text: str | None = None
+    finish_reason: str | None = None  # "stop" (EOS) or "length"
+
+
+@dataclass
+class BeamSearchOutput:
+    sequences: list[BeamSearchSequence] = field(default_factory=list)
+
+
+def beam_score(tokens: list[int], cum_logprob: float, eos_token_ids: tuple[int, ...], length_penalty: float) -> float:
+    """vLLM's ranking: cumulative logprob over length ** length_penalty (EOS not counted)."""
+    length = len(tokens) - (1 if tokens and tokens[-1] in eos_token_ids else 0)
+    return cum_logprob / (length**length_penalty)
+
+
+@dataclass
+class Candidate:
+    cum_logprob: float
+    beam: object  # the Request it extends
+    token: int
+
+
+def select_candidates(live_beams: list, params: BeamSearchParams, eos_token_ids: tuple[int, ...]) -> tuple[list[Candidate], list[Candidate]]:
+    """Split every beam's proposals into (surviving live candidates, completed EOS candidates)."""
+    live, completed = [], []
+    for beam in live_beams:
+        for token, logprob in beam.beam_proposals:
+            candidate = Candidate(beam.cumulative_logprob + logprob, beam, token)
+            (completed if token in eos_token_ids and not params.ignore_eos else live).append(candidate)
+    live.sort(key=lambda c: c.cum_logprob, reverse=True)
+    return live[: params.beam_width], completed
