@@ -16,6 +16,8 @@ _EXPORTS = {
     "RequestOutput": "jax_engine.outputs",
     "CompletionOutput": "jax_engine.outputs",
     "Logprob": "jax_engine.outputs",
+    "BeamSearchParams": "jax_engine.beam_search",
+    "BeamSearchOutput": "jax_engine.beam_search",
 }
 
 __all__ = list(_EXPORTS)

@@ -5,12 +5,19 @@ from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
+from jax_engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from jax_engine.config import EngineArgs
 from jax_engine.llm_engine import LLMEngine, Prompt
 from jax_engine.outputs import RequestOutput
 from jax_engine.sampling_params import SamplingParams
 
 Conversation = list[dict[str, str]]
+
+
+def _as_prompt_list(prompts) -> list:
+    """One prompt (a string, a dict, or a list of token ids) becomes a list of one."""
+    single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
+    return [prompts] if single else list(prompts)
 
 
 class LLM:
@@ -28,6 +35,13 @@ class LLM:
         self.llm_engine = LLMEngine.from_engine_args(EngineArgs(model=model, **kwargs))
         self._counter = itertools.count()
 
+    @classmethod
+    def from_engine(cls, engine: LLMEngine) -> "LLM":
+        """Wrap an existing engine (for example one built from an already loaded checkpoint)."""
+        llm = cls.__new__(cls)
+        llm.llm_engine, llm._counter = engine, itertools.count()
+        return llm
+
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
@@ -40,8 +54,7 @@ class LLM:
             sampling_params: one SamplingParams for all prompts, or one per prompt; None uses defaults.
             use_tqdm: show a progress bar with estimated input and output tokens per second.
         """
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        prompts = _as_prompt_list(prompts)
         params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
@@ -54,6 +67,17 @@ class LLM:
             self.llm_engine.step() if self.llm_engine.has_unfinished_requests() else None
             raise
         return self._run_engine(ids, use_tqdm)
+
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """Beam search for every prompt (vLLM's LLM.beam_search): the best beams, best first.
+
+        Beams of one prompt share KV blocks (forked, copy-on-write); pruned beams free theirs.
+        """
+        prompts = _as_prompt_list(prompts)
+        outputs = self.generate(prompts, [params] * len(prompts), use_tqdm=use_tqdm)
+        return [BeamSearchOutput([BeamSearchSequence(o.prompt_token_ids + c.token_ids, c.cumulative_logprob, c.text,
+                                                     c.finish_reason) for c in o.outputs]) for o in outputs]
 
     def chat(self, messages: Conversation | Sequence[Conversation], sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True) -> list[RequestOutput]:

@@ -44,6 +44,7 @@ class StepTrace:
     scheduled: list[tuple[str, int]]  # (sequence id, tokens computed)
     preempted: list[tuple[str, str, str]]  # (sequence id, "recompute" | "swap", reason)
     cache_misses: list[tuple[str, str]]  # (sequence id, why its prompt was not (fully) found in the cache)
+    copies: list[tuple[int, int]]  # copy-on-write block copies (src, dst)
     num_free_blocks: int
 
 
@@ -376,7 +377,7 @@ class LLMEngine:
                 misses.append((r.request_id, self._miss_reason(r, hit_blocks, full_blocks)))
         return StepTrace(self.num_steps, [(s.request.request_id, s.num_new_tokens) for s in out.scheduled],
                          [(p.request.request_id, p.mode, p.reason) for p in out.preempted], misses,
-                         kv.device.num_free_blocks)
+                         list(out.copies), kv.device.num_free_blocks)
 
     def _miss_reason(self, request: Request, hit_blocks: int, full_blocks: int) -> str:
         if not self.kv_cache_manager.enable_prefix_caching:

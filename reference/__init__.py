@@ -1,10 +1,11 @@
 """The NumPy reference oracle of a PagedAttention serving engine.
 
 Read in this order: block_pool -> block_manager -> request -> scheduler -> paged_attention -> kv_cache ->
-llama -> sampler -> engine; kv_memory is the memory accounting behind the tutorial's first plot.
+llama -> sampler -> engine -> beam_search; kv_memory is the memory accounting behind the tutorial's first plot.
 Only NumPy and the standard library are imported here (a test enforces it).
 """
 
+from reference.beam_search import beam_search
 from reference.block_manager import BlockManager
 from reference.block_pool import Block, BlockHash, BlockPool, hash_block_tokens
 from reference.engine import Generation, ReferenceEngine
@@ -19,6 +20,6 @@ from reference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 __all__ = [
     "AttentionMetadata", "Block", "BlockHash", "BlockManager", "BlockPool", "Generation", "KVCache",
     "KVMemoryUsage", "LlamaModel", "ReferenceEngine", "Request", "RequestStatus", "SamplingParams",
-    "Scheduler", "SchedulerConfig", "SchedulerOutput", "contiguous_usage", "dense_attention",
+    "Scheduler", "SchedulerConfig", "SchedulerOutput", "beam_search", "contiguous_usage", "dense_attention",
     "hash_block_tokens", "paged_attention", "paged_usage", "sample", "write_kv",
 ]

@@ -118,3 +118,13 @@ class LlamaModel:
         if logits_indices is not None:
             x = x[logits_indices]
         return rms_norm(x, self.weights["model.norm.weight"], cfg.rms_norm_eps) @ self.lm_head.T
+
+    def last_logits(self, token_ids: list[int], block_size: int = 16) -> np.ndarray:
+        """Next-token logits after `token_ids`, computed from scratch in a private cache (for oracles)."""
+        cfg = self.config
+        num_blocks = -(-len(token_ids) // block_size)
+        cache = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        positions = np.arange(len(token_ids))
+        metadata = AttentionMetadata(positions, np.array([0, len(token_ids)]), np.array([len(token_ids)]),
+                                     [list(range(num_blocks))])
+        return self.forward(np.asarray(token_ids), positions, cache, metadata, np.array([len(token_ids) - 1]))[0]

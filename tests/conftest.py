@@ -44,3 +44,14 @@ def llm():
 
     return LLM(**LLM_ARGS)
 
+
+
+@pytest.fixture(scope="session")
+def make_llm(default_checkpoint):
+    """Build an LLM on the default model without loading the checkpoint again."""
+    from jax_engine import LLM, EngineArgs, LLMEngine
+
+    def make(**kwargs):
+        return LLM.from_engine(LLMEngine(EngineArgs(**kwargs), checkpoint=default_checkpoint))
+
+    return make
