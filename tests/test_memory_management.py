@@ -7,6 +7,8 @@ import logging
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from jax_engine import BeamSearchParams, SamplingParams
 
@@ -142,3 +144,27 @@ def test_beam_search_equals_the_reference_beam_search(tiny_checkpoint, length_pe
     assert [s.tokens for s in ours.sequences] == [tokens for tokens, _ in expected]
     np.testing.assert_allclose([s.cum_logprob for s in ours.sequences], [cum for _, cum in expected], atol=1e-4)
     assert_no_leak(llm)
+
+
+@settings(max_examples=max(settings.default.max_examples // 7, 5))
+@given(block_size=st.sampled_from([2, 4, 8]), spare_blocks=st.integers(0, 12), budget=st.integers(2, 40),
+       chunked=st.booleans(), caching=st.booleans(), mode=st.sampled_from(["recompute", "swap"]),
+       max_num_seqs=st.integers(1, 4),
+       prompts=st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=14), min_size=1, max_size=4))
+def test_tiny_engine_output_is_invariant(tiny_checkpoint, block_size, spare_blocks, budget, chunked, caching, mode,
+                                         max_num_seqs, prompts):
+    """The engine under random memory pressure and scheduling knobs gives the unconstrained engine's tokens."""
+    from jax_engine import LLM, EngineArgs, LLMEngine
+
+    def engine_output(**kwargs):
+        llm = LLM.from_engine(LLMEngine(EngineArgs(max_model_len=24, **kwargs), checkpoint=tiny_checkpoint))
+        params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+                  SamplingParams(temperature=1.0, seed=9, max_tokens=6, ignore_eos=True)]
+        return run(llm, prompts, [params[i % 2] for i in range(len(prompts))])
+
+    expected = engine_output(num_gpu_blocks_override=64, block_size=4)
+    got = engine_output(num_gpu_blocks_override=-(-24 // block_size) + spare_blocks, block_size=block_size,
+                        enable_chunked_prefill=chunked, max_num_batched_tokens=budget if chunked else 24,
+                        enable_prefix_caching=caching, preemption_mode=mode, swap_space=0.001,
+                        max_num_seqs=max_num_seqs)
+    assert got == expected
