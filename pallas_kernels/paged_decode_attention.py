@@ -1,0 +1,139 @@
+"""Paged decode attention in Pallas (Triton lowering): one query token per sequence.
+
+Grid: (sequence, KV head, context partition). Each program attends the query heads of one KV-head group
+(GQA/MQA: all of them together, padded to 16 rows for the tensor cores) over one partition of the
+sequence's blocks, keeping a running max and sum (online softmax). Partitions are merged afterwards with
+a log-sum-exp reduction, vLLM's v2 / flash-decoding scheme, so a long context with a small batch still
+spreads over the whole GPU.
+
+Cache layout is the engine's: [layers, num_blocks, block_size, num_kv_heads, head_dim]; the layer is an
+argument, so no per-layer copy of the cache is made.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+MIN_ROWS = 16  # tl.dot needs at least 16 rows: query heads of a group are padded up to this
+_NEG = float(jnp.finfo(jnp.float32).min)
+
+
+def _online_softmax_step(q, k, v, visible, carry, scale):
+    """One block of keys: update (acc, running max, running sum). q [M, D], k/v [N, D], visible [M, N]."""
+    acc, m_prev, l_prev = carry
+    logits = jnp.where(visible, plgpu.dot(q, k.T) * scale, _NEG)
+    m_next = jnp.maximum(m_prev, logits.max(axis=-1))
+    correction = jnp.exp(m_prev - m_next)
+    p = jnp.where(visible, jnp.exp(logits - m_next[:, None]), 0.0)
+    acc = acc * correction[:, None] + plgpu.dot(p.astype(v.dtype), v)
+    return acc, m_next, l_prev * correction + p.sum(axis=-1)
+
+
+def _decode_kernel(layer_ref, lens_ref, tables_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *,
+                   block_size: int, blocks_per_step: int, blocks_per_partition: int, scale: float):
+    # layer_ref [1]; lens_ref [1] (this sequence); tables_ref [C] (this sequence's blocks)
+    # q_ref [M, D] (one KV head's query group, padded); k_ref/v_ref [L, NB, bs, K, D] (whole cache)
+    # o_ref [M, D], m_ref [M], l_ref [M]: this partition's unnormalised output, max and sum
+    head, partition = pl.program_id(1), pl.program_id(2)
+    layer, seq_len = layer_ref[0], lens_ref[0]
+    q = q_ref[...].astype(jnp.float32)
+    rows, head_dim = q.shape
+    keys_per_step = blocks_per_step * block_size
+    first_block = partition * blocks_per_partition
+    last_block = jnp.minimum(pl.cdiv(seq_len, block_size), first_block + blocks_per_partition)
+
+    def body(i, carry):
+        start = first_block + i * blocks_per_step
+        ids = tables_ref[pl.ds(start, blocks_per_step)]
+        k = k_ref[layer, ids, :, head, :].reshape(keys_per_step, head_dim).astype(jnp.float32)
+        v = v_ref[layer, ids, :, head, :].reshape(keys_per_step, head_dim).astype(jnp.float32)
+        key_pos = start * block_size + jnp.arange(keys_per_step)
+        visible = jnp.broadcast_to(key_pos[None, :] < seq_len, (rows, keys_per_step))
+        return _online_softmax_step(q, k, v, visible, carry, scale)
+
+    init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), _NEG, jnp.float32), jnp.zeros((rows,), jnp.float32))
+    steps = pl.cdiv(jnp.maximum(last_block - first_block, 0), blocks_per_step)
+    acc, m, l = lax.fori_loop(0, steps, body, init)
+    o_ref[...] = acc.astype(o_ref.dtype)
+    m_ref[...], l_ref[...] = m, l
+
+
+def merge_partitions(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
+    """Log-sum-exp merge over axis 0: o [P, ..., D] unnormalised, m/l [P, ...] -> [..., D]."""
+    m_max = m.max(axis=0)
+    weight = jnp.exp(m - m_max[None])
+    total = (l * weight).sum(axis=0)
+    out = (o.astype(jnp.float32) * weight[..., None]).sum(axis=0)
+    return out / jnp.maximum(total, jnp.finfo(jnp.float32).tiny)[..., None]
+
+
+@functools.partial(jax.jit, static_argnames=("num_partitions", "blocks_per_step", "scale", "interpret"))
+def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, block_tables: jax.Array,
+                           seq_lens: jax.Array, layer: jax.Array | int = 0, *, scale: float | None = None,
+                           num_partitions: int = 4, blocks_per_step: int = 2, interpret: bool = False) -> jax.Array:
+    """Attention of one new token per sequence over its paged context.
+
+    Args:
+        q: [B, N, D] queries (N query heads).
+        k_cache: [L, num_blocks, block_size, K, D] keys (this step's already written).
+        v_cache: [L, num_blocks, block_size, K, D] values.
+        block_tables: [B, C] int32 physical block of each logical block (padding entries unused).
+        seq_lens: [B] int32 context length, new token included (0 = padding row, output 0).
+        layer: which layer of the cache to read.
+        scale: softmax scale (default 1 / sqrt(D)).
+        num_partitions: context partitions per sequence, merged by log-sum-exp (flash-decoding).
+        blocks_per_step: KV blocks loaded per loop iteration.
+        interpret: run the kernel in the Pallas interpreter (CPU tests).
+
+    Returns:
+        [B, N, D] attention outputs, in q's dtype.
+    """
+    batch, num_heads, head_dim = q.shape
+    num_layers, num_blocks, block_size, num_kv_heads, head_dim_k = k_cache.shape
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} must have the same shape")
+    if head_dim_k != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"q {q.shape} does not fit the cache {k_cache.shape}: head_dim must match and "
+                         f"num_heads must be a multiple of num_kv_heads")
+    if block_tables.shape[0] != batch or seq_lens.shape != (batch,):
+        raise ValueError(f"block_tables {block_tables.shape} and seq_lens {seq_lens.shape} must have batch {batch}")
+    group = num_heads // num_kv_heads
+    rows = max(MIN_ROWS, pl.next_power_of_2(group))
+    blocks_per_step = max(blocks_per_step, pl.cdiv(MIN_ROWS, block_size))  # >= 16 keys per dot
+    per_partition = pl.cdiv(pl.cdiv(block_tables.shape[1], num_partitions), blocks_per_step) * blocks_per_step
+    tables = jnp.pad(block_tables.astype(jnp.int32), ((0, 0), (0, per_partition * num_partitions - block_tables.shape[1])))
+    q_groups = jnp.pad(q.reshape(batch, num_kv_heads, group, head_dim), ((0, 0), (0, 0), (0, rows - group), (0, 0)))
+    kernel = functools.partial(_decode_kernel, block_size=block_size, blocks_per_step=blocks_per_step,
+                               blocks_per_partition=per_partition, scale=scale or head_dim**-0.5)
+    whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, p: (0, 0, 0, 0, 0))
+    o, m, l = pl.pallas_call(
+        kernel,
+        grid=(batch, num_kv_heads, num_partitions),
+        in_specs=[
+            pl.BlockSpec((1,), lambda b, h, p: (0,)),  # layer
+            pl.BlockSpec((1,), lambda b, h, p: (b,)),  # seq_lens
+            pl.BlockSpec((None, tables.shape[1]), lambda b, h, p: (b, 0)),  # block_tables
+            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, p: (b, h, 0, 0)),  # q
+            whole_cache,  # k_cache
+            whole_cache,  # v_cache
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, p: (p, b, h, 0, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda b, h, p: (p, b, h, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda b, h, p: (p, b, h, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows, head_dim), jnp.float32),
+            jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows), jnp.float32),
+            jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows), jnp.float32),
+        ],
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        name="paged_decode_attention",
+    )(jnp.asarray(layer, jnp.int32).reshape(1), seq_lens.astype(jnp.int32), tables, q_groups, k_cache, v_cache)
+    out = merge_partitions(o, m, l)[:, :, :group]  # [B, K, G, D]
+    return out.reshape(batch, num_heads, head_dim).astype(q.dtype)

@@ -1,0 +1,117 @@
+"""Ragged paged attention in Pallas (Triton lowering): a whole mixed step in one launch.
+
+The step's new tokens are flat: each sequence contributes a prefill chunk or one decode token, starting at
+`query_start_loc[s]`. Grid: (sequence, KV head, query block). A program takes up to `block_q` of the
+sequence's queries (with all query heads of the KV-head group: block_q x group rows), walks the sequence's
+blocks up to the last query's position with an online softmax, masks causally inside the chunk, and writes
+only its own rows.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from pallas_kernels.paged_decode_attention import MIN_ROWS, _NEG, _online_softmax_step
+
+
+def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, q_ref, k_ref, v_ref, o_ref, *, block_size: int,
+                   blocks_per_step: int, block_q: int, group: int, scale: float):
+    # layer_ref [1]; starts_ref [B + 1] query offsets; lens_ref [B] context lengths
+    # tables_ref [C] this sequence's blocks; q_ref / o_ref [T + block_q, K, G, D] whole (padded) batch
+    # k_ref / v_ref [L, NB, bs, K, D] whole cache
+    seq, head, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    layer = layer_ref[0]
+    start, q_len, seq_len = starts_ref[seq], starts_ref[seq + 1] - starts_ref[seq], lens_ref[seq]
+    first_row = q_block * block_q
+    head_dim = q_ref.shape[-1]
+    keys_per_step = blocks_per_step * block_size
+
+    @pl.when(first_row < q_len)
+    def _():
+        rows = pl.ds(start + first_row, block_q)
+        q = q_ref[rows, head, :, :].astype(jnp.float32).reshape(block_q * group, head_dim)
+        # Query i of the chunk sits at position seq_len - q_len + i; rows repeat it once per query head.
+        q_pos = seq_len - q_len + first_row + jnp.arange(block_q * group) // group
+        last_key = seq_len - q_len + jnp.minimum(first_row + block_q, q_len)  # exclusive
+
+        def body(i, carry):
+            ids = tables_ref[pl.ds(i * blocks_per_step, blocks_per_step)]
+            k = k_ref[layer, ids, :, head, :].reshape(keys_per_step, head_dim).astype(jnp.float32)
+            v = v_ref[layer, ids, :, head, :].reshape(keys_per_step, head_dim).astype(jnp.float32)
+            key_pos = i * keys_per_step + jnp.arange(keys_per_step)
+            return _online_softmax_step(q, k, v, key_pos[None, :] <= q_pos[:, None], carry, scale)
+
+        init = (jnp.zeros((block_q * group, head_dim), jnp.float32), jnp.full((block_q * group,), _NEG, jnp.float32),
+                jnp.zeros((block_q * group,), jnp.float32))
+        acc, _, l = lax.fori_loop(0, pl.cdiv(last_key, keys_per_step), body, init)
+        out = (acc / jnp.maximum(l, 1e-30)[:, None]).reshape(block_q, group, head_dim)
+        valid = first_row + jnp.arange(block_q) < q_len
+        current = o_ref[rows, head, :, :]  # rows past this chunk belong to the next sequence: keep them
+        o_ref[rows, head, :, :] = jnp.where(valid[:, None, None], out.astype(o_ref.dtype), current)
+
+
+@functools.partial(jax.jit, static_argnames=("max_q_len", "block_q", "blocks_per_step", "scale", "interpret"))
+def ragged_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, block_tables: jax.Array,
+                           seq_lens: jax.Array, query_start_loc: jax.Array, layer: jax.Array | int = 0, *,
+                           max_q_len: int, scale: float | None = None, block_q: int = 16, blocks_per_step: int = 2,
+                           interpret: bool = False) -> jax.Array:
+    """Causal attention of a step's flat tokens (prefill chunks and decodes mixed) over paged contexts.
+
+    Args:
+        q: [T, N, D] queries of the step's tokens, sequence after sequence.
+        k_cache: [L, num_blocks, block_size, K, D] keys (this step's already written).
+        v_cache: [L, num_blocks, block_size, K, D] values.
+        block_tables: [B, C] int32 physical blocks of each sequence.
+        seq_lens: [B] int32 context length of each sequence, this step's tokens included.
+        query_start_loc: [B + 1] int32 offsets of each sequence's tokens in q (non-decreasing;
+            a sequence with no tokens is padding).
+        layer: which layer of the cache to read.
+        max_q_len: an upper bound on any sequence's number of tokens (sets the grid).
+        scale: softmax scale (default 1 / sqrt(D)).
+        block_q: queries per program.
+        blocks_per_step: KV blocks loaded per loop iteration.
+        interpret: run the kernel in the Pallas interpreter (CPU tests).
+
+    Returns:
+        [T, N, D] attention outputs (rows not covered by any sequence are zero).
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_layers, num_blocks, block_size, num_kv_heads, head_dim_k = k_cache.shape
+    batch = block_tables.shape[0]
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} must have the same shape")
+    if head_dim_k != head_dim or num_heads % num_kv_heads:
+        raise ValueError(f"q {q.shape} does not fit the cache {k_cache.shape}: head_dim must match and "
+                         f"num_heads must be a multiple of num_kv_heads")
+    if seq_lens.shape != (batch,) or query_start_loc.shape != (batch + 1,):
+        raise ValueError(f"seq_lens {seq_lens.shape} must be ({batch},) and query_start_loc "
+                         f"{query_start_loc.shape} must be ({batch + 1},) for block_tables {block_tables.shape}")
+    group = num_heads // num_kv_heads
+    block_q = max(block_q, pl.cdiv(MIN_ROWS, group))
+    blocks_per_step = max(blocks_per_step, pl.cdiv(MIN_ROWS, block_size))
+    columns = pl.cdiv(block_tables.shape[1], blocks_per_step) * blocks_per_step
+    tables = jnp.pad(block_tables.astype(jnp.int32), ((0, 0), (0, columns - block_tables.shape[1])))
+    # Pad the flat batch by one query block so a program's row window never runs off the end.
+    q_flat = jnp.pad(q.reshape(num_tokens, num_kv_heads, group, head_dim), ((0, block_q), (0, 0), (0, 0), (0, 0)))
+    kernel = functools.partial(_ragged_kernel, block_size=block_size, blocks_per_step=blocks_per_step,
+                               block_q=block_q, group=group, scale=scale or head_dim**-0.5)
+    whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
+    out = pl.pallas_call(
+        kernel,
+        grid=(batch, num_kv_heads, pl.cdiv(max_q_len, block_q)),
+        in_specs=[whole((1,)), whole((batch + 1,)), whole((batch,)),
+                  pl.BlockSpec((None, columns), lambda s, h, b: (s, 0)),
+                  whole(q_flat.shape), whole(k_cache.shape), whole(v_cache.shape)],
+        out_specs=whole(q_flat.shape),
+        out_shape=jax.ShapeDtypeStruct(q_flat.shape, q.dtype),
+        input_output_aliases={},
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        name="ragged_paged_attention",
+    )(jnp.asarray(layer, jnp.int32).reshape(1), query_start_loc.astype(jnp.int32), seq_lens.astype(jnp.int32),
+      tables, q_flat, k_cache, v_cache)
+    return out[:num_tokens].reshape(num_tokens, num_heads, head_dim)
