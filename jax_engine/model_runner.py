@@ -116,7 +116,7 @@ class ModelRunner:
         slot_mapping = np.full(padded_tokens, self.num_slots, np.int32)  # padding: out of range, dropped
         tables = np.zeros((num_decode + num_prefill, num_cols), np.int32)
         seq_lens = np.zeros(num_decode + num_prefill, np.int32)
-        starts = np.full(num_decode + num_prefill + 1, num_tokens, np.int32)
+        q_lens = np.zeros(num_decode + num_prefill, np.int32)
         decode_rows = np.full(num_decode, padded_tokens, np.int32)
         prefill_rows = np.full((num_prefill, max_chunk), padded_tokens, np.int32)
         logits_rows, sampling_requests, row_of = [], [], {}
@@ -134,7 +134,7 @@ class ModelRunner:
             used = -(-(first + n) // bs)  # the table may run further (blocks for later chunks)
             tables[seq, :used] = table[:used]
             seq_lens[seq] = first + n
-            starts[seq] = row
+            q_lens[seq] = n
             row_of[request.request_id] = row
             if seq < num_decode:
                 decode_rows[seq] = row
@@ -147,6 +147,7 @@ class ModelRunner:
         num_rows = bucket(len(logits_rows), 8) if logits_rows else 0
         logits_indices = np.zeros(num_rows, np.int32)
         logits_indices[: len(logits_rows)] = logits_rows
+        starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)  # rows are laid out in this order
         metadata = AttentionMetadata(positions, slot_mapping, tables, seq_lens, starts, decode_rows, prefill_rows)
         return StepInputs(token_ids, metadata, logits_indices, sampling_requests, row_of, num_tokens)
 

@@ -20,7 +20,7 @@ class AttentionMetadata(NamedTuple):
     slot_mapping: jax.Array  # [T] cache slot of each token's K/V; padding = num_slots (dropped)
     block_tables: jax.Array  # [B, C] physical block ids (padding rows point at block 0)
     seq_lens: jax.Array  # [B] context length including this step's tokens; 0 for padding
-    query_start_loc: jax.Array  # [B + 1] where each sequence's tokens start in the flat batch
+    query_start_loc: jax.Array  # [B + 1] where each sequence's tokens start (padding sequences: 0 tokens)
     decode_token_index: jax.Array  # [Bd] row of each decode sequence's single token
     prefill_token_index: jax.Array  # [Bp, Qp] rows of each prefill chunk; padding = T (out of range)
 
@@ -37,9 +37,19 @@ def get_attention_backend(name: str, platform: str) -> tuple[str, AttentionFn]:
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
     if name == "auto":
-        name = "xla"  # the Pallas kernels are the next issue; until then every platform uses xla
-    if name == "pallas":
-        raise ValueError("attention_backend='pallas' is not available yet: the Pallas kernels are not built")
+        name = "pallas" if platform == "gpu" else "xla"
+    if name == "pallas":  # interpreted on CPU: exact but slow, for tests
+        from jax_engine.attention.pallas import make_backend
+
+        return name, _cached_pallas(platform, make_backend)
     from jax_engine.attention.xla import paged_attention
 
     return name, paged_attention
+
+
+_PALLAS_BACKENDS: dict[str, AttentionFn] = {}
+
+
+def _cached_pallas(platform: str, make_backend) -> AttentionFn:
+    # One function object per platform, so every engine shares the jit cache of the step function.
+    return _PALLAS_BACKENDS.setdefault(platform, make_backend(platform))

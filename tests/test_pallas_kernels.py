@@ -1,0 +1,134 @@
+"""Pallas kernels against the NumPy reference (and jax's own Pallas paged attention for decode).
+
+On CPU the kernels run in the Pallas interpreter; on a GPU the same tests run them compiled.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pallas_kernels.paged_decode_attention import paged_decode_attention
+from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+from reference import AttentionMetadata, paged_attention
+
+INTERPRET = jax.default_backend() != "gpu"
+FEW = settings(max_examples=max(settings.default.max_examples // 8, 4))  # each new shape compiles
+
+
+@st.composite
+def paged_batches(draw, decode_only: bool):
+    block_size = draw(st.sampled_from([8, 16, 32]))
+    head_dim = draw(st.sampled_from([64, 128]))
+    group = draw(st.sampled_from([1, 3, 4, 8]))
+    num_kv_heads = draw(st.sampled_from([1, 2]))
+    # Context lengths: anything, 1, or exactly on a block boundary; 0 marks a padding sequence.
+    length = st.one_of(st.integers(1, 70), st.just(1), st.integers(1, 4).map(lambda k: k * block_size))
+    seq_lens = draw(st.lists(st.one_of(length, st.just(0)), min_size=1, max_size=4))
+    q_lens = [min(n, 1) if decode_only else draw(st.integers(min(n, 1), n)) for n in seq_lens]
+    return block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, draw(st.integers(0, 2**31))
+
+
+def make_case(block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed):
+    rng = np.random.default_rng(seed)
+    max_blocks = max(1, max(-(-n // block_size) for n in seq_lens))
+    num_blocks = len(seq_lens) * max_blocks + 2
+    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)  # two layers: the kernels read layer 1
+    k, v = rng.standard_normal(shape, np.float32), rng.standard_normal(shape, np.float32)
+    tables = rng.permutation(num_blocks)[: len(seq_lens) * max_blocks].reshape(len(seq_lens), max_blocks)
+    q = rng.standard_normal((sum(q_lens), num_kv_heads * group, head_dim), np.float32)
+    starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return k, v, tables.astype(np.int32), q, starts
+
+
+def expected(q, k, v, tables, seq_lens, starts, head_dim):
+    real = [i for i, n in enumerate(seq_lens) if n]
+    out = np.zeros_like(q)
+    md = AttentionMetadata(np.zeros(len(q), int), np.array([0] + [starts[i + 1] - starts[i] for i in real]).cumsum(),
+                           np.array([seq_lens[i] for i in real]), [list(tables[i]) for i in real])
+    rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in real]) if real else np.zeros(0, int)
+    if real:
+        out[rows] = paged_attention(q[rows], k[1], v[1], md, head_dim**-0.5)
+    return out
+
+
+@FEW
+@given(paged_batches(decode_only=True), st.sampled_from([1, 2, 4]))
+def test_decode_kernel_matches_the_reference(case, num_partitions):
+    block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed = case
+    k, v, tables, q, starts = make_case(*case)
+    padded_q = np.zeros((len(seq_lens), q.shape[1], head_dim), np.float32)
+    padded_q[[i for i, n in enumerate(seq_lens) if n]] = q
+    out = paged_decode_attention(jnp.array(padded_q), jnp.array(k), jnp.array(v), jnp.array(tables),
+                                 jnp.array(seq_lens, jnp.int32), 1, num_partitions=num_partitions, interpret=INTERPRET)
+    want = np.zeros_like(padded_q)
+    want[[i for i, n in enumerate(seq_lens) if n]] = expected(q, k, v, tables, seq_lens, starts, head_dim)
+    diff = np.abs(np.asarray(out) - want).max()
+    assert diff < 2e-5, f"max difference {diff}"
+
+
+@FEW
+@given(paged_batches(decode_only=False))
+def test_ragged_kernel_matches_the_reference(case):
+    block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed = case
+    k, v, tables, q, starts = make_case(*case)
+    out = ragged_paged_attention(jnp.array(q), jnp.array(k), jnp.array(v), jnp.array(tables),
+                                 jnp.array(seq_lens, jnp.int32), jnp.array(starts), 1,
+                                 max_q_len=max(max(q_lens), 1), interpret=INTERPRET)
+    diff = np.abs(np.asarray(out) - expected(q, k, v, tables, seq_lens, starts, head_dim)).max(initial=0)
+    assert diff < 2e-5, f"max difference {diff}"
+
+
+def test_decode_kernel_matches_jax_pallas_paged_attention():
+    from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention as jax_paged_attention
+
+    rng = np.random.default_rng(0)
+    batch, num_kv_heads, group, head_dim, block_size, num_blocks, per_seq = 3, 2, 8, 64, 16, 40, 8
+    k = rng.standard_normal((1, num_blocks, block_size, num_kv_heads, head_dim), np.float32)
+    v = rng.standard_normal(k.shape, np.float32)
+    tables = rng.permutation(num_blocks)[: batch * per_seq].reshape(batch, per_seq).astype(np.int32)
+    lens = np.array([1, 64, 128], np.int32)
+    q = rng.standard_normal((batch, num_kv_heads * group, head_dim), np.float32)
+    ours = paged_decode_attention(jnp.array(q), jnp.array(k), jnp.array(v), jnp.array(tables), jnp.array(lens),
+                                  0, interpret=INTERPRET)
+    pages = lambda x: jnp.array(x[0].transpose(2, 0, 1, 3))  # noqa: E731  [K, blocks, block_size, D]
+    theirs = jax_paged_attention(jnp.array(q) * head_dim**-0.5, pages(k), pages(v), jnp.array(tables),
+                                 jnp.array(lens), block_h=16, pages_per_compute_block=2, k_splits=2,
+                                 interpret=INTERPRET)
+    diff = np.abs(np.asarray(ours) - np.asarray(theirs)).max()
+    print(f"max difference vs jax.experimental.pallas.ops.gpu.paged_attention: {diff:.2e}")
+    assert diff < 2e-5
+
+
+def test_shape_errors_name_the_shapes():
+    q, cache = jnp.zeros((2, 4, 64)), jnp.zeros((1, 4, 8, 3, 64))
+    tables, lens = jnp.zeros((2, 2), jnp.int32), jnp.zeros((2,), jnp.int32)
+    with pytest.raises(ValueError, match=r"q \(2, 4, 64\) does not fit the cache \(1, 4, 8, 3, 64\)"):
+        paged_decode_attention(q, cache, cache, tables, lens, interpret=True)
+    with pytest.raises(ValueError, match=r"must have the same shape"):
+        paged_decode_attention(jnp.zeros((2, 3, 64)), cache, cache[:, :2], tables, lens, interpret=True)
+    with pytest.raises(ValueError, match=r"query_start_loc \(2,\) must be \(3,\)"):
+        ragged_paged_attention(jnp.zeros((2, 3, 64)), cache, cache, tables, lens, jnp.zeros(2, jnp.int32),
+                               max_q_len=1, interpret=True)
+
+
+def test_engine_pallas_backend_gives_the_xla_backend_greedy_tokens(make_llm, llm):
+    from tests.test_llm import GREEDY, PROMPTS
+
+    pallas = make_llm(attention_backend="pallas", num_gpu_blocks_override=256, max_model_len=256, max_num_seqs=8,
+                      max_num_batched_tokens=256)
+    assert pallas.llm_engine.attention_backend == "pallas"
+    params = GREEDY.__class__(temperature=0, max_tokens=6, ignore_eos=True)
+    ours = [o.outputs[0].token_ids for o in pallas.generate(PROMPTS, params, use_tqdm=False)]
+    assert ours == [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+def test_auto_backend_is_pallas_on_gpu_and_xla_elsewhere():
+    from jax_engine.attention import get_attention_backend
+
+    assert get_attention_backend("auto", "gpu")[0] == "pallas"
+    assert get_attention_backend("auto", "cpu")[0] == "xla"
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        get_attention_backend("flash", "cpu")
