@@ -1,0 +1,105 @@
+"""Kernel benchmark: Pallas decode and ragged paged attention against the jnp (xla) path and jax's own
+Pallas paged attention, with achieved memory bandwidth as a fraction of the device's peak.
+
+    .venv/bin/python -m benchmarks.kernels [--batch 8] [--context 4096] [--peak-gbps 3350]
+
+Needs a CUDA GPU: on CPU the kernels only run in the (slow) interpreter, which says nothing about speed.
+"""
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Peak HBM bandwidth in GB/s by device kind (vendor figures).
+PEAK_GBPS = {"H100": 3350, "H200": 4800, "A100": 2039, "L4": 300, "A10": 600}
+
+
+def timed(fn, *args, repeats: int = 20) -> float:
+    jax.block_until_ready(fn(*args))  # compile
+    started = time.perf_counter()
+    for _ in range(repeats):
+        out = fn(*args)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - started) / repeats
+
+
+def peak_gbps(override: float | None) -> float | None:
+    if override:
+        return override
+    kind = jax.devices()[0].device_kind
+    return next((v for k, v in PEAK_GBPS.items() if k in kind), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--num-kv-heads", type=int, default=8)
+    parser.add_argument("--group", type=int, default=4, help="query heads per KV head")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--num-partitions", type=int, default=16)
+    parser.add_argument("--chunk", type=int, default=512, help="prefill chunk length for the ragged kernel")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--peak-gbps", type=float, default=None)
+    args = parser.parse_args()
+    if jax.default_backend() != "gpu":
+        print("benchmarks.kernels needs a CUDA GPU; this machine has none "
+              f"(jax backend: {jax.default_backend()}). Kernel correctness is tested in interpret mode.")
+        return
+
+    from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention as jax_paged_attention
+
+    from jax_engine.attention.backend import AttentionMetadata
+    from jax_engine.attention.xla import paged_attention as xla_attention
+    from pallas_kernels.paged_decode_attention import paged_decode_attention
+    from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+
+    dtype = jnp.dtype(args.dtype)
+    B, T, K, G, D, bs = args.batch, args.context, args.num_kv_heads, args.group, args.head_dim, args.block_size
+    blocks_per_seq = T // bs
+    num_blocks = B * blocks_per_seq
+    key = jax.random.key(0)
+    k_cache = jax.random.normal(key, (1, num_blocks, bs, K, D), dtype)
+    v_cache = jax.random.normal(jax.random.fold_in(key, 1), (1, num_blocks, bs, K, D), dtype)
+    tables = jax.random.permutation(key, num_blocks).reshape(B, blocks_per_seq).astype(jnp.int32)
+    lens = jnp.full((B,), T, jnp.int32)
+    q = jax.random.normal(jax.random.fold_in(key, 2), (B, K * G, D), dtype)
+    kv_bytes = 2 * B * T * K * D * dtype.itemsize + q.size * dtype.itemsize
+    peak = peak_gbps(args.peak_gbps)
+    print(f"{jax.devices()[0].device_kind}: batch {B}, context {T}, {K} KV heads x {G} queries, head dim {D}, "
+          f"block size {bs}, {args.dtype}; K/V read per decode step {kv_bytes / 1e6:.1f} MB; peak {peak} GB/s")
+
+    flat = lambda c: c.reshape(1, num_blocks * bs, K, D)  # noqa: E731
+    md = AttentionMetadata(jnp.full((B,), T - 1, jnp.int32), jnp.zeros((B,), jnp.int32), tables, lens,
+                           jnp.arange(B + 1, dtype=jnp.int32), jnp.arange(B, dtype=jnp.int32), jnp.zeros((0, 1), jnp.int32))
+    pages = lambda c: c[0].transpose(2, 0, 1, 3)  # noqa: E731
+    candidates = {
+        "pallas decode (ours)": (jax.jit(lambda q, k, v: paged_decode_attention(
+            q, k, v, tables, lens, 0, num_partitions=args.num_partitions)), (q, k_cache, v_cache)),
+        "jnp / xla path": (jax.jit(lambda q, k, v: xla_attention(q, flat(k), flat(v), 0, md, bs, D**-0.5)),
+                           (q, k_cache, v_cache)),
+        "jax pallas paged_attention": (jax.jit(lambda q, k, v: jax_paged_attention(
+            q, k, v, tables, lens, k_splits=args.num_partitions)), (q, pages(k_cache), pages(v_cache))),
+    }
+    print(f"{'decode kernel':<30}{'time (us)':>12}{'GB/s':>10}{'of peak':>10}")
+    for name, (fn, fn_args) in candidates.items():
+        seconds = timed(fn, *fn_args)
+        gbps = kv_bytes / seconds / 1e9
+        print(f"{name:<30}{seconds * 1e6:>12.1f}{gbps:>10.0f}{(gbps / peak if peak else float('nan')):>10.1%}")
+
+    chunk = args.chunk
+    q_ragged = jax.random.normal(key, (B * chunk, K * G, D), dtype)
+    starts = jnp.arange(B + 1, dtype=jnp.int32) * chunk
+    ragged = jax.jit(lambda q, k, v: ragged_paged_attention(q, k, v, tables, lens, starts, 0, max_q_len=chunk))
+    seconds = timed(ragged, q_ragged, k_cache, v_cache)
+    flops = 4 * B * chunk * T * K * G * D  # causal upper bound: QK^T and PV over the whole context
+    print(f"ragged kernel, {B} chunks of {chunk} over {T} context: {seconds * 1e3:.2f} ms, "
+          f"{flops / seconds / 1e12:.1f} TFLOP/s (upper-bound count)")
+
+
+if __name__ == "__main__":
+    main()
