@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import importlib
 import sys
 import typing
 
@@ -87,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
         add_engine_args(sub)
         _add_sampling_args(sub)
         sub.set_defaults(run=run)
+    bench = commands.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
+    benchmarks = bench.add_subparsers(dest="benchmark", required=True)
+    for name in ("throughput", "sharing", "kernels"):
+        module = importlib.import_module(f"jax_engine.bench.{name}")
+        sub = benchmarks.add_parser(name, help=module.__doc__.splitlines()[0])
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.main)
     return parser
 
 

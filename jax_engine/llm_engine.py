@@ -88,6 +88,7 @@ class LLMEngine:
         self.trace: list[StepTrace] | None = None
         self._blocks_held = 0  # summed over steps: physical blocks held by sequences
         self._blocks_unshared = 0  # summed over steps: blocks they would hold without sharing
+        self._seqs_scheduled = 0  # summed over steps: sequences in the batch
         logger.info("engine ready in %.1f s (attention backend %r)", time.perf_counter() - started, self.attention_backend)
 
     @classmethod
@@ -194,7 +195,7 @@ class LLMEngine:
         now = time.time()
         for s in out.scheduled:
             s.request.metrics.first_scheduled_time = s.request.metrics.first_scheduled_time or now
-        self._count_sharing()
+        self._record_step(out)
         self.runner.apply_block_moves(out)
         inputs = self.runner.prepare(out, self.kv_cache_manager.block_tables)
         logits, hidden = self.runner.execute(inputs)
@@ -282,8 +283,9 @@ class LLMEngine:
         group.seqs.append(child)
         return child
 
-    def _count_sharing(self) -> None:
+    def _record_step(self, out: SchedulerOutput) -> None:
         kv = self.kv_cache_manager
+        self._seqs_scheduled += len(out.scheduled)
         self._blocks_held += kv.device.num_blocks - kv.device.num_free_blocks
         self._blocks_unshared += sum(len(t) for seq, t in kv.block_tables.items() if seq not in kv.swapped_out)
 
@@ -400,6 +402,9 @@ class LLMEngine:
             "prefix_cache_hits": kv.prefix_cache_hits,
             "num_preemptions": self.scheduler.num_preemptions,
             "memory_saved_by_sharing": 1 - self._blocks_held / self._blocks_unshared if self._blocks_unshared else 0.0,
+            "num_steps": self.num_steps,
+            "mean_batch_size": self._seqs_scheduled / max(self.num_steps, 1),
+            "mean_kv_cache_usage": self._blocks_held / max(self.num_steps, 1) / kv.device.num_blocks,
             "num_compilations": len(self.runner.compiled_shapes),
             "compile_seconds": self.runner.compile_seconds,
         }

@@ -8,7 +8,8 @@ import pytest
 
 from jax_engine.loader import load_checkpoint
 from tests.engine_helpers import engine_logits
-from tests.test_llama_vs_hf import PROMPT, hf_llama_from_checkpoint, hf_logits
+from jax_engine.bench.hf_baseline import hf_model_from_checkpoint
+from tests.test_llama_vs_hf import PROMPT, hf_logits
 from tests.tiny_checkpoints import make_tiny_checkpoint
 
 
@@ -26,7 +27,7 @@ def test_tiny_random_checkpoints_match_hf(tmp_path, architecture):
 
 def test_default_model_matches_hf(default_checkpoint):
     prompt = default_checkpoint.tokenizer.encode("The capital of France is Paris. The capital of Germany is")
-    expected = hf_logits(hf_llama_from_checkpoint(default_checkpoint), prompt)
+    expected = hf_logits(hf_model_from_checkpoint(default_checkpoint), prompt)
     ours = engine_logits(default_checkpoint, prompt, [len(prompt) - 2, 1, 1], block_size=16)
     diff = np.abs(ours - expected).max()
     print(f"SmolLM2-135M (engine): max |logit diff| = {diff:.2e}")

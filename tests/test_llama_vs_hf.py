@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from jax_engine.bench.hf_baseline import hf_model_from_checkpoint
 from jax_engine.loader import load_checkpoint
 from reference import LlamaModel
 from tests.reference_helpers import paged_logits
@@ -44,27 +45,10 @@ def test_tiny_mha_and_mqa_match_hf(tmp_path, group):
     assert diff < 1e-5
 
 
-def hf_llama_from_checkpoint(checkpoint):
-    """An HF LlamaForCausalLM holding exactly our loaded weights."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    c = checkpoint.config
-    config = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                         num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-                         num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
-                         rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=c.tie_word_embeddings,
-                         max_position_embeddings=c.max_position_embeddings)
-    model = LlamaForCausalLM(config).eval()
-    state = {name: torch.from_numpy(w) for name, w in checkpoint.weights.items()}
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert unexpected == [] and set(missing) <= {"lm_head.weight"}
-    return model
-
-
 def test_default_model_matches_hf(default_checkpoint):
     tokenizer = default_checkpoint.tokenizer
     prompt = tokenizer.encode("The capital of France is Paris. The capital of Germany is")
-    expected = hf_logits(hf_llama_from_checkpoint(default_checkpoint), prompt)
+    expected = hf_logits(hf_model_from_checkpoint(default_checkpoint), prompt)
     model = LlamaModel(default_checkpoint.config, default_checkpoint.weights)
     ours = paged_logits(model, prompt, [len(prompt) - 3, 1, 1, 1], block_size=16)
     diff = np.abs(ours - expected).max()

@@ -38,9 +38,9 @@ def test_outputs_do_not_depend_on_the_rest_of_the_batch(llm):
 def test_greedy_continuations_equal_hf_generate(llm, default_checkpoint):
     import torch
 
-    from tests.test_llama_vs_hf import hf_llama_from_checkpoint
+    from jax_engine.bench.hf_baseline import hf_model_from_checkpoint
 
-    hf = hf_llama_from_checkpoint(default_checkpoint)
+    hf = hf_model_from_checkpoint(default_checkpoint)
     tokenizer = default_checkpoint.tokenizer
     ours = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
     for prompt, output in zip(PROMPTS, ours):

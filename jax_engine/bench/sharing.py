@@ -4,7 +4,7 @@ The paper (Figure 15, OPT-13B on Alpaca) reports 6.1-9.8% saved for parallel sam
 beam search. Saved = 1 - (physical blocks held) / (blocks the same sequences would hold without sharing),
 averaged over every engine step.
 
-    .venv/bin/python -m benchmarks.sharing [--num-prompts 8] [--block-size 16]
+    jax-engine bench sharing [--num-prompts 8] [--block-size 16]
 """
 
 import argparse
@@ -33,12 +33,13 @@ def saved(checkpoint, args, prompts, params) -> tuple[float, float]:
     return engine.stats()["memory_saved_by_sharing"], time.perf_counter() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=58, help="Alpaca's mean output length")
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     checkpoint = load_checkpoint()
     prompts = alpaca_like_prompts(args.num_prompts, checkpoint.config.vocab_size)
     print(f"{len(prompts)} prompts, mean length {np.mean([len(p) for p in prompts]):.1f}, "
@@ -52,6 +53,3 @@ def main() -> None:
         fraction, seconds = saved(checkpoint, args, prompts, params)
         print(f"{kind:<22}{width:>6}{fraction:>13.1%}{PAPER[kind]:>15}{seconds:>9.1f}")
 
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
 """Kernel benchmark: Pallas decode and ragged paged attention against the jnp (xla) path and jax's own
 Pallas paged attention, with achieved memory bandwidth as a fraction of the device's peak.
 
-    .venv/bin/python -m benchmarks.kernels [--batch 8] [--context 4096] [--peak-gbps 3350]
+    jax-engine bench kernels [--batch 8] [--context 4096] [--peak-gbps 3350]
 
 Needs a CUDA GPU: on CPU the kernels only run in the (slow) interpreter, which says nothing about speed.
 """
@@ -33,8 +33,7 @@ def peak_gbps(override: float | None) -> float | None:
     return next((v for k, v in PEAK_GBPS.items() if k in kind), None)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--num-kv-heads", type=int, default=8)
@@ -45,9 +44,11 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=512, help="prefill chunk length for the ragged kernel")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--peak-gbps", type=float, default=None)
-    args = parser.parse_args()
+
+
+def main(args: argparse.Namespace) -> None:
     if jax.default_backend() != "gpu":
-        print("benchmarks.kernels needs a CUDA GPU; this machine has none "
+        print("bench kernels needs a CUDA GPU; this machine has none "
               f"(jax backend: {jax.default_backend()}). Kernel correctness is tested in interpret mode.")
         return
 
@@ -100,6 +101,3 @@ def main() -> None:
     print(f"ragged kernel, {B} chunks of {chunk} over {T} context: {seconds * 1e3:.2f} ms, "
           f"{flops / seconds / 1e12:.1f} TFLOP/s (upper-bound count)")
 
-
-if __name__ == "__main__":
-    main()

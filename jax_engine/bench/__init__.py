@@ -1,0 +1,1 @@
+"""Benchmarks, run as `jax-engine bench throughput | sharing | kernels` (see docs/benchmarks.md)."""

@@ -1,0 +1,125 @@
+"""`jax-engine bench throughput`: offline throughput on a synthetic trace, side by side with HF transformers.
+
+    jax-engine bench throughput --length-mode sharegpt-like --num-requests 256 --compare hf
+
+Every request samples (temperature 1) exactly its output length (EOS ignored), as vLLM's benchmark does.
+Throughput counts the requested prompt and output tokens; compile time is reported apart from run time.
+"""
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from jax_engine.bench import roofline
+from jax_engine.bench.workloads import LENGTH_MODES, make_requests
+from jax_engine.loader import load_checkpoint
+
+
+def run_engine(checkpoint, requests, engine_kwargs: dict) -> dict:
+    from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
+
+    engine = LLMEngine(EngineArgs(**engine_kwargs), checkpoint=checkpoint)
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=o, ignore_eos=True) for i, (_, o) in enumerate(requests)]
+    started = time.perf_counter()
+    LLM.from_engine(engine).generate([p for p, _ in requests], params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    stats = engine.stats()
+    run_seconds = elapsed - stats["compile_seconds"]
+    return dict(backend="jax_engine", elapsed_s=elapsed, compile_s=stats["compile_seconds"], run_s=run_seconds,
+                num_steps=stats["num_steps"], mean_batch_size=stats["mean_batch_size"],
+                mean_kv_cache_usage=stats["mean_kv_cache_usage"], num_preemptions=stats["num_preemptions"],
+                num_compilations=stats["num_compilations"])
+
+
+def run_hf(checkpoint, requests, batch_size: int) -> list[dict]:
+    import torch
+
+    from jax_engine.bench.hf_baseline import hf_model_from_checkpoint, run_continuous_batching, run_static_batches
+
+    torch.set_num_threads(torch.get_num_threads())
+    model = hf_model_from_checkpoint(checkpoint)
+    static = run_static_batches(model, requests, batch_size)
+    continuous, generated = run_continuous_batching(model, requests)
+    return [dict(backend=f"hf generate (static batches of {batch_size})", elapsed_s=static, run_s=static),
+            dict(backend="hf generate_batch (continuous)", elapsed_s=continuous, run_s=continuous,
+                 generated_tokens=generated)]
+
+
+def _rates(result: dict, requests) -> dict:
+    prompt_tokens = sum(len(p) for p, _ in requests)
+    output_tokens = result.get("generated_tokens", sum(o for _, o in requests))
+    seconds = result["run_s"]
+    return dict(result, requests_per_s=len(requests) / seconds, output_tokens_per_s=output_tokens / seconds,
+                total_tokens_per_s=(prompt_tokens + output_tokens) / seconds)
+
+
+def main(ns: argparse.Namespace) -> dict:
+    checkpoint = load_checkpoint(ns.model)
+    requests = make_requests(ns.num_requests, ns.length_mode, checkpoint.config.vocab_size, ns.max_model_len,
+                             ns.input_len, ns.output_len, ns.seed)
+    if ns.prompt_kind == "text":  # round-trip through text, as a user's prompts would arrive
+        tok = checkpoint.tokenizer
+        requests = [(tok.encode(tok.decode(p)), o) for p, o in requests]
+        requests = [(p[: ns.max_model_len - o], o) for p, o in requests]
+    results = []
+    if ns.backend == "jax_engine" or ns.compare == "hf":
+        kwargs = dict(max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs, dtype=ns.dtype)
+        if ns.kv_cache_memory_bytes:
+            kwargs["kv_cache_memory_bytes"] = ns.kv_cache_memory_bytes
+        if ns.max_num_batched_tokens:
+            kwargs["max_num_batched_tokens"] = ns.max_num_batched_tokens
+        results.append(run_engine(checkpoint, requests, kwargs))
+    if ns.backend == "hf" or ns.compare == "hf":
+        results += run_hf(checkpoint, requests, ns.hf_batch_size)
+    results = [_rates(r, requests) for r in results]
+    bounds = roofline.measure(checkpoint.config.num_params)
+    report = dict(workload=dict(length_mode=ns.length_mode, num_requests=len(requests),
+                                mean_input_len=float(np.mean([len(p) for p, _ in requests])),
+                                mean_output_len=float(np.mean([o for _, o in requests]))),
+                  roofline=bounds.__dict__, results=results)
+    print_report(report) if not ns.json else print(json.dumps(report, indent=2))
+    return report
+
+
+def print_report(report: dict) -> None:
+    w, r = report["workload"], report["roofline"]
+    print(f"workload: {w['num_requests']} requests, {w['length_mode']}, mean input {w['mean_input_len']:.0f} / "
+          f"output {w['mean_output_len']:.0f} tokens")
+    print(f"roofline: matmul {r['matmul_gflops']:.0f} GFLOP/s, memory {r['bandwidth_gbps']:.1f} GB/s -> "
+          f"compute bound {r['compute_bound_tokens_per_s']:.0f} tokens/s (large batch), bandwidth bound "
+          f"{r['bandwidth_bound_tokens_per_s']:.0f} tokens/s (batch 1)")
+    print(f"{'backend':<38}{'req/s':>8}{'out tok/s':>11}{'total tok/s':>13}{'of roofline':>13}{'run s':>9}{'compile s':>11}")
+    for x in report["results"]:
+        print(f"{x['backend']:<38}{x['requests_per_s']:>8.2f}{x['output_tokens_per_s']:>11.1f}"
+              f"{x['total_tokens_per_s']:>13.1f}{x['total_tokens_per_s'] / r['compute_bound_tokens_per_s']:>13.1%}"
+              f"{x['run_s']:>9.1f}{x.get('compile_s', 0.0):>11.1f}")
+    engine = next((x for x in report["results"] if x["backend"] == "jax_engine"), None)
+    if engine:
+        print(f"jax_engine: mean batch {engine['mean_batch_size']:.1f} sequences, mean KV cache usage "
+              f"{engine['mean_kv_cache_usage']:.1%}, {engine['num_preemptions']} preemptions, "
+              f"{engine['num_compilations']} compilations, {engine['num_steps']} steps")
+        peers = [x for x in report["results"] if x is not engine]
+        if peers:
+            best = max(peers, key=lambda x: x["total_tokens_per_s"])
+            print(f"jax_engine / best HF ({best['backend']}): {engine['total_tokens_per_s'] / best['total_tokens_per_s']:.2f}x")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--length-mode", default="sharegpt-like", choices=["fixed", *LENGTH_MODES])
+    parser.add_argument("--input-len", type=int, default=None)
+    parser.add_argument("--output-len", type=int, default=None)
+    parser.add_argument("--prompt-kind", default="ids", choices=["ids", "text"])
+    parser.add_argument("--backend", default="jax_engine", choices=["jax_engine", "hf"])
+    parser.add_argument("--compare", default=None, choices=["hf"])
+    parser.add_argument("--hf-batch-size", type=int, default=32)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
