@@ -16,3 +16,20 @@ def test_kernel_benchmark_explains_it_needs_a_gpu():
     result = subprocess.run([sys.executable, "-m", "jax_engine", "bench", "kernels"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "needs a CUDA GPU" in result.stdout or "of peak" in result.stdout
+
+
+def test_plot_draws_one_line_per_backend(tmp_path):
+    import json
+
+    reports = []
+    for n, (ours, theirs) in {16: (145.0, 100.0), 64: (220.0, 130.0)}.items():
+        report = {"workload": {"num_requests": n}, "results": [
+            {"backend": "jax_engine", "output_tokens_per_s": ours}, {"backend": "hf", "output_tokens_per_s": theirs}]}
+        (tmp_path / f"{n}.json").write_text(json.dumps(report))
+        reports.append(str(tmp_path / f"{n}.json"))
+    out = tmp_path / "plot.svg"
+    result = subprocess.run([sys.executable, "-m", "jax_engine", "bench", "plot", *reports, "-o", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = out.read_text()
+    assert text.count("<polyline") == 2 and "jax_engine" in text and ">64<" in text

@@ -132,3 +132,23 @@ def test_auto_backend_is_pallas_on_gpu_and_xla_elsewhere():
     assert get_attention_backend("auto", "cpu")[0] == "xla"
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         get_attention_backend("flash", "cpu")
+
+
+@FEW
+@given(num_tokens=st.integers(1, 12), num_kv_heads=st.sampled_from([1, 3]), head_dim=st.sampled_from([64, 128]),
+       seed=st.integers(0, 2**31))
+def test_write_kv_kernel_stores_each_token_at_its_slot(num_tokens, num_kv_heads, head_dim, seed):
+    from pallas_kernels.write_kv import write_kv
+
+    rng = np.random.default_rng(seed)
+    num_slots = 32
+    cache = rng.standard_normal((2, num_slots, num_kv_heads, head_dim), np.float32)
+    k = rng.standard_normal((num_tokens, num_kv_heads, head_dim), np.float32)
+    slots = rng.choice(num_slots + 4, num_tokens, replace=False).astype(np.int32)  # some out of range: padding
+    new_k, new_v = write_kv(jnp.array(k), jnp.array(-k), jnp.array(cache), jnp.array(cache), jnp.array(slots), 1,
+                            interpret=INTERPRET)
+    want_k, want_v = cache.copy(), cache.copy()
+    for token, slot in enumerate(slots):
+        if slot < num_slots:
+            want_k[1, slot], want_v[1, slot] = k[token], -k[token]
+    assert np.array_equal(np.asarray(new_k), want_k) and np.array_equal(np.asarray(new_v), want_v)

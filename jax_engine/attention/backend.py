@@ -6,7 +6,10 @@ A step's new tokens are flat, decode sequences first, then prefill chunks:
     seqs    [ d0 d1 d2 pad | p0 p1 ]                           B = Bd + Bp sequences (each part bucketed)
 
 A backend writes each token's new K/V at `slot_mapping` first, then attends over every sequence's block
-table up to its context length, causal within a chunk.
+table up to its context length, causal within a chunk:
+
+    attention(q [T, N, D], k [T, K, D], v [T, K, D], k_cache [L, S, K, D], v_cache, layer, metadata,
+              block_size, scale) -> (out [T, N, D], k_cache, v_cache)
 """
 
 from collections.abc import Callable
@@ -25,9 +28,7 @@ class AttentionMetadata(NamedTuple):
     prefill_token_index: jax.Array  # [Bp, Qp] rows of each prefill chunk; padding = T (out of range)
 
 
-# attention(q [T, N, D], k_cache [L, S, K, D], v_cache [L, S, K, D], layer, metadata, block_size, scale)
-#   -> [T, N, D]
-AttentionFn = Callable[..., jax.Array]
+AttentionFn = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
 
 ATTENTION_BACKENDS = ("auto", "xla", "pallas")
 

@@ -1,6 +1,7 @@
 """The Pallas backend: the GPU kernels of pallas_kernels/, in the interpreter when there is no GPU.
 
-A step with only decode tokens uses the decode kernel (context split into partitions); a step with
+The new keys and values go into the cache with the write_kv kernel. A step with only decode tokens uses the
+decode kernel (context split into partitions); a step with
 prefill chunks runs the ragged kernel over every sequence at once.
 """
 
@@ -12,11 +13,14 @@ import jax.numpy as jnp
 from jax_engine.attention.backend import AttentionMetadata
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+from pallas_kernels.write_kv import write_kv
 
 
-def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
-                    metadata: AttentionMetadata, block_size: int, scale: float, *, interpret: bool) -> jax.Array:
+def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
+                    layer: jax.Array, metadata: AttentionMetadata, block_size: int, scale: float, *,
+                    interpret: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Same contract as jax_engine.attention.xla.paged_attention, computed by the Pallas kernels."""
+    k_cache, v_cache = write_kv(k, v, k_cache, v_cache, metadata.slot_mapping, layer, interpret=interpret)
     num_layers, num_slots, num_kv_heads, head_dim = k_cache.shape
     paged = (num_layers, num_slots // block_size, block_size, num_kv_heads, head_dim)  # a free reshape
     k_blocks, v_blocks = k_cache.reshape(paged), v_cache.reshape(paged)
@@ -26,11 +30,11 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer:
         q_decode = jnp.take(q, rows, axis=0, mode="fill", fill_value=0)
         out = paged_decode_attention(q_decode, k_blocks, v_blocks, metadata.block_tables[:num_decode],
                                      metadata.seq_lens[:num_decode], layer, scale=scale, interpret=interpret)
-        return jnp.zeros_like(q).at[rows].set(out, mode="drop")
+        return jnp.zeros_like(q).at[rows].set(out, mode="drop"), k_cache, v_cache
     max_q_len = metadata.prefill_token_index.shape[1]
-    return ragged_paged_attention(q, k_blocks, v_blocks, metadata.block_tables, metadata.seq_lens,
-                                  metadata.query_start_loc, layer, max_q_len=max_q_len, scale=scale,
-                                  interpret=interpret)
+    out = ragged_paged_attention(q, k_blocks, v_blocks, metadata.block_tables, metadata.seq_lens,
+                                 metadata.query_start_loc, layer, max_q_len=max_q_len, scale=scale, interpret=interpret)
+    return out, k_cache, v_cache
 
 
 def make_backend(platform: str):

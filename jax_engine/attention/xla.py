@@ -46,13 +46,15 @@ def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale):
     return _softmax_attend(scores, visible, v, "bkgqt,btkd->bqkgd")
 
 
-def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
-                    metadata: AttentionMetadata, block_size: int, scale: float) -> jax.Array:
-    """Attention of every new token over its sequence's cached context.
+def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
+                    layer: jax.Array, metadata: AttentionMetadata, block_size: int,
+                    scale: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Write the step's keys and values, then attend every new token over its sequence's context.
 
     Args:
         q: [T, N, D] queries of the step's tokens.
-        k_cache: [L, num_slots, K, D] every layer's keys, this step's already written.
+        k: [T, K, D] their keys; v: [T, K, D] their values.
+        k_cache: [L, num_slots, K, D] every layer's keys.
         v_cache: [L, num_slots, K, D] every layer's values.
         layer: the layer to attend in (a traced scalar inside the scan over layers).
         metadata: the batch layout (see AttentionMetadata).
@@ -60,8 +62,10 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer:
         scale: softmax scale.
 
     Returns:
-        [T, N, D] attention output (rows of padding tokens are zeros or garbage, never NaN).
+        ([T, N, D] attention output, rows of padding tokens zeros or garbage but never NaN; k_cache; v_cache).
     """
+    k_cache = k_cache.at[layer, metadata.slot_mapping].set(k.astype(k_cache.dtype), mode="drop")
+    v_cache = v_cache.at[layer, metadata.slot_mapping].set(v.astype(v_cache.dtype), mode="drop")
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     grouped = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
@@ -79,4 +83,4 @@ def paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer:
         positions = jnp.take(metadata.positions, rows, axis=0, mode="fill", fill_value=0)
         o = _prefill(qp, positions, k_cache, v_cache, layer, metadata.block_tables[num_decode:], block_size, scale)
         out = out.at[rows].set(o, mode="drop")
-    return out.reshape(num_tokens, num_heads, head_dim)
+    return out.reshape(num_tokens, num_heads, head_dim), k_cache, v_cache

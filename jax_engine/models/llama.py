@@ -155,11 +155,10 @@ def _decoder_layer(statics: _LayerStatics, w: dict, layer: jax.Array, x, k_flat,
     if cfg.qk_norm:
         q, k = rms_norm(q, w["q_norm"], cfg.rms_norm_eps), rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
     q, k = rope(q, cos, sin), rope(k, cos, sin)
-    # Write this step's K/V first, so attention reads them from the cache like any other token.
-    k_flat = k_flat.at[layer, metadata.slot_mapping].set(k.astype(k_flat.dtype), mode="drop")
-    v_flat = v_flat.at[layer, metadata.slot_mapping].set(v.astype(v_flat.dtype), mode="drop")
-    # The backend gathers straight from the stacked cache: slicing out k_flat[layer] would copy it.
-    attn = statics.attention(q, k_flat, v_flat, layer, metadata, statics.block_size, cfg.head_dim**-0.5)
+    # The backend writes this step's K/V into the cache, then attends over it. It reads the stacked
+    # cache directly: slicing out k_flat[layer] would copy it.
+    attn, k_flat, v_flat = statics.attention(q, k, v, k_flat, v_flat, layer, metadata, statics.block_size,
+                                             cfg.head_dim**-0.5)
     x = x + jnp.einsum("tnd,ndh->th", attn, w["wo"])
     h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
     gate = jnp.einsum("th,hi->ti", h, w["w_gate"])

@@ -1,0 +1,70 @@
+"""`jax-engine bench plot`: throughput against number of requests, per backend, from `--json` reports.
+
+    jax-engine bench throughput --num-requests 16 --compare hf --json > n16.json   (and more sizes)
+    jax-engine bench plot n16.json n64.json -o docs/throughput.svg
+
+Writes a plain SVG line chart, so no plotting library is needed.
+"""
+
+import argparse
+import json
+from collections import defaultdict
+
+WIDTH, HEIGHT, MARGIN = 640, 360, 60
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+
+
+def series(reports: list[dict]) -> dict[str, list[tuple[int, float]]]:
+    """backend -> [(num_requests, output tokens/s)], sorted by num_requests."""
+    points = defaultdict(list)
+    for report in reports:
+        for result in report["results"]:
+            points[result["backend"]].append((report["workload"]["num_requests"], result["output_tokens_per_s"]))
+    return {name: sorted(p) for name, p in points.items()}
+
+
+def svg(lines: dict[str, list[tuple[int, float]]], title: str) -> str:
+    xs = sorted({x for points in lines.values() for x, _ in points})
+    y_max = max(y for points in lines.values() for _, y in points) * 1.1
+    def px(x):
+        return MARGIN + (xs.index(x) / max(len(xs) - 1, 1)) * (WIDTH - 2 * MARGIN)
+
+    def py(y):
+        return HEIGHT - MARGIN - y / y_max * (HEIGHT - 2 * MARGIN)
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" '
+             f'font-size="12"><rect width="100%" height="100%" fill="white"/>',
+             f'<text x="{WIDTH / 2}" y="20" text-anchor="middle" font-size="14">{title}</text>',
+             f'<line x1="{MARGIN}" y1="{HEIGHT - MARGIN}" x2="{WIDTH - MARGIN}" y2="{HEIGHT - MARGIN}" stroke="black"/>',
+             f'<line x1="{MARGIN}" y1="{MARGIN}" x2="{MARGIN}" y2="{HEIGHT - MARGIN}" stroke="black"/>',
+             f'<text x="{WIDTH / 2}" y="{HEIGHT - 20}" text-anchor="middle">number of requests</text>',
+             f'<text x="15" y="{HEIGHT / 2}" transform="rotate(-90 15 {HEIGHT / 2})" text-anchor="middle">'
+             f'output tokens/s</text>']
+    for x in xs:
+        parts.append(f'<text x="{px(x)}" y="{HEIGHT - MARGIN + 16}" text-anchor="middle">{x}</text>')
+    for i in range(5):
+        y = y_max * i / 4
+        parts.append(f'<text x="{MARGIN - 6}" y="{py(y) + 4}" text-anchor="end">{y:.0f}</text>')
+    for i, (name, points) in enumerate(lines.items()):
+        color = COLORS[i % len(COLORS)]
+        path = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in points)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        parts += [f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/>' for x, y in points]
+        parts.append(f'<text x="{MARGIN + 10}" y="{MARGIN + 16 * i}" fill="{color}">{name}</text>')
+    return "\n".join(parts + ["</svg>"])
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("reports", nargs="+", help="JSON files written by bench throughput --json")
+    parser.add_argument("-o", "--output", required=True, help="SVG file to write")
+    parser.add_argument("--title", default="Offline throughput, SmolLM2-135M, 2-core CPU")
+
+
+def main(ns: argparse.Namespace) -> None:
+    reports = []
+    for path in ns.reports:
+        with open(path) as f:
+            reports.append(json.load(f))
+    with open(ns.output, "w") as f:
+        f.write(svg(series(reports), ns.title))
+    print(f"wrote {ns.output}")
