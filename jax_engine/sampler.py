@@ -26,6 +26,8 @@ class SamplerFlags:
     top_k_or_p: bool
     penalties: bool
     ban_tokens: bool
+    min_p: bool = False
+    logprobs: bool = False  # compute the sampled tokens' logprobs and ranks (only when someone asks)
 
 
 def _apply_penalties(logits, prompt_ids, output_ids, presence, frequency, repetition):
@@ -54,16 +56,34 @@ def _top_k_top_p_mask(logits, top_k, top_p):
     return jnp.where(logits >= jnp.maximum(threshold, kth), logits, _NEG_INF)
 
 
-def _draw(probs, seeds, positions):
-    """Inverse-CDF sampling with one uniform per row from (seed, position)."""
+_CDF_BLOCK = 256
+
+
+def _last_positive(x: jax.Array) -> jax.Array:
+    """Index of the last positive entry along the last axis."""
+    return x.shape[-1] - 1 - jnp.argmax(x[..., ::-1] > 0, axis=-1)
+
+
+def _draw(weights, seeds, positions):
+    """Inverse-CDF sampling with one uniform per row from (seed, position).
+
+    NOTE: a cumulative sum over the whole vocabulary is slow on CPU (20 ms for 64 x 49152), so the CDF is
+    walked in two levels: first over blocks of 256 tokens, then inside the chosen block.
+    """
     def uniform(seed, position):
         return jax.random.uniform(jax.random.fold_in(jax.random.key(seed), position))
 
-    u = jax.vmap(uniform)(seeds, positions)
-    cdf = jnp.cumsum(probs, axis=-1)
-    # The first token whose cumulative mass exceeds u * total: it has positive mass, so it was kept.
-    token = jnp.sum(cdf <= u[:, None] * cdf[:, -1:], axis=-1)
-    return jnp.minimum(token, probs.shape[-1] - 1)
+    rows, vocab = weights.shape
+    blocks = jnp.pad(weights, ((0, 0), (0, -vocab % _CDF_BLOCK))).reshape(rows, -1, _CDF_BLOCK)
+    block_sums = blocks.sum(axis=-1)
+    block_cdf = jnp.cumsum(block_sums, axis=-1)
+    target = jax.vmap(uniform)(seeds, positions) * block_cdf[:, -1]
+    # The first block whose cumulative mass exceeds the target (rounding aside, it has positive mass).
+    block = jnp.minimum(jnp.sum(block_cdf <= target[:, None], axis=-1), _last_positive(block_sums))
+    before = jnp.where(block > 0, jnp.take_along_axis(block_cdf, jnp.maximum(block - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
+    inner = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [R, 256]
+    offset = jnp.sum(jnp.cumsum(inner, axis=-1) <= (target - before)[:, None], axis=-1)
+    return block * _CDF_BLOCK + jnp.minimum(offset, _last_positive(inner))
 
 
 @functools.partial(jax.jit, static_argnames=("flags", "num_logprobs"))
@@ -83,13 +103,14 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, prompt_id
 
     Returns:
         (tokens [R] int32, their logprobs [R], their ranks [R], top ids [R, n], top logprobs [R, n]);
-        logprobs are of the model's raw distribution, as vLLM reports them.
+        logprobs are of the model's raw distribution, as vLLM reports them, and zeros unless flags.logprobs.
     """
-    raw_logprobs = jax.nn.log_softmax(logits, axis=-1)
+    raw_logits = logits
+    rows = logits.shape[0]
     if flags.penalties:
         logits = _apply_penalties(logits, prompt_ids, output_ids, presence, frequency, repetition)
     if flags.ban_tokens:
-        logits = logits.at[jnp.arange(logits.shape[0])[:, None], banned_ids].set(_NEG_INF, mode="drop")
+        logits = logits.at[jnp.arange(rows)[:, None], banned_ids].set(_NEG_INF, mode="drop")
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     if flags.all_greedy:
         tokens = greedy
@@ -97,15 +118,19 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, prompt_id
         scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
         if flags.top_k_or_p:
             scaled = _top_k_top_p_mask(scaled, top_k, top_p)
-        probs = jax.nn.softmax(scaled, axis=-1)
-        probs = jnp.where(probs >= min_p[:, None] * probs.max(axis=-1, keepdims=True), probs, 0.0)
-        tokens = jnp.where(temperature > 0, _draw(probs, seeds, positions).astype(jnp.int32), greedy)
-    token_logprobs = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
-    ranks = jnp.sum(raw_logprobs > token_logprobs[:, None], axis=-1) + 1
-    if num_logprobs:
-        top_logprobs, top_ids = jax.lax.top_k(raw_logprobs, num_logprobs)
-    else:
-        top_logprobs, top_ids = jnp.zeros((logits.shape[0], 0)), jnp.zeros((logits.shape[0], 0), jnp.int32)
+        # Unnormalised probabilities suffice: the draw compares against a fraction of their total.
+        weights = jnp.exp(scaled - scaled.max(axis=-1, keepdims=True))
+        if flags.min_p:
+            weights = jnp.where(weights >= min_p[:, None], weights, 0.0)  # the max weight is exactly 1
+        tokens = jnp.where(temperature > 0, _draw(weights, seeds, positions).astype(jnp.int32), greedy)
+    token_logprobs, ranks = jnp.zeros(rows), jnp.zeros(rows, jnp.int32)
+    top_logprobs, top_ids = jnp.zeros((rows, 0)), jnp.zeros((rows, 0), jnp.int32)
+    if flags.logprobs:
+        raw_logprobs = jax.nn.log_softmax(raw_logits, axis=-1)
+        token_logprobs = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
+        ranks = jnp.sum(raw_logprobs > token_logprobs[:, None], axis=-1) + 1
+        if num_logprobs:
+            top_logprobs, top_ids = jax.lax.top_k(raw_logprobs, num_logprobs)
     return tokens, token_logprobs, ranks, top_ids, top_logprobs
 
 
@@ -130,6 +155,8 @@ def sampler_inputs(requests: list, num_rows: int, vocab_size: int) -> tuple[dict
         top_k_or_p=any(not p.greedy and (p.top_k > 0 or p.top_p < 1) for p in params),
         penalties=any(p.uses_penalties for p in params),
         ban_tokens=any(r.num_output_tokens < p.min_tokens for r, p in zip(requests, params)),
+        min_p=any(not p.greedy and p.min_p > 0 for p in params),
+        logprobs=any(p.logprobs is not None for p in params),
     )
     empty = [[] for _ in range(num_rows)]
     banned = [list(p.stop_token_ids) + ([] if p.ignore_eos else list(r.eos_token_ids))
