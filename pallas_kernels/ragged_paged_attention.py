@@ -49,9 +49,9 @@ def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, q_ref, k_ref, v_
                 jnp.zeros((block_q * group,), jnp.float32))
         acc, _, l = lax.fori_loop(0, pl.cdiv(last_key, keys_per_step), body, init)
         out = (acc / jnp.maximum(l, 1e-30)[:, None]).reshape(block_q, group, head_dim)
+        # A masked store: rows past this chunk belong to the next sequence's programs.
         valid = first_row + jnp.arange(block_q) < q_len
-        current = o_ref[rows, head, :, :]  # rows past this chunk belong to the next sequence: keep them
-        o_ref[rows, head, :, :] = jnp.where(valid[:, None, None], out.astype(o_ref.dtype), current)
+        plgpu.store(o_ref.at[rows, head, :, :], out.astype(o_ref.dtype), mask=valid[:, None, None])
 
 
 @functools.partial(jax.jit, static_argnames=("max_q_len", "block_q", "blocks_per_step", "scale", "interpret"))
