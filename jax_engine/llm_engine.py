@@ -76,8 +76,7 @@ class LLMEngine:
         self.attention_backend, attention = get_attention_backend(args.attention_backend, platform())
         self.kv_cache_manager = KVCacheManager(num_blocks, args.block_size, num_host_blocks, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
-        self.runner = ModelRunner(model, num_blocks, args.block_size, num_host_blocks, self.scheduler_config.max_num_seqs,
-                                  self.scheduler_config.max_num_batched_tokens, max_len, attention, self.dtype)
+        self.runner = ModelRunner(model, num_blocks, args.block_size, num_host_blocks, max_len, attention, self.dtype)
         eos = self.tokenizer.eos_token_id
         self.eos_token_ids = tuple(cfg.eos_token_ids) or ((eos,) if eos is not None else ())
         self._rng = np.random.default_rng(args.seed)

@@ -63,14 +63,12 @@ class ModelRunner:
     """Owns the model weights and the device KV cache; executes one scheduled step at a time."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
-                 max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int, attention, dtype) -> None:
+                 max_model_len: int, attention, dtype) -> None:
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
         self.num_slots = num_blocks * block_size
         self.attention = attention
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k_cache = jnp.zeros(shape, dtype)

@@ -18,7 +18,7 @@ def engine_logits(checkpoint, token_ids: list[int], chunk_sizes: list[int], bloc
     model = LlamaForCausalLM.from_hf_weights(checkpoint.config, checkpoint.weights, dtype)
     num_blocks = -(-len(token_ids) // block_size) + 2
     _, attention = get_attention_backend(backend, "cpu")
-    runner = ModelRunner(model, num_blocks, block_size, 0, 4, 1024, len(token_ids) + 8, attention, dtype)
+    runner = ModelRunner(model, num_blocks, block_size, 0, len(token_ids) + 8, attention, dtype)
     table = [int(b) for b in np.random.default_rng(0).permutation(num_blocks)]
     request = Request("r", "r", 0, list(token_ids), SamplingParams(), 0, 0, 1, (), None, RequestMetrics(0.0))
     logits = []

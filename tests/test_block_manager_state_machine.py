@@ -6,7 +6,7 @@ and a prefix-cache hit only ever hands out blocks holding exactly the request's 
 """
 
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, precondition, rule
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, initialize, invariant, rule
 
 from reference import BlockManager
 

@@ -2,7 +2,7 @@
 
 from hypothesis import strategies as st
 from hypothesis import given
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from jax_engine.core.kv_cache_manager import KVCacheManager
 from jax_engine.core.scheduler import Scheduler

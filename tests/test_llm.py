@@ -1,6 +1,5 @@
 """LLM().generate on the real default model: the oracle, HF, invariance, and vLLM's API surface."""
 
-import numpy as np
 import pytest
 
 from jax_engine import LLM, EngineArgs, SamplingParams

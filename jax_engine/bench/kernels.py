@@ -11,7 +11,6 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 # Peak HBM bandwidth in GB/s by device kind (vendor figures).
 PEAK_GBPS = {"H100": 3350, "H200": 4800, "A100": 2039, "L4": 300, "A10": 600}
