@@ -102,7 +102,9 @@ class ModelRunner:
         bs = self.block_size
         decode = [s for s in out.scheduled if s.num_new_tokens == 1]
         prefill = [s for s in out.scheduled if s.num_new_tokens > 1]
-        num_decode, num_prefill = bucket(len(decode)), bucket(len(prefill))
+        # At least 8 decode rows: padding a few rows costs far less than a compile per batch size as a
+        # batch drains (1, 2, 4 would each compile the whole model once more).
+        num_decode, num_prefill = bucket(len(decode), 8), bucket(len(prefill))
         max_chunk = bucket(max((s.num_new_tokens for s in prefill), default=0), 8)
         num_tokens = sum(s.num_new_tokens for s in out.scheduled)
         padded_tokens = bucket(num_tokens, 8)
