@@ -64,7 +64,7 @@ class LLM:
                 self.llm_engine.add_request(request_id, prompt, p)
         except ValueError:
             self.llm_engine.abort_request(ids)  # a bad prompt must not leave the others queued
-            self.llm_engine.step() if self.llm_engine.has_unfinished_requests() else None
+            self.llm_engine.step()  # hands back (and so drops) the aborted requests' final outputs
             raise
         return self._run_engine(ids, use_tqdm)
 

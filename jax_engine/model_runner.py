@@ -56,7 +56,6 @@ class StepInputs:
     logits_indices: np.ndarray  # rows whose next-token logits are sampled (padded)
     sampling_requests: list  # the Request of each real row of logits_indices, in order
     row_of: dict[str, int]  # first row of each scheduled request's tokens
-    num_tokens: int  # real (unpadded) tokens
 
 
 class ModelRunner:
@@ -149,7 +148,7 @@ class ModelRunner:
         logits_indices[: len(logits_rows)] = logits_rows
         starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)  # rows are laid out in this order
         metadata = AttentionMetadata(positions, slot_mapping, tables, seq_lens, starts, decode_rows, prefill_rows)
-        return StepInputs(token_ids, metadata, logits_indices, sampling_requests, row_of, num_tokens)
+        return StepInputs(token_ids, metadata, logits_indices, sampling_requests, row_of)
 
     # -------------------------------------------------------------------------------- execute
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
