@@ -88,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
         add_engine_args(sub)
         _add_sampling_args(sub)
         sub.set_defaults(run=run)
+    serve = commands.add_parser("serve", help="serve the OpenAI-compatible API over HTTP")
+    serve_module = importlib.import_module("jax_engine.server.serve")
+    serve_module.add_arguments(serve)
+    add_engine_args(serve)
+    serve.set_defaults(run=serve_module.main)
     bench = commands.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)
     for name in ("throughput", "sharing", "kernels", "plot"):

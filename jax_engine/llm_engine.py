@@ -96,8 +96,10 @@ class LLMEngine:
 
     # ------------------------------------------------------------------------------ requests
     def _prompt_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt
-            prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
+        if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt (which may carry its text too)
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._prompt_token_ids(prompt["prompt_token_ids"])[1]
+            prompt = prompt.get("prompt")
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in prompt):
@@ -114,8 +116,8 @@ class LLMEngine:
         params = params or SamplingParams()
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        text, token_ids = self._prompt_token_ids(prompt)
-        room = self._validate_prompt(token_ids, params)
+        text, token_ids = self.validate_request(prompt, params)
+        room = self.scheduler_config.max_model_len - len(token_ids)
         group = SequenceGroup(request_id, text, token_ids, params)
         metrics = RequestMetrics(arrival_time or time.time())
         if group.is_beam_search:  # beams read the top 2 x width logprobs of each step
@@ -143,8 +145,12 @@ class LLMEngine:
         seq.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
         return seq
 
-    def _validate_prompt(self, token_ids: list[int], params: SamplingParams | BeamSearchParams) -> int:
-        """Check a prompt; return the largest max_tokens it leaves room for."""
+    def validate_request(self, prompt: Prompt, params: SamplingParams | BeamSearchParams) -> tuple[str | None, list[int]]:
+        """Tokenize and check a request without queuing it; returns (prompt text or None, token ids).
+
+        Reads only the tokenizer and the configuration, so a server may call it while a step runs.
+        """
+        text, token_ids = self._prompt_token_ids(prompt)
         if not token_ids:
             raise ValueError("prompt must not be empty")
         vocab = self.model_config.vocab_size
@@ -153,10 +159,13 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, vocab_size={vocab}), got {bad[:5]}")
         limit = self.scheduler_config.max_model_len
         room = limit - len(token_ids)
-        if room < 1 or (params.max_tokens is not None and params.max_tokens > room):
-            raise ValueError(f"prompt ({len(token_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+        if room < 1:
+            raise ValueError(f"prompt ({len(token_ids)} tokens) leaves no room for output: it exceeds "
+                             f"max_model_len={limit} - 1")
+        if params.max_tokens is not None and params.max_tokens > room:  # the message names the field to lower
+            raise ValueError(f"max_tokens ({params.max_tokens}) + prompt ({len(token_ids)} tokens) exceeds "
                              f"max_model_len={limit}")
-        return room
+        return text, token_ids
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Stop requests wherever they are and free their blocks; unknown ids are ignored."""

@@ -23,14 +23,21 @@ def default_checkpoint():
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory):
-    """A random 2-layer Llama checkpoint (vocab 258), written and loaded once per session."""
-    from jax_engine.loader import load_checkpoint
+def tiny_checkpoint_dir(tmp_path_factory) -> str:
+    """A random 2-layer Llama checkpoint (vocab 258) written once per session: an HF checkpoint directory."""
     from tests.tiny_checkpoints import make_tiny_checkpoint
 
     directory = tmp_path_factory.mktemp("tiny-llama")
     make_tiny_checkpoint(directory, "llama")
-    return load_checkpoint(str(directory))
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_checkpoint_dir):
+    """The tiny checkpoint, loaded once per session."""
+    from jax_engine.loader import load_checkpoint
+
+    return load_checkpoint(tiny_checkpoint_dir)
 
 
 # One engine per model for the whole session: every LLM compiles its own step shapes, and compiles are the

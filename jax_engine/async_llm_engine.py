@@ -1,0 +1,187 @@
+"""AsyncLLMEngine: LLMEngine driven by a background loop, for servers with many concurrent clients.
+
+    client coroutines                         engine loop (one asyncio task)
+    -----------------                         ------------------------------
+    add_request() -> validate, queue  ----->  apply queued adds and aborts      (event-loop thread)
+    async for output in stream       <-----   engine.step() in a worker thread  (the loop stays free)
+    cancelled / disconnected -> abort ----->  dispatch outputs to their streams
+
+Only the loop task touches the engine's state, and only between steps, so no locks are needed: clients
+append to plain lists that the loop drains before each step.
+"""
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from jax_engine.beam_search import BeamSearchParams
+from jax_engine.config import EngineArgs
+from jax_engine.llm_engine import LLMEngine, Prompt
+from jax_engine.outputs import RequestOutput
+from jax_engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped on an error; no request can be served any more."""
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than the configured limit; the client should retry later."""
+
+
+class RequestStream:
+    """The outputs of one request as they arrive; iterate with `async for`.
+
+    Leaving the loop early (the client went away, the task was cancelled) aborts the request, which frees
+    its KV blocks.
+    """
+
+    def __init__(self, request_id: str, engine: "AsyncLLMEngine") -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        self.finished = False
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        try:
+            while not self.finished:
+                item = await self._queue.get()
+                if isinstance(item, BaseException):
+                    self.finished = True
+                    raise item
+                self.finished = item.finished
+                yield item
+        finally:
+            if not self.finished:
+                self._engine.abort(self.request_id)
+
+
+class AsyncLLMEngine:
+    """Continuous batching for concurrent callers: each `generate` streams its own outputs.
+
+    Args:
+        engine: the engine to drive.
+        max_waiting_requests: add_request raises QueueFullError while this many requests wait to start
+            (None: no limit).
+    """
+
+    def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
+        self.engine = engine
+        self.max_waiting_requests = max_waiting_requests
+        self.on_output: Callable[[RequestOutput], None] | None = None  # e.g. metrics, called per output
+        self.dead_error: BaseException | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._new: dict[str, tuple[Prompt, SamplingParams | BeamSearchParams]] = {}
+        self._aborts: set[str] = set()
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+
+    @classmethod
+    def from_engine_args(cls, args: EngineArgs, **kwargs) -> "AsyncLLMEngine":
+        return cls(LLMEngine(args), **kwargs)
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the engine loop on the running event loop (done by the first add_request too)."""
+        if self._task is None:
+            self._wakeup = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run_loop(), name="engine-loop")
+
+    async def stop(self) -> None:
+        """Stop the loop after its current step; unfinished requests are aborted."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for stream in list(self._streams.values()):
+            stream.put(EngineDeadError("the engine was shut down"))
+        self._streams.clear()
+
+    @property
+    def is_running(self) -> bool:
+        return self._task is not None and not self._task.done() and self.dead_error is None
+
+    def num_waiting_requests(self) -> int:
+        return len(self._new) + len(self.engine.scheduler.waiting)
+
+    def num_running_requests(self) -> int:
+        return len(self.engine.scheduler.running)
+
+    # ------------------------------------------------------------------------------- requests
+    def add_request(self, request_id: str, prompt: Prompt,
+                    params: SamplingParams | BeamSearchParams | None = None) -> RequestStream:
+        """Validate and queue a request now (ValueError, QueueFullError, EngineDeadError are raised here,
+        before any output), and return the stream of its outputs."""
+        if self.dead_error is not None:
+            raise EngineDeadError(f"the engine loop died: {self.dead_error!r}")
+        params = params or SamplingParams()
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        text, token_ids = self.engine.validate_request(prompt, params)
+        if self.max_waiting_requests is not None and self.num_waiting_requests() >= self.max_waiting_requests:
+            raise QueueFullError(f"{self.num_waiting_requests()} requests are waiting (limit "
+                                 f"{self.max_waiting_requests}); retry later")
+        self.start()
+        stream = self._streams[request_id] = RequestStream(request_id, self)
+        self._new[request_id] = ({"prompt": text, "prompt_token_ids": token_ids}, params)
+        self._wakeup.set()
+        return stream
+
+    async def generate(self, prompt: Prompt, sampling_params: SamplingParams | BeamSearchParams | None,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """vLLM's AsyncLLMEngine.generate: yield the request's RequestOutput after every step it progressed."""
+        async for output in self.add_request(request_id, prompt, sampling_params):
+            yield output
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its blocks (at the loop's next turn); unknown ids are ignored."""
+        self._streams.pop(request_id, None)
+        if self._new.pop(request_id, None) is None:
+            self._aborts.add(request_id)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    # ---------------------------------------------------------------------------- engine loop
+    async def _run_loop(self) -> None:
+        try:
+            while True:
+                if not self._new and not self._aborts and not self.engine.has_unfinished_requests():
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                self._apply_queued()
+                outputs = await asyncio.to_thread(self.engine.step)
+                self._dispatch(outputs)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # the engine is in an unknown state: fail every request, loudly
+            logger.exception("the engine loop died")
+            self.dead_error = error
+            for stream in self._streams.values():
+                stream.put(EngineDeadError(f"the engine loop died: {error!r}"))
+            self._streams.clear()
+
+    def _apply_queued(self) -> None:
+        aborts, self._aborts = self._aborts, set()
+        self.engine.abort_request(list(aborts))
+        new, self._new = self._new, {}
+        for request_id, (prompt, params) in new.items():
+            try:
+                self.engine.add_request(request_id, prompt, params)
+            except ValueError as error:  # checked at add time; only a race could get here, and it hurts no one
+                self._streams.pop(request_id).put(error)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            if self.on_output is not None:
+                self.on_output(output)
+            stream = self._streams.get(output.request_id)
+            if stream is None:
+                continue  # aborted meanwhile
+            stream.put(output)
+            if output.finished:
+                del self._streams[output.request_id]

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible server: `jax-engine serve` (see app.py for the routes)."""

@@ -1,0 +1,125 @@
+"""The OpenAI-compatible HTTP server (vLLM's `vllm serve`): FastAPI routes over an AsyncLLMEngine.
+
+    POST /v1/completions  /v1/chat/completions    OpenAI API, streamed as server-sent events on request
+    GET  /v1/models  /health  /metrics             model list, liveness (503 once the engine died), Prometheus
+    POST /tokenize  /detokenize  /generate         vLLM extras, and the simple demo endpoint
+"""
+
+import contextlib
+import json
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from jax_engine.async_llm_engine import AsyncLLMEngine
+from jax_engine.sampling_params import SamplingParams
+from jax_engine.server.auth import APIKeyMiddleware
+from jax_engine.server.chat import ChatCompletions, render_chat_prompt
+from jax_engine.server.completions import Completions
+from jax_engine.server.errors import APIError, bad_request, error_response, install_error_handlers
+from jax_engine.server.metrics import ServingMetrics
+from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
+                                        TokenizeRequest)
+from jax_engine.server.state import ServerConfig, ServerState
+from jax_engine.server.streams import add_streams, collect, merge, until_disconnect
+
+
+def _respond(result):
+    """A handler's dict becomes JSON; its async generator of events becomes a stream."""
+    if isinstance(result, (dict, Response)):
+        return result
+    return StreamingResponse(result, media_type="text/event-stream")
+
+
+def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
+    """The server's ASGI app. The engine loop starts with the app and stops when it shuts down."""
+    state = ServerState(engine, config)
+    engine.max_waiting_requests = config.max_waiting_requests
+    metrics = ServingMetrics(engine, config.model_name)
+    completions, chat = Completions(state), ChatCompletions(state)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        engine.start()
+        yield
+        await engine.stop()
+
+    app = FastAPI(title="jax-engine OpenAI-compatible server", lifespan=lifespan)
+    install_error_handlers(app)
+    if config.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+
+    @app.get("/health")
+    async def health():
+        if engine.dead_error is not None:
+            return error_response(503, "the engine loop died", code="engine_dead")
+        return Response(status_code=200)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": config.model_name, "object": "model", "created": int(time.time()), "owned_by": "jax-engine",
+                "root": config.model_name, "max_model_len": state.max_model_len}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/completions")
+    async def create_completion(body: CompletionRequest, raw_request: Request):
+        return _respond(await until_disconnect(raw_request, completions.create(body)))
+
+    @app.post("/v1/chat/completions")
+    async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request):
+        return _respond(await until_disconnect(raw_request, chat.create(body)))
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        state.check_model(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "give exactly one of prompt and messages", "prompt")
+        if body.messages is not None:
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            tokens = state.tokenizer.encode(render_chat_prompt(state, messages, body.add_generation_prompt),
+                                            add_special_tokens=False)
+        else:
+            tokens = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        state.check_model(body.model)
+        state.check_token_ids(body.tokens, "tokens")
+        return {"prompt": state.tokenizer.decode(body.tokens)}
+
+    @app.post("/generate")
+    async def generate(body: GenerateRequest, raw_request: Request):
+        """vLLM's demo endpoint: {"prompt", "stream", **SamplingParams} -> {"text": [prompt + completion, ...]}."""
+        try:
+            params = SamplingParams(**(body.model_extra or {}))
+        except TypeError as error:  # a field SamplingParams does not have
+            raise APIError(400, f"unknown sampling parameter: {error}", None) from None
+        except ValueError as error:
+            raise bad_request(error) from None
+        state.check_n(params.n)
+        streams = add_streams(engine, f"generate-{uuid.uuid4().hex}", [body.prompt], params)
+
+        def texts(output) -> dict:
+            return {"text": [body.prompt + c.text for c in output.outputs]}
+
+        async def lines():  # one JSON object per output, each ended by a NUL byte
+            async for _, output in merge(streams):
+                yield json.dumps(texts(output)).encode() + b"\0"
+
+        async def answer():
+            [final] = await collect(streams)
+            return texts(final)
+
+        if body.stream:
+            return StreamingResponse(lines(), media_type="application/octet-stream")
+        return await until_disconnect(raw_request, answer())
+
+    return app

@@ -1,0 +1,85 @@
+"""POST /v1/chat/completions: the model's chat template over the messages, then a completion."""
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from jax_engine.outputs import Logprob
+from jax_engine.server.errors import APIError, bad_request
+from jax_engine.server.protocol import ChatCompletionRequest
+from jax_engine.server.state import ServerState
+from jax_engine.server.streams import Delta, DeltaTracker, add_streams, collect, finite, merge, sse, sse_error, usage
+
+
+def _token_logprob(lp: Logprob) -> dict:
+    token = lp.decoded_token or ""
+    return {"token": token, "logprob": finite(lp.logprob), "bytes": list(token.encode())}
+
+
+def _logprobs(delta: Delta, num_top: int) -> dict | None:
+    """{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}, top alternatives by rank."""
+    if delta.logprobs is None:
+        return None
+    content = []
+    for token_id, entry in zip(delta.token_ids, delta.logprobs):
+        top = sorted((lp for lp in entry.values() if lp.rank is not None and lp.rank <= num_top), key=lambda lp: lp.rank)
+        content.append({**_token_logprob(entry[token_id]), "top_logprobs": [_token_logprob(lp) for lp in top]})
+    return {"content": content}
+
+
+def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_prompt: bool) -> str:
+    """The conversation through the model's chat template; a template error is the client's (400)."""
+    try:
+        return state.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                   tokenize=False)
+    except Exception as error:  # jinja's TemplateError, or the template's own raise_exception
+        raise APIError(400, f"messages could not be rendered with the chat template: {error}", "messages") from None
+
+
+class ChatCompletions:
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+
+    async def create(self, body: ChatCompletionRequest):
+        state = self.state
+        state.check_model(body.model)
+        state.check_n(body.n)
+        if body.top_logprobs is not None and not body.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
+        num_top = body.top_logprobs or 0
+        try:
+            params = body.sampling_params(body.max_completion_tokens or body.max_tokens,
+                                          num_top if body.logprobs else None)
+        except ValueError as error:
+            raise bad_request(error) from None
+        prompt = render_chat_prompt(state, body.conversation(), body.add_generation_prompt)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        streams = add_streams(state.engine, request_id, [prompt], params)
+        if body.stream:
+            return self._events(request_id, body, streams, DeltaTracker.for_params(params), num_top)
+        [final] = await collect(streams)
+        choices = [{"index": d.index, "message": {"role": "assistant", "content": d.text},
+                    "logprobs": _logprobs(d, num_top), "finish_reason": d.finish_reason}
+                   for d in DeltaTracker.for_params(params).deltas(0, final)]
+        return {"id": request_id, "object": "chat.completion", "created": int(time.time()),
+                "model": state.model_name, "choices": choices, "usage": usage([final])}
+
+    async def _events(self, request_id: str, body: ChatCompletionRequest, streams, tracker: DeltaTracker,
+                      num_top: int) -> AsyncIterator[str]:
+        head = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": self.state.model_name}
+        final = None
+        try:
+            async for _, final in merge(streams):
+                for d in tracker.deltas(0, final):
+                    if d.first:  # OpenAI opens each choice with the role alone
+                        yield sse({**head, "choices": [{"index": d.index, "delta": {"role": "assistant", "content": ""},
+                                                        "logprobs": None, "finish_reason": None}]})
+                    choice = {"index": d.index, "delta": {"content": d.text} if d.text else {},
+                              "logprobs": _logprobs(d, num_top), "finish_reason": d.finish_reason}
+                    yield sse({**head, "choices": [choice]})
+            if body.include_usage:
+                yield sse({**head, "choices": [], "usage": usage([final])})
+        except Exception as error:
+            yield sse_error(error)
+        yield sse("[DONE]")

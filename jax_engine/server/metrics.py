@@ -1,0 +1,87 @@
+"""Prometheus metrics for /metrics, under vLLM's names (vllm:...), so existing dashboards work.
+
+Gauges and engine counters are read from the engine when scraped; latencies are observed as outputs
+arrive (AsyncLLMEngine.on_output).
+"""
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from jax_engine.async_llm_engine import AsyncLLMEngine
+from jax_engine.outputs import RequestOutput
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+_ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class _EngineCollector:
+    """Reads the engine's state at scrape time."""
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+        self.engine, self.labels = engine, {"model_name": model_name}
+
+    def collect(self):
+        stats = self.engine.engine.stats()
+        values = [
+            (GaugeMetricFamily, "vllm:num_requests_running", "Requests in the running batch.",
+             self.engine.num_running_requests()),
+            (GaugeMetricFamily, "vllm:num_requests_waiting", "Requests waiting to start.",
+             self.engine.num_waiting_requests()),
+            (GaugeMetricFamily, "vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
+             stats["kv_cache_usage"]),
+            (GaugeMetricFamily, "vllm:num_free_kv_blocks", "Free KV-cache blocks (cached ones count as free).",
+             stats["num_free_blocks"]),
+            (GaugeMetricFamily, "vllm:num_kv_blocks", "KV-cache blocks in all.", stats["num_blocks"]),
+            (CounterMetricFamily, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+             stats["prefix_cache_queries"]),
+            (CounterMetricFamily, "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+             stats["prefix_cache_hits"]),
+            (CounterMetricFamily, "vllm:num_preemptions", "Sequences preempted for lack of KV blocks.",
+             stats["num_preemptions"]),
+        ]
+        for family, name, doc, value in values:
+            metric = family(name, doc, labels=list(self.labels))
+            metric.add_metric(list(self.labels.values()), value)
+            yield metric
+
+
+class ServingMetrics:
+    """The registry behind /metrics, fed by every RequestOutput the engine loop dispatches."""
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"model_name": model_name}
+        self.registry.register(_EngineCollector(engine, model_name))
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", list(labels),
+                                     registry=self.registry).labels(**labels)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", list(labels),
+                                         registry=self.registry).labels(**labels)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Arrival to first generated token.",
+                              list(labels), buckets=_TTFT_BUCKETS, registry=self.registry).labels(**labels)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between two generated tokens.",
+                             list(labels), buckets=_ITL_BUCKETS, registry=self.registry).labels(**labels)
+        self._seen: dict[str, tuple[int, float]] = {}  # request id -> (tokens reported, time of the last)
+        engine.on_output = self.observe
+
+    def observe(self, output: RequestOutput) -> None:
+        now = time.time()
+        num_tokens = sum(len(c.token_ids) for c in output.outputs)
+        previous = self._seen.get(output.request_id)
+        if previous is None and num_tokens:
+            self.prompt_tokens.inc(len(output.prompt_token_ids))
+            if output.metrics is not None:
+                self.ttft.observe(max(0.0, now - output.metrics.arrival_time))
+        elif previous is not None and num_tokens > previous[0]:
+            gap = (now - previous[1]) / (num_tokens - previous[0])
+            for _ in range(num_tokens - previous[0]):
+                self.itl.observe(gap)
+        if previous is None or num_tokens > previous[0]:
+            self.generation_tokens.inc(num_tokens - (previous[0] if previous else 0))
+            self._seen[output.request_id] = (num_tokens, now)
+        if output.finished:
+            self._seen.pop(output.request_id, None)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

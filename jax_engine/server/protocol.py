@@ -1,0 +1,115 @@
+"""Request bodies of the OpenAI-compatible API (pydantic), with OpenAI's and vLLM's field names.
+
+Limits that need no model live here, so the OpenAPI schema documents them and a bad value is a 400 before
+anything reaches the engine. Limits that depend on the model (prompt length, token ids) are the engine's.
+"""
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jax_engine.sampling_params import MAX_LOGPROBS, SamplingParams
+
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class APIModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # like vLLM: unknown fields are accepted and ignored
+
+
+class StreamOptions(APIModel):
+    include_usage: bool = False
+
+
+class SamplingRequest(APIModel):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: Finite | None = Field(None, ge=0, description="default 1; 0 is greedy")
+    top_p: Finite | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, description="vLLM extension; 0 or -1 disable")
+    min_p: Finite = Field(0.0, ge=0, le=1)
+    n: int = Field(1, ge=1)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    presence_penalty: Finite = Field(0.0, ge=-2, le=2)
+    frequency_penalty: Finite = Field(0.0, ge=-2, le=2)
+    repetition_penalty: Finite = Field(1.0, gt=0)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """SamplingParams for this request (SamplingParams checks what pydantic cannot, e.g. min_tokens)."""
+        return SamplingParams(
+            n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0, min_p=self.min_p,
+            seed=self.seed, max_tokens=max_tokens, stop=self.stop or (), stop_token_ids=self.stop_token_ids or (),
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
+            logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+
+class TextPart(APIModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(APIModel):
+    role: str
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    add_generation_prompt: bool = True
+
+    def conversation(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+class TokenizeRequest(APIModel):
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    model: str | None = None
+
+
+class DetokenizeRequest(APIModel):
+    tokens: list[int]
+    model: str | None = None
+
+
+class GenerateRequest(BaseModel):
+    """The simple demo server's body: a prompt, `stream`, and any SamplingParams field by name."""
+
+    model_config = ConfigDict(extra="allow")
+    prompt: str
+    stream: bool = False

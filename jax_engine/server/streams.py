@@ -1,0 +1,167 @@
+"""Plumbing shared by the endpoints: queue a request's prompts, merge their streams, cut text deltas,
+and stop work for clients that went away."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from jax_engine.async_llm_engine import AsyncLLMEngine, EngineDeadError, QueueFullError, RequestStream
+from jax_engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from jax_engine.sampling_params import SamplingParams
+from jax_engine.server.errors import APIError, bad_request, error_body
+
+# A client that closed the connection before the answer (nginx's code; nobody reads it).
+CLIENT_CLOSED_REQUEST = 499
+
+
+def add_streams(engine: AsyncLLMEngine, request_id: str, prompts: list, params: SamplingParams) -> list[RequestStream]:
+    """Queue one engine request per prompt; all or none (a bad prompt aborts the ones queued before it)."""
+    streams = []
+    try:
+        for i, prompt in enumerate(prompts):
+            streams.append(engine.add_request(f"{request_id}-{i}", prompt, params))
+    except BaseException as error:
+        for stream in streams:
+            engine.abort(stream.request_id)
+        if isinstance(error, ValueError):
+            raise bad_request(error) from None
+        if isinstance(error, QueueFullError):
+            raise APIError(503, str(error), code="queue_full") from None
+        if isinstance(error, EngineDeadError):
+            raise APIError(503, str(error), code="engine_dead") from None
+        raise
+    return streams
+
+
+async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from several streams as they arrive; closing it aborts the unfinished ones."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((index, output))
+        except Exception as error:
+            queue.put_nowait((index, error))
+        finally:
+            queue.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def collect(streams: list[RequestStream]) -> list[RequestOutput]:
+    """Every prompt's final output, in prompt order."""
+    finals: dict[int, RequestOutput] = {}
+    try:
+        async for index, output in merge(streams):
+            finals[index] = output
+    except EngineDeadError as error:
+        raise APIError(503, str(error), code="engine_dead") from None
+    return [finals[i] for i in range(len(streams))]
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(request: Request, work: Awaitable) -> object:
+    """Run a non-streaming handler's work, cancelling it (so aborting its requests) if the client leaves."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if task.cancelled():
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return task.result()
+
+
+def sse(data: dict | str) -> str:
+    """One server-sent event."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def sse_error(error: Exception) -> str:
+    status = error.status if isinstance(error, APIError) else 503 if isinstance(error, EngineDeadError) else 500
+    message = str(error) if status != 500 else "internal server error"
+    return sse(error_body(status, message))
+
+
+def usage(finals: list[RequestOutput]) -> dict:
+    prompt = sum(len(o.prompt_token_ids) for o in finals)
+    completion = sum(len(c.token_ids) for o in finals for c in o.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def finite(logprob: float) -> float:
+    """JSON has no -inf: report impossible tokens as vLLM does, with a very negative number."""
+    return max(logprob, -9999.0)
+
+
+@dataclass
+class Delta:
+    """What a completion added since the last event."""
+
+    index: int  # choice index across prompts: prompt index * n + completion index
+    text: str
+    token_ids: list[int]
+    logprobs: list[PositionLogprobs] | None
+    finish_reason: str | None
+    first: bool  # the first event of this choice
+
+
+@dataclass
+class DeltaTracker:
+    """Turns successive RequestOutputs into text and token deltas per choice.
+
+    While a completion runs, the last (longest stop string - 1) characters are held back: a stop string
+    that completes later is cut from the text, and must not have been streamed already.
+    """
+
+    n: int
+    holdback: int
+    _text_sent: dict[int, int] = field(default_factory=dict)
+    _tokens_sent: dict[int, int] = field(default_factory=dict)
+
+    @classmethod
+    def for_params(cls, params: SamplingParams) -> "DeltaTracker":
+        cut = params.stop and not params.include_stop_str_in_output
+        return cls(params.n, max(map(len, params.stop)) - 1 if cut else 0)
+
+    def deltas(self, prompt_index: int, output: RequestOutput) -> list[Delta]:
+        return [d for c in output.outputs if (d := self._delta(prompt_index * self.n + c.index, c)) is not None]
+
+    def _delta(self, index: int, c: CompletionOutput) -> Delta | None:
+        first = index not in self._text_sent
+        if not first and self._text_sent[index] < 0:
+            return None  # already finished
+        text_end = len(c.text) if c.finish_reason else max(len(c.text) - self.holdback, self._text_sent.get(index, 0))
+        text_start, token_start = self._text_sent.get(index, 0), self._tokens_sent.get(index, 0)
+        if not first and text_end == text_start and len(c.token_ids) == token_start and not c.finish_reason:
+            return None
+        self._text_sent[index] = -1 if c.finish_reason else text_end
+        self._tokens_sent[index] = len(c.token_ids)
+        logprobs = c.logprobs[token_start:] if c.logprobs is not None else None
+        return Delta(index, c.text[text_start:text_end], c.token_ids[token_start:], logprobs, c.finish_reason, first)

@@ -1,0 +1,93 @@
+"""Real HTTP servers on 127.0.0.1 for tests: `jax-engine serve` in a subprocess, or uvicorn in a thread
+(when a test needs to reach into the engine it serves)."""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_healthy(url: str, timeout: float, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited with {process.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not become healthy in {timeout} s")
+
+
+def start_server_process(*args: str, log_path: str) -> tuple[subprocess.Popen, str]:
+    """`python -m jax_engine serve ARGS` on a free port; returns (process, base url) once /health answers."""
+    port = free_port()
+    log = open(log_path, "w")
+    process = subprocess.Popen([sys.executable, "-m", "jax_engine", "serve", "--port", str(port), *args],
+                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, timeout=180, process=process)
+    except BaseException:
+        process.kill()
+        raise
+    return process, url
+
+
+def stop_server_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+class ThreadedServer:
+    """uvicorn serving `app` from a background thread of the test process."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "ThreadedServer":
+        self.thread.start()
+        wait_until_healthy(self.url, timeout=60)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def metric(url: str, name: str, headers: dict | None = None) -> float:
+    """One value from /metrics (the first sample of `name`)."""
+    text = httpx.get(f"{url}/metrics", headers=headers).text
+    match = re.search(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} not in /metrics"
+    return float(match.group(1))
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
