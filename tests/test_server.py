@@ -225,3 +225,21 @@ def test_metrics_count_what_was_served(server):
     for name in ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
                  "vllm:prefix_cache_hits_total"):
         metric(server, name, AUTH)  # present
+
+
+def test_bench_serve_measures_every_request(server, capsys):
+    from jax_engine.bench.workloads import request_lengths
+    from jax_engine.cli import main
+
+    main(["bench", "serve", "--base-url", server, "--api-key", API_KEY, "--num-prompts", "12", "--request-rate", "20",
+          "--length-mode", "alpaca-like", "--seed", "1", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    inputs, outputs, _ = request_lengths(12, "alpaca-like", 256, seed=1)
+    assert report["successful_requests"] == 12 and report["failed_requests"] == 0
+    assert report["total_output_tokens"] == outputs.sum() and report["total_input_tokens"] == inputs.sum()
+    assert 0 < report["median_ttft_ms"] <= report["p99_ttft_ms"] < report["p99_e2el_ms"]
+    assert 0 < report["mean_itl_ms"] and 0 < report["mean_tpot_ms"]
+    main(["bench", "serve", "--base-url", server, "--api-key", API_KEY, "--num-prompts", "4", "--max-concurrency",
+          "2", "--length-mode", "fixed", "--input-len", "8", "--output-len", "4"])
+    printed = capsys.readouterr().out
+    assert "Successful requests:" in printed and "Mean TTFT (ms):" in printed and "Failed requests:  " in printed

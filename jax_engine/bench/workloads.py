@@ -15,9 +15,9 @@ def _lengths(rng: np.random.Generator, mean: int, count: int, low: int, high: in
     return lengths
 
 
-def make_requests(num_requests: int, mode: str, vocab_size: int, max_model_len: int, input_len: int | None = None,
-                  output_len: int | None = None, seed: int = 0) -> list[tuple[list[int], int]]:
-    """(prompt token ids, output length) pairs; prompts are random ids avoiding the first 100 (specials).
+def request_lengths(num_requests: int, mode: str, max_model_len: int, input_len: int | None = None,
+                    output_len: int | None = None, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+    """(input lengths, output lengths, the generator for what is drawn next) of a seeded trace.
 
     Args:
         mode: "fixed" (input_len / output_len) or one of LENGTH_MODES.
@@ -35,4 +35,11 @@ def make_requests(num_requests: int, mode: str, vocab_size: int, max_model_len: 
         raise ValueError(f"length mode must be 'fixed' or one of {list(LENGTH_MODES)}, got {mode!r}")
     if (inputs + outputs).max() > max_model_len:
         raise ValueError(f"input + output length {(inputs + outputs).max()} exceeds max_model_len={max_model_len}")
+    return inputs, outputs, rng
+
+
+def make_requests(num_requests: int, mode: str, vocab_size: int, max_model_len: int, input_len: int | None = None,
+                  output_len: int | None = None, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) pairs; prompts are random ids avoiding the first 100 (specials)."""
+    inputs, outputs, rng = request_lengths(num_requests, mode, max_model_len, input_len, output_len, seed)
     return [(rng.integers(100, vocab_size, n).tolist(), int(o)) for n, o in zip(inputs, outputs)]
