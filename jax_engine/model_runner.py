@@ -105,10 +105,13 @@ class ModelRunner:
         # batch drains (1, 2, 4 would each compile the whole model once more).
         num_decode, num_prefill = bucket(len(decode), 8), bucket(len(prefill))
         max_chunk = bucket(max((s.num_new_tokens for s in prefill), default=0), 8)
-        num_tokens = sum(s.num_new_tokens for s in out.scheduled)
-        padded_tokens = bucket(num_tokens, 8)
+        # Token and logits rows follow from the decode and prefill buckets rather than being bucketed on
+        # their own: fewer independent sizes means far fewer shape combinations to compile when requests
+        # arrive at random (online serving), for little padding.
+        padded_tokens = num_decode + num_prefill * max_chunk
+        num_rows = num_decode + num_prefill
         max_blocks = max(-(-(s.request.num_computed_tokens + s.num_new_tokens) // bs) for s in out.scheduled)
-        num_cols = min(bucket(max_blocks, 4), self.max_blocks_per_seq)
+        num_cols = min(bucket(max_blocks, 8), self.max_blocks_per_seq)
 
         token_ids = np.zeros(padded_tokens, np.int32)
         positions = np.zeros(padded_tokens, np.int32)
@@ -143,7 +146,6 @@ class ModelRunner:
                 logits_rows.append(row + n - 1)
                 sampling_requests.append(request)
             row += n
-        num_rows = bucket(len(logits_rows), 8) if logits_rows else 0
         logits_indices = np.zeros(num_rows, np.int32)
         logits_indices[: len(logits_rows)] = logits_rows
         starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)  # rows are laid out in this order

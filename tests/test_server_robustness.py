@@ -56,7 +56,8 @@ def shared_tiny_server(tiny_checkpoint):
 
 
 def test_a_full_queue_answers_503_at_once(tiny_checkpoint):
-    with tiny_server(tiny_checkpoint, step_delay=0.05, max_waiting_requests=1, max_num_seqs=1) as (url, _):
+    # Steps of 0.2 s: the running request would take 20 s, so the queue stays full while the test looks.
+    with tiny_server(tiny_checkpoint, step_delay=0.2, max_waiting_requests=1, max_num_seqs=1) as (url, _):
         with httpx.Client(base_url=url, timeout=60) as a, httpx.Client(base_url=url, timeout=60) as b:
             with a.stream("POST", "/v1/completions", json=LONG) as running:
                 next(_data_lines(running))  # the first request is running
@@ -64,8 +65,8 @@ def test_a_full_queue_answers_503_at_once(tiny_checkpoint):
                     wait_for(lambda: metric(url, "vllm:num_requests_waiting") == 1, 10, "a waiting request")
                     started = time.monotonic()
                     refused = httpx.post(f"{url}/v1/completions", json={**LONG, "stream": False}, timeout=60)
+                    assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
                     assert time.monotonic() - started < 2
-        assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
         wait_for(lambda: metric(url, "vllm:num_free_kv_blocks") == ARGS["num_gpu_blocks_override"], 10,
                  "the abandoned requests' blocks")
 
