@@ -90,6 +90,13 @@ def test_a_dead_engine_fails_in_flight_requests_and_health(tiny_checkpoint):
         assert refused.status_code == 503 and "Traceback" not in refused.text
 
 
+def test_more_prompts_than_the_queue_holds_is_a_400(shared_tiny_server):
+    url, _ = shared_tiny_server
+    response = httpx.post(f"{url}/v1/completions", json={"prompt": ["a"] * 9, "max_tokens": 2})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "prompt"
+    assert httpx.post(f"{url}/v1/completions", json={"prompt": ["a"] * 8, "max_tokens": 2}).status_code == 200
+
+
 def test_failing_requests_do_not_affect_others(shared_tiny_server):
     url, _ = shared_tiny_server
     body = {"prompt": "abc", "max_tokens": 40, "temperature": 0, "ignore_eos": True}

@@ -5,7 +5,7 @@ import uuid
 from collections.abc import AsyncIterator
 
 from jax_engine.outputs import Logprob
-from jax_engine.server.errors import APIError, bad_request
+from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import ChatCompletionRequest
 from jax_engine.server.state import ServerState
 from jax_engine.server.streams import Delta, DeltaTracker, add_streams, collect, finite, merge, sse, sse_error, usage
@@ -42,16 +42,11 @@ class ChatCompletions:
 
     async def create(self, body: ChatCompletionRequest):
         state = self.state
-        state.check_model(body.model)
-        state.check_n(body.n)
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
         num_top = body.top_logprobs or 0
-        try:
-            params = body.sampling_params(body.max_completion_tokens or body.max_tokens,
-                                          num_top if body.logprobs else None)
-        except ValueError as error:
-            raise bad_request(error) from None
+        params = state.sampling_params(body, body.max_completion_tokens or body.max_tokens,
+                                       num_top if body.logprobs else None)
         prompt = render_chat_prompt(state, body.conversation(), body.add_generation_prompt)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = add_streams(state.engine, request_id, [prompt], params)

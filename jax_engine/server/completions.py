@@ -4,7 +4,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from jax_engine.server.errors import APIError, bad_request
+from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import CompletionRequest
 from jax_engine.server.state import ServerState
 from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, collect, finite, merge, sse, sse_error,
@@ -43,13 +43,8 @@ class Completions:
     async def create(self, body: CompletionRequest):
         """Validate, queue every prompt, then answer in one body or as server-sent events."""
         state = self.state
-        state.check_model(body.model)
-        state.check_n(body.n)
+        params = state.sampling_params(body, body.max_tokens, body.logprobs)
         prompts = _prompts(body.prompt)
-        try:
-            params = body.sampling_params(body.max_tokens, body.logprobs)
-        except ValueError as error:
-            raise bad_request(error) from None
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = add_streams(state.engine, request_id, prompts, params)
         echoes = [self._prompt_text(p) if body.echo else "" for p in prompts]

@@ -3,7 +3,9 @@
 from dataclasses import dataclass
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
-from jax_engine.server.errors import APIError
+from jax_engine.sampling_params import SamplingParams
+from jax_engine.server.errors import APIError, bad_request
+from jax_engine.server.protocol import SamplingRequest
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,15 @@ class ServerState:
         if model is not None and model != self.model_name:
             raise APIError(400, f"model {model!r} does not exist; this server serves {self.model_name!r}", "model",
                            "model_not_found")
+
+    def sampling_params(self, body: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """Check the model and n against this server, then build the request's SamplingParams (400 if bad)."""
+        self.check_model(body.model)
+        self.check_n(body.n)
+        try:
+            return body.sampling_params(max_tokens, logprobs)
+        except ValueError as error:
+            raise bad_request(error) from None
 
     def check_n(self, n: int) -> None:
         if n > self.config.max_n:

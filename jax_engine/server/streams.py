@@ -20,6 +20,9 @@ CLIENT_CLOSED_REQUEST = 499
 
 def add_streams(engine: AsyncLLMEngine, request_id: str, prompts: list, params: SamplingParams) -> list[RequestStream]:
     """Queue one engine request per prompt; all or none (a bad prompt aborts the ones queued before it)."""
+    limit = engine.max_waiting_requests
+    if limit is not None and len(prompts) > limit:  # could never be queued: the client's error, not overload
+        raise APIError(400, f"prompt: at most {limit} prompts per request, got {len(prompts)}", "prompt")
     streams = []
     try:
         for i, prompt in enumerate(prompts):
