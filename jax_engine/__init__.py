@@ -11,6 +11,7 @@ import importlib
 _EXPORTS = {
     "LLM": "jax_engine.llm",
     "LLMEngine": "jax_engine.llm_engine",
+    "AsyncLLMEngine": "jax_engine.async_llm_engine",
     "EngineArgs": "jax_engine.config",
     "SamplingParams": "jax_engine.sampling_params",
     "RequestOutput": "jax_engine.outputs",

@@ -2,8 +2,7 @@
 
 import asyncio
 
-from jax_engine import EngineArgs, SamplingParams
-from jax_engine.async_llm_engine import AsyncLLMEngine
+from jax_engine import AsyncLLMEngine, EngineArgs, SamplingParams
 
 
 async def ask(engine: AsyncLLMEngine, request_id: str, prompt: str, max_tokens: int) -> None:
