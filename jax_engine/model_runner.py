@@ -1,6 +1,7 @@
 """The model runner: turns a SchedulerOutput into padded device arrays and runs the jitted step.
 
-Every shape is rounded up to a power-of-two bucket, so the number of compilations stays small and a
+Every shape is rounded up to a bucket (powers of two; 1.5 x powers of two too for the context length,
+whose padding every decode sequence pays in attention), so the number of compilations stays small and a
 steady state (same buckets) never recompiles. The KV cache is donated to each step and updated in place.
 """
 
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.attention.backend import AttentionMetadata
-from jax_engine.buckets import bucket
+from jax_engine.buckets import bucket, bucket_fine
 from jax_engine.core.scheduler import SchedulerOutput
 from jax_engine.models.llama import LlamaForCausalLM
 
@@ -111,7 +112,7 @@ class ModelRunner:
         padded_tokens = num_decode + num_prefill * max_chunk
         num_rows = num_decode + num_prefill
         max_blocks = max(-(-(s.request.num_computed_tokens + s.num_new_tokens) // bs) for s in out.scheduled)
-        num_cols = min(bucket(max_blocks, 8), self.max_blocks_per_seq)
+        num_cols = min(bucket_fine(max_blocks, 8), self.max_blocks_per_seq)
 
         token_ids = np.zeros(padded_tokens, np.int32)
         positions = np.zeros(padded_tokens, np.int32)

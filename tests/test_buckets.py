@@ -1,0 +1,23 @@
+"""Shape buckets: never smaller than the size, the smallest rung of their ladder, and little padding."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jax_engine.buckets import bucket, bucket_fine
+
+
+def _ladder(fine: bool) -> list[int]:
+    powers = [1 << k for k in range(20)]
+    return sorted(set(powers + ([p * 3 // 2 for p in powers if p >= 2] if fine else [])))
+
+
+@given(st.integers(0, 100_000), st.sampled_from([1, 4, 8]))
+def test_buckets_are_the_smallest_rung_that_fits(n, minimum):
+    for fn, fine in ((bucket, False), (bucket_fine, True)):
+        got = fn(n, minimum)
+        if n == 0:
+            assert got == 0
+            continue
+        need = max(n, minimum)
+        assert got == min(r for r in _ladder(fine) if r >= need), (fn.__name__, n, minimum)
+        assert got - need < got * (1 / 3 if fine and need > 2 else 1 / 2) + 1e-9
