@@ -106,10 +106,9 @@ class ModelRunner:
         # batch drains (1, 2, 4 would each compile the whole model once more).
         num_decode, num_prefill = bucket(len(decode), 8), bucket(len(prefill))
         max_chunk = bucket(max((s.num_new_tokens for s in prefill), default=0), 8)
-        # Token and logits rows follow from the decode and prefill buckets rather than being bucketed on
-        # their own: fewer independent sizes means far fewer shape combinations to compile when requests
-        # arrive at random (online serving), for little padding.
-        padded_tokens = num_decode + num_prefill * max_chunk
+        # Tokens are bucketed on their own (every padding token runs through every layer); the logits rows
+        # follow from the sequence buckets, one less independent size to compile combinations of.
+        padded_tokens = bucket(sum(s.num_new_tokens for s in out.scheduled), 8)
         num_rows = num_decode + num_prefill
         max_blocks = max(-(-(s.request.num_computed_tokens + s.num_new_tokens) // bs) for s in out.scheduled)
         num_cols = min(bucket_fine(max_blocks, 8), self.max_blocks_per_seq)
