@@ -22,7 +22,7 @@ from jax_engine.server.completions import Completions
 from jax_engine.server.errors import APIError, bad_request, error_response, install_error_handlers
 from jax_engine.server.metrics import ServingMetrics
 from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
-                                        TokenizeRequest)
+                                        TokenizeRequest, conversation)
 from jax_engine.server.state import ServerConfig, ServerState
 from jax_engine.server.streams import add_streams, collect, merge, until_disconnect
 
@@ -82,8 +82,8 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
         if body.messages is not None:
-            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-            tokens = state.tokenizer.encode(render_chat_prompt(state, messages, body.add_generation_prompt),
+            tokens = state.tokenizer.encode(render_chat_prompt(state, conversation(body.messages),
+                                                               body.add_generation_prompt),
                                             add_special_tokens=False)
         else:
             tokens = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)

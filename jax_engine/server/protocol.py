@@ -83,6 +83,11 @@ class ChatMessage(APIModel):
         return self.content or ""
 
 
+def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """Messages as the chat template takes them (text parts joined)."""
+    return [{"role": m.role, "content": m.text()} for m in messages]
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -91,7 +96,7 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
 
     def conversation(self) -> list[dict[str, str]]:
-        return [{"role": m.role, "content": m.text()} for m in self.messages]
+        return conversation(self.messages)
 
 
 class TokenizeRequest(APIModel):

@@ -147,6 +147,7 @@ class DeltaTracker:
     holdback: int
     _text_sent: dict[int, int] = field(default_factory=dict)
     _tokens_sent: dict[int, int] = field(default_factory=dict)
+    _finished: set[int] = field(default_factory=set)
 
     @classmethod
     def for_params(cls, params: SamplingParams) -> "DeltaTracker":
@@ -157,14 +158,15 @@ class DeltaTracker:
         return [d for c in output.outputs if (d := self._delta(prompt_index * self.n + c.index, c)) is not None]
 
     def _delta(self, index: int, c: CompletionOutput) -> Delta | None:
+        if index in self._finished:
+            return None
         first = index not in self._text_sent
-        if not first and self._text_sent[index] < 0:
-            return None  # already finished
-        text_end = len(c.text) if c.finish_reason else max(len(c.text) - self.holdback, self._text_sent.get(index, 0))
         text_start, token_start = self._text_sent.get(index, 0), self._tokens_sent.get(index, 0)
+        text_end = len(c.text) if c.finish_reason else max(len(c.text) - self.holdback, text_start)
         if not first and text_end == text_start and len(c.token_ids) == token_start and not c.finish_reason:
             return None
-        self._text_sent[index] = -1 if c.finish_reason else text_end
-        self._tokens_sent[index] = len(c.token_ids)
+        self._text_sent[index], self._tokens_sent[index] = text_end, len(c.token_ids)
+        if c.finish_reason:
+            self._finished.add(index)
         logprobs = c.logprobs[token_start:] if c.logprobs is not None else None
         return Delta(index, c.text[text_start:text_end], c.token_ids[token_start:], logprobs, c.finish_reason, first)
