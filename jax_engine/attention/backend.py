@@ -12,6 +12,7 @@ table up to its context length, causal within a chunk:
               block_size, scale) -> (out [T, N, D], k_cache, v_cache)
 """
 
+import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -28,24 +29,47 @@ class AttentionMetadata(NamedTuple):
     prefill_token_index: jax.Array  # [Bp, Qp] rows of each prefill chunk; padding = T (out of range)
 
 
+logger = logging.getLogger(__name__)
+
 AttentionFn = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
 
-ATTENTION_BACKENDS = ("auto", "xla", "pallas")
+ATTENTION_BACKENDS = ("auto", "xla", "cpu", "pallas")
 
 
 def get_attention_backend(name: str, platform: str) -> tuple[str, AttentionFn]:
-    """Resolve "auto" (pallas on GPU, xla elsewhere) and return (name, attention function)."""
+    """Resolve "auto" and return (name, attention function).
+
+    "auto" is pallas on GPU, the cpu kernel backend on CPU when its kernel builds, and xla otherwise.
+    """
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
     if name == "auto":
-        name = "pallas" if platform == "gpu" else "xla"
+        name = "pallas" if platform == "gpu" else "cpu" if platform == "cpu" and _cpu_kernel_ready() else "xla"
     if name == "pallas":  # interpreted on CPU: exact but slow, for tests
         from jax_engine.attention.pallas import make_backend
 
         return name, _cached_pallas(platform, make_backend)
+    if name == "cpu":
+        if platform != "cpu" or not _cpu_kernel_ready():
+            from jax_engine.attention.cpu import kernel_unavailable_reason
+
+            raise ValueError(f"attention_backend 'cpu' needs the CPU platform and its compiled kernel "
+                             f"(platform {platform!r}; {kernel_unavailable_reason() or 'kernel ready'})")
+        from jax_engine.attention.cpu import paged_attention
+
+        return name, paged_attention
     from jax_engine.attention.xla import paged_attention
 
     return name, paged_attention
+
+
+def _cpu_kernel_ready() -> bool:
+    from jax_engine.attention.cpu import kernel_unavailable_reason
+
+    reason = kernel_unavailable_reason()
+    if reason:
+        logger.warning("CPU paged-attention kernel unavailable, using the xla backend: %s", reason)
+    return reason is None
 
 
 _PALLAS_BACKENDS: dict[str, AttentionFn] = {}

@@ -30,7 +30,7 @@ def _softmax_attend(scores: jax.Array, visible: jax.Array, v: jax.Array, spec: s
     return jnp.einsum(spec, probs, v)
 
 
-def _decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale):
+def decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale):
     """q [Bd, K, G, D] -> [Bd, K, G, D]: one query per sequence over its whole context."""
     k, v = _gather_context(k_cache, layer, tables, block_size), _gather_context(v_cache, layer, tables, block_size)
     scores = jnp.einsum("bkgd,btkd->bkgt", q, k) * scale
@@ -47,8 +47,8 @@ def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale):
 
 
 def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
-                    layer: jax.Array, metadata: AttentionMetadata, block_size: int,
-                    scale: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+                    layer: jax.Array, metadata: AttentionMetadata, block_size: int, scale: float,
+                    decode=decode) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Write the step's keys and values, then attend every new token over its sequence's context.
 
     Args:
@@ -60,6 +60,7 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
         metadata: the batch layout (see AttentionMetadata).
         block_size: tokens per block.
         scale: softmax scale.
+        decode: how decode sequences attend (the CPU backend passes its kernel); same contract as `decode`.
 
     Returns:
         ([T, N, D] attention output, rows of padding tokens zeros or garbage but never NaN; k_cache; v_cache).
@@ -74,7 +75,7 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
     if num_decode:
         rows = metadata.decode_token_index
         qd = jnp.take(grouped, rows, axis=0, mode="fill", fill_value=0)
-        o = _decode(qd, k_cache, v_cache, layer, metadata.block_tables[:num_decode],
+        o = decode(qd, k_cache, v_cache, layer, metadata.block_tables[:num_decode],
                     metadata.seq_lens[:num_decode], block_size, scale)
         out = out.at[rows].set(o, mode="drop")
     if metadata.prefill_token_index.shape[0]:

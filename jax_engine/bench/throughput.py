@@ -8,10 +8,12 @@ Throughput counts the requested prompt and output tokens; compile time is report
 
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
 
+from jax_engine.attention import ATTENTION_BACKENDS
 from jax_engine.bench import roofline
 from jax_engine.bench.workloads import LENGTH_MODES, make_requests
 from jax_engine.loader import load_checkpoint
@@ -27,7 +29,7 @@ def run_engine(checkpoint, requests, engine_kwargs: dict) -> dict:
     elapsed = time.perf_counter() - started
     stats = engine.stats()
     run_seconds = elapsed - stats["compile_seconds"]
-    return dict(backend="jax_engine", elapsed_s=elapsed, compile_s=stats["compile_seconds"], run_s=run_seconds,
+    return dict(backend="jax_engine", attention_backend=engine.attention_backend, elapsed_s=elapsed, compile_s=stats["compile_seconds"], run_s=run_seconds,
                 num_steps=stats["num_steps"], mean_batch_size=stats["mean_batch_size"],
                 mean_kv_cache_usage=stats["mean_kv_cache_usage"], num_preemptions=stats["num_preemptions"],
                 num_compilations=stats["num_compilations"])
@@ -55,6 +57,13 @@ def _rates(result: dict, requests) -> dict:
                 total_tokens_per_s=(prompt_tokens + output_tokens) / seconds)
 
 
+def _finished(result: dict) -> dict:
+    # On stderr as each backend finishes: a long comparison that is cut short still leaves its figures.
+    print(f"finished {result['backend']}: {result['total_tokens_per_s']:.1f} total tok/s "
+          f"({result['run_s']:.1f} s)", file=sys.stderr, flush=True)
+    return result
+
+
 def main(ns: argparse.Namespace) -> dict:
     checkpoint = load_checkpoint(ns.model)
     requests = make_requests(ns.num_requests, ns.length_mode, checkpoint.config.vocab_size, ns.max_model_len,
@@ -65,15 +74,15 @@ def main(ns: argparse.Namespace) -> dict:
         requests = [(p[: ns.max_model_len - o], o) for p, o in requests]
     results = []
     if ns.backend == "jax_engine" or ns.compare == "hf":
-        kwargs = dict(max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs, dtype=ns.dtype)
+        kwargs = dict(max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs, dtype=ns.dtype,
+                      attention_backend=ns.attention_backend)
         if ns.kv_cache_memory_bytes:
             kwargs["kv_cache_memory_bytes"] = ns.kv_cache_memory_bytes
         if ns.max_num_batched_tokens:
             kwargs["max_num_batched_tokens"] = ns.max_num_batched_tokens
-        results.append(run_engine(checkpoint, requests, kwargs))
+        results.append(_finished(_rates(run_engine(checkpoint, requests, kwargs), requests)))
     if ns.backend == "hf" or ns.compare == "hf":
-        results += run_hf(checkpoint, requests, ns.hf_batch_size)
-    results = [_rates(r, requests) for r in results]
+        results += [_finished(_rates(r, requests)) for r in run_hf(checkpoint, requests, ns.hf_batch_size)]
     bounds = roofline.measure(checkpoint.config.num_params)
     report = dict(workload=dict(length_mode=ns.length_mode, num_requests=len(requests),
                                 mean_input_len=float(np.mean([len(p) for p, _ in requests])),
@@ -97,7 +106,7 @@ def print_report(report: dict) -> None:
               f"{x['run_s']:>9.1f}{x.get('compile_s', 0.0):>11.1f}")
     engine = next((x for x in report["results"] if x["backend"] == "jax_engine"), None)
     if engine:
-        print(f"jax_engine: mean batch {engine['mean_batch_size']:.1f} sequences, mean KV cache usage "
+        print(f"jax_engine ({engine['attention_backend']} attention): mean batch {engine['mean_batch_size']:.1f} sequences, mean KV cache usage "
               f"{engine['mean_kv_cache_usage']:.1%}, {engine['num_preemptions']} preemptions, "
               f"{engine['num_compilations']} compilations, {engine['num_steps']} steps")
         peers = [x for x in report["results"] if x is not engine]
@@ -121,5 +130,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
