@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def test_sharing_benchmark_prints_the_table():
     result = subprocess.run([sys.executable, "-m", "jax_engine", "bench", "sharing", "--num-prompts", "2", "--output-len", "4"],
@@ -33,3 +35,22 @@ def test_plot_draws_one_line_per_backend(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     text = out.read_text()
     assert text.count("<polyline") == 2 and "jax_engine" in text and ">64<" in text
+
+
+def test_throughput_benchmark_compares_with_hf(tiny_checkpoint_dir):
+    import json
+
+    command = [sys.executable, "-m", "jax_engine", "bench", "throughput", "--model", tiny_checkpoint_dir,
+               "--num-requests", "3", "--length-mode", "fixed", "--input-len", "8", "--output-len", "4",
+               "--max-model-len", "64", "--compare", "hf", "--hf-batch-size", "2", "--hf-modes", "static", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    engine, hf = report["results"]
+    assert engine["backend"] == "jax_engine" and engine["attention_backend"] == "cpu"
+    assert hf["backend"] == "hf generate (static batches of 2)"
+    for row in (engine, hf):
+        assert row["output_tokens_per_s"] > 0 and row["total_tokens_per_s"] == pytest.approx(3 * row["output_tokens_per_s"])
+        assert f"finished {row['backend']}: " in result.stderr  # reported as it finished, before the table
+    assert report["workload"] == dict(length_mode="fixed", num_requests=3, mean_input_len=8.0, mean_output_len=4.0)
+    assert report["roofline"]["compute_bound_tokens_per_s"] > 0

@@ -13,23 +13,28 @@ from tests.test_llama_vs_hf import PROMPT, hf_logits
 from tests.tiny_checkpoints import make_tiny_checkpoint
 
 
+BACKENDS = ["xla", "cpu"]  # "cpu": the xla path with the C++ decode kernel
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("architecture", ["llama", "mistral", "qwen2", "qwen3"])
-def test_tiny_random_checkpoints_match_hf(tmp_path, architecture):
+def test_tiny_random_checkpoints_match_hf(tmp_path, architecture, backend):
     hf_model = make_tiny_checkpoint(tmp_path, architecture)
     checkpoint = load_checkpoint(str(tmp_path))
     expected = hf_logits(hf_model, PROMPT)
     # One prefill, then mixed chunk sizes (prefill chunks and single decode-like tokens).
     for chunks in ([len(PROMPT)], [5, 1, 7, 1, 1, 6]):
-        diff = np.abs(engine_logits(checkpoint, PROMPT, chunks) - expected).max()
-        print(f"{architecture} chunks={chunks}: max |logit diff| = {diff:.2e}")
+        diff = np.abs(engine_logits(checkpoint, PROMPT, chunks, backend=backend) - expected).max()
+        print(f"{architecture} {backend} chunks={chunks}: max |logit diff| = {diff:.2e}")
         assert diff < 1e-5  # float32 sums in another order: ~3e-7 seen; 1e-5 leaves headroom
 
 
-def test_default_model_matches_hf(default_checkpoint):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_default_model_matches_hf(default_checkpoint, backend):
     prompt = default_checkpoint.tokenizer.encode("The capital of France is Paris. The capital of Germany is")
     expected = hf_logits(hf_model_from_checkpoint(default_checkpoint), prompt)
-    ours = engine_logits(default_checkpoint, prompt, [len(prompt) - 2, 1, 1], block_size=16)
+    ours = engine_logits(default_checkpoint, prompt, [len(prompt) - 2, 1, 1], block_size=16, backend=backend)
     diff = np.abs(ours - expected).max()
-    print(f"SmolLM2-135M (engine): max |logit diff| = {diff:.2e}")
+    print(f"SmolLM2-135M (engine, {backend}): max |logit diff| = {diff:.2e}")
     assert diff < 1e-3  # 30 float32 layers, logits of magnitude ~20: we see ~1e-4
     assert (ours.argmax(-1) == expected.argmax(-1)).all()

@@ -12,46 +12,10 @@ from hypothesis import strategies as st
 
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
-from reference import AttentionMetadata, paged_attention
+from tests.kernel_cases import expected, make_case, paged_batches
 
 INTERPRET = jax.default_backend() != "gpu"
 FEW = settings(max_examples=max(settings.default.max_examples // 8, 4))  # each new shape compiles
-
-
-@st.composite
-def paged_batches(draw, decode_only: bool):
-    block_size = draw(st.sampled_from([8, 16, 32]))
-    head_dim = draw(st.sampled_from([64, 128]))
-    group = draw(st.sampled_from([1, 3, 4, 8]))
-    num_kv_heads = draw(st.sampled_from([1, 2]))
-    # Context lengths: anything, 1, or exactly on a block boundary; 0 marks a padding sequence.
-    length = st.one_of(st.integers(1, 70), st.just(1), st.integers(1, 4).map(lambda k: k * block_size))
-    seq_lens = draw(st.lists(st.one_of(length, st.just(0)), min_size=1, max_size=4))
-    q_lens = [min(n, 1) if decode_only else draw(st.integers(min(n, 1), n)) for n in seq_lens]
-    return block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, draw(st.integers(0, 2**31))
-
-
-def make_case(block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed):
-    rng = np.random.default_rng(seed)
-    max_blocks = max(1, max(-(-n // block_size) for n in seq_lens))
-    num_blocks = len(seq_lens) * max_blocks + 2
-    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)  # two layers: the kernels read layer 1
-    k, v = rng.standard_normal(shape, np.float32), rng.standard_normal(shape, np.float32)
-    tables = rng.permutation(num_blocks)[: len(seq_lens) * max_blocks].reshape(len(seq_lens), max_blocks)
-    q = rng.standard_normal((sum(q_lens), num_kv_heads * group, head_dim), np.float32)
-    starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
-    return k, v, tables.astype(np.int32), q, starts
-
-
-def expected(q, k, v, tables, seq_lens, starts, head_dim):
-    real = [i for i, n in enumerate(seq_lens) if n]
-    out = np.zeros_like(q)
-    md = AttentionMetadata(np.zeros(len(q), int), np.array([0] + [starts[i + 1] - starts[i] for i in real]).cumsum(),
-                           np.array([seq_lens[i] for i in real]), [list(tables[i]) for i in real])
-    rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in real]) if real else np.zeros(0, int)
-    if real:
-        out[rows] = paged_attention(q[rows], k[1], v[1], md, head_dim**-0.5)
-    return out
 
 
 @FEW
@@ -114,7 +78,7 @@ def test_shape_errors_name_the_shapes():
                                max_q_len=1, interpret=True)
 
 
-def test_engine_pallas_backend_gives_the_xla_backend_greedy_tokens(make_llm, llm):
+def test_engine_pallas_backend_gives_the_default_backend_greedy_tokens(make_llm, llm):
     from tests.test_llm import GREEDY, PROMPTS
 
     pallas = make_llm(attention_backend="pallas", num_gpu_blocks_override=256, max_model_len=256, max_num_seqs=8,
@@ -125,11 +89,10 @@ def test_engine_pallas_backend_gives_the_xla_backend_greedy_tokens(make_llm, llm
     assert ours == [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
 
 
-def test_auto_backend_is_pallas_on_gpu_and_xla_elsewhere():
+def test_auto_backend_is_pallas_on_gpu():  # and on CPU, see test_cpu_kernel.py
     from jax_engine.attention import get_attention_backend
 
     assert get_attention_backend("auto", "gpu")[0] == "pallas"
-    assert get_attention_backend("auto", "cpu")[0] == "xla"
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         get_attention_backend("flash", "cpu")
 

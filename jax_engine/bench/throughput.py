@@ -35,18 +35,24 @@ def run_engine(checkpoint, requests, engine_kwargs: dict) -> dict:
                 num_compilations=stats["num_compilations"])
 
 
-def run_hf(checkpoint, requests, batch_size: int) -> list[dict]:
+HF_MODES = ("static", "continuous")
+
+
+def run_hf(checkpoint, requests, batch_size: int, modes=HF_MODES):
+    """Yield each HF way of running the workload's result as it finishes."""
     import torch
 
     from jax_engine.bench.hf_baseline import hf_model_from_checkpoint, run_continuous_batching, run_static_batches
 
     torch.set_num_threads(torch.get_num_threads())
     model = hf_model_from_checkpoint(checkpoint)
-    static = run_static_batches(model, requests, batch_size)
-    continuous, generated = run_continuous_batching(model, requests)
-    return [dict(backend=f"hf generate (static batches of {batch_size})", elapsed_s=static, run_s=static),
-            dict(backend="hf generate_batch (continuous)", elapsed_s=continuous, run_s=continuous,
-                 generated_tokens=generated)]
+    if "static" in modes:
+        static = run_static_batches(model, requests, batch_size)
+        yield dict(backend=f"hf generate (static batches of {batch_size})", elapsed_s=static, run_s=static)
+    if "continuous" in modes:
+        continuous, generated = run_continuous_batching(model, requests)
+        yield dict(backend="hf generate_batch (continuous)", elapsed_s=continuous, run_s=continuous,
+                   generated_tokens=generated)
 
 
 def _rates(result: dict, requests) -> dict:
@@ -82,7 +88,7 @@ def main(ns: argparse.Namespace) -> dict:
             kwargs["max_num_batched_tokens"] = ns.max_num_batched_tokens
         results.append(_finished(_rates(run_engine(checkpoint, requests, kwargs), requests)))
     if ns.backend == "hf" or ns.compare == "hf":
-        results += [_finished(_rates(r, requests)) for r in run_hf(checkpoint, requests, ns.hf_batch_size)]
+        results += [_finished(_rates(r, requests)) for r in run_hf(checkpoint, requests, ns.hf_batch_size, ns.hf_modes)]
     bounds = roofline.measure(checkpoint.config.num_params)
     report = dict(workload=dict(length_mode=ns.length_mode, num_requests=len(requests),
                                 mean_input_len=float(np.mean([len(p) for p, _ in requests])),
@@ -125,6 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="jax_engine", choices=["jax_engine", "hf"])
     parser.add_argument("--compare", default=None, choices=["hf"])
     parser.add_argument("--hf-batch-size", type=int, default=32)
+    parser.add_argument("--hf-modes", nargs="+", default=list(HF_MODES), choices=HF_MODES,
+                        help="static: generate on padded batches; continuous: generate_batch, which runs every "
+                             "request to the longest output length (slow on long-tailed workloads)")
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)

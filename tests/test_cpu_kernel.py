@@ -1,0 +1,87 @@
+"""The CPU backend's C++ decode kernel against the NumPy reference, its input checks, and backend selection."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jax_engine.attention import cpu, get_attention_backend
+from tests.kernel_cases import expected, make_case, paged_batches
+
+pytestmark = pytest.mark.skipif(cpu.kernel_unavailable_reason() is not None,
+                                reason=f"no CPU kernel: {cpu.kernel_unavailable_reason()}")
+FEW = settings(max_examples=max(settings.default.max_examples // 4, 8))  # each new shape compiles
+
+
+def run_kernel(q, k, v, tables, seq_lens, block_size, layer=1):
+    """The kernel on [L, NB, bs, K, D] caches (flattened to slots, as the model passes them)."""
+    num_kv_heads, head_dim = k.shape[-2:]
+    slots = lambda x: jnp.asarray(x).reshape(x.shape[0], -1, num_kv_heads, head_dim)  # noqa: E731
+    grouped = jnp.asarray(q).reshape(q.shape[0], num_kv_heads, -1, head_dim)
+    out = cpu.paged_decode(grouped, slots(k), slots(v), jnp.int32(layer), jnp.asarray(tables),
+                           jnp.asarray(seq_lens, jnp.int32), block_size, head_dim**-0.5)
+    return np.asarray(out).reshape(q.shape)
+
+
+def decode_case(case, cache_dtype=jnp.float32):
+    """(kernel q with a row per sequence, reference output in the same rows, caches, tables).
+
+    The caches hold `cache_dtype` values; the reference attends over exactly those values, widened.
+    """
+    block_size, head_dim, _, _, seq_lens, _, _ = case
+    k, v, tables, q, starts = make_case(*case)
+    k, v = (np.asarray(jnp.asarray(x, cache_dtype)) for x in (k, v))
+    real = [i for i, n in enumerate(seq_lens) if n]
+    padded_q = np.zeros((len(seq_lens), q.shape[1], head_dim), np.float32)
+    padded_q[real] = q
+    want = np.zeros_like(padded_q)
+    want[real] = expected(q, k.astype(np.float32), v.astype(np.float32), tables, seq_lens, starts, head_dim)
+    return padded_q, want, k, v, tables
+
+
+@FEW
+@given(paged_batches(decode_only=True), st.sampled_from([jnp.float32, jnp.bfloat16]))
+def test_kernel_matches_the_reference(case, cache_dtype):
+    q, want, k, v, tables = decode_case(case, cache_dtype)
+    out = run_kernel(q, k, v, tables, case[4], case[0])
+    diff = np.abs(out - want).max()
+    assert diff < 2e-5, f"max difference {diff}"  # float32 sums in another order (and padding rows exactly 0)
+
+
+def test_kernel_reads_the_layer_it_is_given():
+    case = (16, 64, 3, 3, [40, 1, 0, 17], [1, 1, 0, 1], 7)
+    q, want, k, v, tables = decode_case(case)
+    swapped = run_kernel(q, k[::-1], v[::-1], tables, case[4], 16, layer=0)  # layer 1 now sits at index 0
+    assert np.abs(swapped - want).max() < 2e-5
+    assert np.abs(run_kernel(q, k, v, tables, case[4], 16, layer=0) - want).max() > 1e-2
+
+
+@pytest.mark.parametrize("tables, seq_lens, message", [
+    ([[0, 99]], [20], "block id 99 out of range"),
+    ([[0, -1]], [20], "block id -1 out of range"),
+    ([[0, 1]], [33], "seq_len 33 beyond its table"),
+])
+def test_bad_tables_are_errors_not_wild_reads(tables, seq_lens, message):
+    k = np.zeros((2, 4, 16, 1, 64), np.float32)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=message):
+        run_kernel(np.zeros((1, 1, 64), np.float32), k, k, np.array(tables, np.int32), seq_lens, 16)
+
+
+def test_auto_backend_on_cpu_is_the_kernel_backend():
+    assert get_attention_backend("auto", "cpu") == ("cpu", cpu.paged_attention)
+    with pytest.raises(ValueError, match="attention_backend 'cpu' needs the CPU platform"):
+        get_attention_backend("cpu", "gpu")
+
+
+def test_without_a_compiler_auto_falls_back_to_xla(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("JAX_ENGINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that fails
+    reason = cpu.kernel_unavailable_reason.__wrapped__()
+    assert reason.startswith("RuntimeError: false -O3") and "failed" in reason
+    monkeypatch.setattr(cpu, "kernel_unavailable_reason", lambda: reason)
+    assert get_attention_backend("auto", "cpu")[0] == "xla"
+    assert "CPU paged-attention kernel unavailable, using the xla backend" in caplog.text
+    with pytest.raises(ValueError, match="RuntimeError: false -O3"):
+        get_attention_backend("cpu", "cpu")
