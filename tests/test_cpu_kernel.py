@@ -50,6 +50,13 @@ def test_kernel_matches_the_reference(case, cache_dtype):
     assert diff < 2e-5, f"max difference {diff}"  # float32 sums in another order (and padding rows exactly 0)
 
 
+def test_loading_the_kernel_leaves_denormals_alone():
+    """A library linked with -ffast-math would switch on flush-to-zero for the whole process when loaded."""
+    assert cpu.kernel_unavailable_reason() is None
+    smallest = np.float64(5e-324)
+    assert smallest * np.float64(1.0) == smallest  # zero if denormals were flushed
+
+
 def test_kernel_reads_the_layer_it_is_given():
     case = (16, 64, 3, 3, [40, 1, 0, 17], [1, 1, 0, 1], 7)
     q, want, k, v, tables = decode_case(case)
