@@ -25,8 +25,9 @@ def test_plot_draws_one_line_per_backend(tmp_path):
 
     reports = []
     for n, (ours, theirs) in {16: (145.0, 100.0), 64: (220.0, 130.0)}.items():
+        hf = f"hf generate (static batches of {n})"  # batch sizes differ per report: still one line
         report = {"workload": {"num_requests": n}, "results": [
-            {"backend": "jax_engine", "output_tokens_per_s": ours}, {"backend": "hf", "output_tokens_per_s": theirs}]}
+            {"backend": "jax_engine", "output_tokens_per_s": ours}, {"backend": hf, "output_tokens_per_s": theirs}]}
         (tmp_path / f"{n}.json").write_text(json.dumps(report))
         reports.append(str(tmp_path / f"{n}.json"))
     out = tmp_path / "plot.svg"
@@ -35,6 +36,7 @@ def test_plot_draws_one_line_per_backend(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     text = out.read_text()
     assert text.count("<polyline") == 2 and "jax_engine" in text and ">64<" in text
+    assert "hf generate (static batches)" in text
 
 
 def test_throughput_benchmark_compares_with_hf(tiny_checkpoint_dir):

@@ -78,7 +78,7 @@ def test_bad_tables_are_errors_not_wild_reads(tables, seq_lens, message):
 
 def test_auto_backend_on_cpu_is_the_kernel_backend():
     assert get_attention_backend("auto", "cpu") == ("cpu", cpu.paged_attention)
-    with pytest.raises(ValueError, match="attention_backend 'cpu' needs the CPU platform"):
+    with pytest.raises(ValueError, match="attention_backend 'cpu' is unavailable: it runs on CPU, not 'gpu'"):
         get_attention_backend("cpu", "gpu")
 
 
@@ -90,5 +90,5 @@ def test_without_a_compiler_auto_falls_back_to_xla(tmp_path, monkeypatch, caplog
     monkeypatch.setattr(cpu, "kernel_unavailable_reason", lambda: reason)
     assert get_attention_backend("auto", "cpu")[0] == "xla"
     assert "CPU paged-attention kernel unavailable, using the xla backend" in caplog.text
-    with pytest.raises(ValueError, match="RuntimeError: false -O3"):
+    with pytest.raises(ValueError, match="attention_backend 'cpu' is unavailable: RuntimeError: false -O3"):
         get_attention_backend("cpu", "cpu")

@@ -50,13 +50,11 @@ def get_attention_backend(name: str, platform: str) -> tuple[str, AttentionFn]:
 
         return name, _cached_pallas(platform, make_backend)
     if name == "cpu":
-        if platform != "cpu" or not _cpu_kernel_ready():
-            from jax_engine.attention.cpu import kernel_unavailable_reason
+        from jax_engine.attention.cpu import kernel_unavailable_reason, paged_attention
 
-            raise ValueError(f"attention_backend 'cpu' needs the CPU platform and its compiled kernel "
-                             f"(platform {platform!r}; {kernel_unavailable_reason() or 'kernel ready'})")
-        from jax_engine.attention.cpu import paged_attention
-
+        reason = f"it runs on CPU, not {platform!r}" if platform != "cpu" else kernel_unavailable_reason()
+        if reason:
+            raise ValueError(f"attention_backend 'cpu' is unavailable: {reason}")
         return name, paged_attention
     from jax_engine.attention.xla import paged_attention
 

@@ -8,6 +8,7 @@ Writes a plain SVG line chart, so no plotting library is needed.
 
 import argparse
 import json
+import re
 from collections import defaultdict
 
 WIDTH, HEIGHT, MARGIN = 640, 360, 60
@@ -15,11 +16,15 @@ COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
 
 
 def series(reports: list[dict]) -> dict[str, list[tuple[int, float]]]:
-    """backend -> [(num_requests, output tokens/s)], sorted by num_requests."""
+    """backend -> [(num_requests, output tokens/s)], sorted by num_requests.
+
+    HF static batches of different sizes (one per report, as suits its number of requests) are one line.
+    """
     points = defaultdict(list)
     for report in reports:
         for result in report["results"]:
-            points[result["backend"]].append((report["workload"]["num_requests"], result["output_tokens_per_s"]))
+            name = re.sub(r"static batches of \d+", "static batches", result["backend"])
+            points[name].append((report["workload"]["num_requests"], result["output_tokens_per_s"]))
     return {name: sorted(p) for name, p in points.items()}
 
 
