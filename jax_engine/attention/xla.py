@@ -76,7 +76,7 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
         rows = metadata.decode_token_index
         qd = jnp.take(grouped, rows, axis=0, mode="fill", fill_value=0)
         o = decode(qd, k_cache, v_cache, layer, metadata.block_tables[:num_decode],
-                    metadata.seq_lens[:num_decode], block_size, scale)
+                   metadata.seq_lens[:num_decode], block_size, scale)
         out = out.at[rows].set(o, mode="drop")
     if metadata.prefill_token_index.shape[0]:
         rows = metadata.prefill_token_index  # [Bp, Qp]

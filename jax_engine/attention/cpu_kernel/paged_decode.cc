@@ -52,6 +52,16 @@ struct Problem {
   float scale;
 };
 
+// Call visit(t, slot) for the tokens t < n of a sequence, in order, walking its block table block by block.
+template <typename Visit>
+inline void for_each_slot(const int32_t* table, int64_t n, int64_t block_size, Visit&& visit) {
+  for (int64_t first = 0; first < n; first += block_size) {
+    const int64_t first_slot = static_cast<int64_t>(table[first / block_size]) * block_size;
+    const int64_t end = std::min(n, first + block_size);
+    for (int64_t t = first; t < end; ++t) visit(t, first_slot + t - first);
+  }
+}
+
 // Attend one sequence's queries (all heads) over its context. `scores` is scratch reused between items.
 template <typename T>
 void attend_sequence(const Problem& p, int64_t seq, std::vector<float>& scores, std::vector<float>& acc) {
@@ -70,20 +80,16 @@ void attend_sequence(const Problem& p, int64_t seq, std::vector<float>& scores, 
   scores.resize(N * n);  // [N, n]
 
   // Pass 1: scores[h, t] = scale * q[h] . k[t, h / G]
-  for (int64_t t0 = 0; t0 < n; t0 += p.block_size) {
-    const int64_t first_slot = static_cast<int64_t>(table[t0 / p.block_size]) * p.block_size;
-    const int64_t end = std::min(n, t0 + p.block_size);
-    for (int64_t t = t0; t < end; ++t) {
-      const T* k_row = keys + (first_slot + t - t0) * slot_stride;
-      for (int64_t h = 0; h < N; ++h) {
-        const T* k = k_row + (h / G) * D;
-        const float* qh = q + h * D;
-        float dot = 0.0f;
-        for (int64_t d = 0; d < D; ++d) dot += qh[d] * to_float(k[d]);
-        scores[h * n + t] = dot * p.scale;
-      }
+  for_each_slot(table, n, p.block_size, [&](int64_t t, int64_t slot) {
+    const T* k_row = keys + slot * slot_stride;
+    for (int64_t h = 0; h < N; ++h) {
+      const T* k = k_row + (h / G) * D;
+      const float* qh = q + h * D;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < D; ++d) dot += qh[d] * to_float(k[d]);
+      scores[h * n + t] = dot * p.scale;
     }
-  }
+  });
   // Softmax over each head's row, in place.
   for (int64_t h = 0; h < N; ++h) {
     float* row = scores.data() + h * n;
@@ -96,19 +102,15 @@ void attend_sequence(const Problem& p, int64_t seq, std::vector<float>& scores, 
   }
   // Pass 2: out[h] = sum_t probs[h, t] * v[t, h / G]
   acc.assign(N * D, 0.0f);
-  for (int64_t t0 = 0; t0 < n; t0 += p.block_size) {
-    const int64_t first_slot = static_cast<int64_t>(table[t0 / p.block_size]) * p.block_size;
-    const int64_t end = std::min(n, t0 + p.block_size);
-    for (int64_t t = t0; t < end; ++t) {
-      const T* v_row = values + (first_slot + t - t0) * slot_stride;
-      for (int64_t h = 0; h < N; ++h) {
-        const T* v = v_row + (h / G) * D;
-        const float weight = scores[h * n + t];
-        float* a = acc.data() + h * D;
-        for (int64_t d = 0; d < D; ++d) a[d] += weight * to_float(v[d]);
-      }
+  for_each_slot(table, n, p.block_size, [&](int64_t t, int64_t slot) {
+    const T* v_row = values + slot * slot_stride;
+    for (int64_t h = 0; h < N; ++h) {
+      const T* v = v_row + (h / G) * D;
+      const float weight = scores[h * n + t];
+      float* a = acc.data() + h * D;
+      for (int64_t d = 0; d < D; ++d) a[d] += weight * to_float(v[d]);
     }
-  }
+  });
   std::copy(acc.begin(), acc.end(), out);
 }
 
