@@ -46,8 +46,9 @@ def _cpu_signature() -> str:
 
 def _library_path() -> Path:
     cache = Path(os.environ.get("JAX_ENGINE_CACHE_DIR") or Path.home() / ".cache" / "jax_engine")
-    key = hashlib.sha256(b"\0".join([_SOURCE.read_bytes(), " ".join(_COMPILE_FLAGS).encode(), jaxlib.__version__.encode(),
-                                     _cpu_signature().encode()])).hexdigest()[:16]
+    parts = [_SOURCE.read_bytes(), " ".join(_COMPILE_FLAGS).encode(), jaxlib.__version__.encode(),
+             _cpu_signature().encode()]
+    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     return cache / f"paged_decode-{key}.so"
 
 

@@ -88,7 +88,8 @@ def main(ns: argparse.Namespace) -> dict:
             kwargs["max_num_batched_tokens"] = ns.max_num_batched_tokens
         results.append(_finished(_rates(run_engine(checkpoint, requests, kwargs), requests)))
     if ns.backend == "hf" or ns.compare == "hf":
-        results += [_finished(_rates(r, requests)) for r in run_hf(checkpoint, requests, ns.hf_batch_size, ns.hf_modes)]
+        for result in run_hf(checkpoint, requests, ns.hf_batch_size, ns.hf_modes):
+            results.append(_finished(_rates(result, requests)))
     bounds = roofline.measure(checkpoint.config.num_params)
     report = dict(workload=dict(length_mode=ns.length_mode, num_requests=len(requests),
                                 mean_input_len=float(np.mean([len(p) for p, _ in requests])),
@@ -112,7 +113,8 @@ def print_report(report: dict) -> None:
               f"{x['run_s']:>9.1f}{x.get('compile_s', 0.0):>11.1f}")
     engine = next((x for x in report["results"] if x["backend"] == "jax_engine"), None)
     if engine:
-        print(f"jax_engine ({engine['attention_backend']} attention): mean batch {engine['mean_batch_size']:.1f} sequences, mean KV cache usage "
+        print(f"jax_engine ({engine['attention_backend']} attention): mean batch {engine['mean_batch_size']:.1f} "
+              f"sequences, mean KV cache usage "
               f"{engine['mean_kv_cache_usage']:.1%}, {engine['num_preemptions']} preemptions, "
               f"{engine['num_compilations']} compilations, {engine['num_steps']} steps")
         peers = [x for x in report["results"] if x is not engine]
