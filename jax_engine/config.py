@@ -37,7 +37,7 @@ class EngineArgs:
         enable_chunked_prefill: split long prompts across steps, mixed with decodes.
         preemption_mode: "recompute" or "swap", when the cache runs out.
         swap_space: GiB of host memory for swapped-out blocks.
-        attention_backend: "auto", "xla", "cpu" (XLA plus a C++ decode kernel) or "pallas".
+        attention_backend: "auto", "xla", "cpu" (a C++ paged-attention kernel, ragged) or "pallas".
         seed: seed for requests that do not set their own.
     """
 

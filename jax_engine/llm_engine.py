@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jax_engine.attention.backend import get_attention_backend
+from jax_engine.attention.backend import RAGGED_BACKENDS, get_attention_backend
 from jax_engine.beam_search import BeamSearchParams, BeamSearchSequence, beam_score, select_candidates
 from jax_engine.buckets import bucket
 from jax_engine.config import (EngineArgs, GiB, bytes_per_block, kv_cache_bytes, platform, resolve_dtype,
@@ -76,7 +76,8 @@ class LLMEngine:
         self.attention_backend, attention = get_attention_backend(args.attention_backend, platform())
         self.kv_cache_manager = KVCacheManager(num_blocks, args.block_size, num_host_blocks, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
-        self.runner = ModelRunner(model, num_blocks, args.block_size, num_host_blocks, max_len, attention, self.dtype)
+        self.runner = ModelRunner(model, num_blocks, args.block_size, num_host_blocks, max_len, attention, self.dtype,
+                                  ragged=self.attention_backend in RAGGED_BACKENDS)
         eos = self.tokenizer.eos_token_id
         self.eos_token_ids = tuple(cfg.eos_token_ids) or ((eos,) if eos is not None else ())
         self._rng = np.random.default_rng(args.seed)

@@ -1,8 +1,8 @@
 """The model runner: turns a SchedulerOutput into padded device arrays and runs the jitted step.
 
-Every shape is rounded up to a bucket (powers of two; 1.5 x powers of two too for the context length,
-whose padding every decode sequence pays in attention), so the number of compilations stays small and a
-steady state (same buckets) never recompiles. The KV cache is donated to each step and updated in place.
+Every shape is rounded up to a bucket (powers of two, and 1.5 x powers of two for the token count and, on
+the padded layout, the context length), so the number of compilations stays small and a steady state
+(same buckets) never recompiles. The KV cache is donated to each step and updated in place.
 """
 
 import functools
@@ -63,12 +63,13 @@ class ModelRunner:
     """Owns the model weights and the device KV cache; executes one scheduled step at a time."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
-                 max_model_len: int, attention, dtype) -> None:
+                 max_model_len: int, attention, dtype, ragged: bool = False) -> None:
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
         self.num_slots = num_blocks * block_size
         self.attention = attention
+        self.ragged = ragged  # the backend attends from query_start_loc alone (see backend.RAGGED_BACKENDS)
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k_cache = jnp.zeros(shape, dtype)
@@ -102,29 +103,21 @@ class ModelRunner:
         bs = self.block_size
         decode = [s for s in out.scheduled if s.num_new_tokens == 1]
         prefill = [s for s in out.scheduled if s.num_new_tokens > 1]
-        # At least 8 decode rows: padding a few rows costs far less than a compile per batch size as a
-        # batch drains (1, 2, 4 would each compile the whole model once more).
-        num_decode, num_prefill = bucket(len(decode), 8), bucket(len(prefill))
-        max_chunk = bucket(max((s.num_new_tokens for s in prefill), default=0), 8)
-        # Tokens are bucketed on their own (every padding token runs through every layer); the logits rows
-        # follow from the sequence buckets, one less independent size to compile combinations of.
-        padded_tokens = bucket(sum(s.num_new_tokens for s in out.scheduled), 8)
-        num_rows = num_decode + num_prefill
-        max_blocks = max(-(-(s.request.num_computed_tokens + s.num_new_tokens) // bs) for s in out.scheduled)
-        num_cols = min(bucket_fine(max_blocks, 8), self.max_blocks_per_seq)
+        # Tokens are bucketed on their own, finely: every padding token runs through every layer (a full
+        # decode batch plus one short prompt would otherwise double the step). The logits rows follow from
+        # the sequence buckets, one less independent size to compile combinations of.
+        padded_tokens = bucket_fine(sum(s.num_new_tokens for s in out.scheduled), 8)
+        seq_slots, num_rows, num_cols = self._sequence_layout(decode, prefill)
 
         token_ids = np.zeros(padded_tokens, np.int32)
         positions = np.zeros(padded_tokens, np.int32)
         slot_mapping = np.full(padded_tokens, self.num_slots, np.int32)  # padding: out of range, dropped
-        tables = np.zeros((num_decode + num_prefill, num_cols), np.int32)
-        seq_lens = np.zeros(num_decode + num_prefill, np.int32)
-        q_lens = np.zeros(num_decode + num_prefill, np.int32)
-        decode_rows = np.full(num_decode, padded_tokens, np.int32)
-        prefill_rows = np.full((num_prefill, max_chunk), padded_tokens, np.int32)
+        tables = np.zeros((num_rows, num_cols), np.int32)
+        seq_lens = np.zeros(num_rows, np.int32)
+        q_lens = np.zeros(num_rows, np.int32)
         logits_rows, sampling_requests, row_of = [], [], {}
 
         row = 0
-        seq_slots = list(range(len(decode))) + [num_decode + j for j in range(len(prefill))]
         for seq, s in zip(seq_slots, decode + prefill):
             request, n = s.request, s.num_new_tokens
             first = request.num_computed_tokens
@@ -138,19 +131,50 @@ class ModelRunner:
             seq_lens[seq] = first + n
             q_lens[seq] = n
             row_of[request.request_id] = row
-            if seq < num_decode:
-                decode_rows[seq] = row
-            else:
-                prefill_rows[seq - num_decode, :n] = np.arange(row, row + n)
             if first + n == request.num_tokens:  # all its tokens computed: sample the next one
                 logits_rows.append(row + n - 1)
                 sampling_requests.append(request)
             row += n
+        decode_rows, prefill_rows = self._kind_rows(decode, prefill, row_of, padded_tokens)
         logits_indices = np.zeros(num_rows, np.int32)
         logits_indices[: len(logits_rows)] = logits_rows
         starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)  # rows are laid out in this order
         metadata = AttentionMetadata(positions, slot_mapping, tables, seq_lens, starts, decode_rows, prefill_rows)
         return StepInputs(token_ids, metadata, logits_indices, sampling_requests, row_of)
+
+    def _sequence_layout(self, decode: list, prefill: list) -> tuple[list[int], int, int]:
+        """(table row of each scheduled sequence, decode then prefill; rows; table columns), bucketed."""
+        if self.ragged:
+            # The backend finds each token's sequence through query_start_loc and reads a table only up to
+            # the token's position: no padding between the kinds, and one table width (padding columns
+            # cost a few bytes to copy, a distinct width costs a compile).
+            count = len(decode) + len(prefill)
+            return list(range(count)), bucket(count, 8), self.max_blocks_per_seq
+        # At least 8 decode rows: padding a few rows costs far less than a compile per batch size as a
+        # batch drains (1, 2, 4 would each compile the whole model once more).
+        num_decode = bucket(len(decode), 8)
+        seq_slots = list(range(len(decode))) + [num_decode + j for j in range(len(prefill))]
+        max_blocks = max(-(-(s.request.num_computed_tokens + s.num_new_tokens) // self.block_size)
+                         for s in decode + prefill)
+        num_cols = min(bucket_fine(max_blocks, 8), self.max_blocks_per_seq)
+        return seq_slots, num_decode + bucket(len(prefill)), num_cols
+
+    def _kind_rows(self, decode: list, prefill: list, row_of: dict[str, int],
+                   padded_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+        """Token rows of each decode sequence [Bd] and each prefill chunk [Bp, Qp]; padding = padded_tokens.
+
+        Empty for a ragged backend, which does not read them (and so compiles no shape per chunk length).
+        """
+        if self.ragged:
+            return np.zeros(0, np.int32), np.zeros((0, 0), np.int32)
+        decode_rows = np.full(bucket(len(decode), 8), padded_tokens, np.int32)
+        decode_rows[: len(decode)] = [row_of[s.request.request_id] for s in decode]
+        max_chunk = bucket(max((s.num_new_tokens for s in prefill), default=0), 8)
+        prefill_rows = np.full((bucket(len(prefill)), max_chunk), padded_tokens, np.int32)
+        for j, s in enumerate(prefill):
+            first = row_of[s.request.request_id]
+            prefill_rows[j, : s.num_new_tokens] = np.arange(first, first + s.num_new_tokens)
+        return decode_rows, prefill_rows
 
     # -------------------------------------------------------------------------------- execute
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:

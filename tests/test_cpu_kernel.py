@@ -1,4 +1,4 @@
-"""The CPU backend's C++ decode kernel against the NumPy reference, its input checks, and backend selection."""
+"""The CPU backend's C++ paged-attention kernel against the NumPy reference, its input checks, backend selection."""
 
 import jax
 import jax.numpy as jnp
@@ -15,37 +15,42 @@ pytestmark = pytest.mark.skipif(cpu.kernel_unavailable_reason() is not None,
 FEW = settings(max_examples=max(settings.default.max_examples // 4, 8))  # each new shape compiles
 
 
-def run_kernel(q, k, v, tables, seq_lens, block_size, layer=1):
+def run_kernel(q, k, v, tables, query_seq, context_lens, block_size, layer=1):
     """The kernel on [L, NB, bs, K, D] caches (flattened to slots, as the model passes them)."""
     num_kv_heads, head_dim = k.shape[-2:]
     slots = lambda x: jnp.asarray(x).reshape(x.shape[0], -1, num_kv_heads, head_dim)  # noqa: E731
-    grouped = jnp.asarray(q).reshape(q.shape[0], num_kv_heads, -1, head_dim)
-    out = cpu.paged_decode(grouped, slots(k), slots(v), jnp.int32(layer), jnp.asarray(tables),
-                           jnp.asarray(seq_lens, jnp.int32), block_size, head_dim**-0.5)
-    return np.asarray(out).reshape(q.shape)
+    out = cpu.attend_rows(jnp.asarray(q), slots(k), slots(v), jnp.int32(layer), jnp.asarray(tables),
+                          jnp.asarray(query_seq, jnp.int32), jnp.asarray(context_lens, jnp.int32), block_size,
+                          head_dim**-0.5)
+    return np.asarray(out)
 
 
-def decode_case(case, cache_dtype=jnp.float32):
-    """(kernel q with a row per sequence, reference output in the same rows, caches, tables).
+def kernel_case(case, cache_dtype=jnp.float32):
+    """(query rows, the reference's output for them, caches, tables, each row's sequence and context length).
 
-    The caches hold `cache_dtype` values; the reference attends over exactly those values, widened.
+    Every sequence's chunk is its last q_len tokens; a padding sequence (seq_len 0) gets one padding row,
+    which must come out zero. The caches hold `cache_dtype` values; the reference attends over exactly
+    those values, widened.
     """
-    block_size, head_dim, _, _, seq_lens, _, _ = case
+    block_size, head_dim, _, _, seq_lens, q_lens, _ = case
     k, v, tables, q, starts = make_case(*case)
     k, v = (np.asarray(jnp.asarray(x, cache_dtype)) for x in (k, v))
-    real = [i for i, n in enumerate(seq_lens) if n]
-    padded_q = np.zeros((len(seq_lens), q.shape[1], head_dim), np.float32)
-    padded_q[real] = q
-    want = np.zeros_like(padded_q)
-    want[real] = expected(q, k.astype(np.float32), v.astype(np.float32), tables, seq_lens, starts, head_dim)
-    return padded_q, want, k, v, tables
+    want = expected(q, k.astype(np.float32), v.astype(np.float32), tables, seq_lens, starts, head_dim)
+    query_seq = np.repeat(np.arange(len(seq_lens)), q_lens)
+    context_lens = np.concatenate([np.arange(n - m, n) + 1 for n, m in zip(seq_lens, q_lens)]).astype(int)
+    padding = [i for i, n in enumerate(seq_lens) if n == 0]
+    q = np.concatenate([q, np.ones((len(padding), *q.shape[1:]), np.float32)])
+    want = np.concatenate([want, np.zeros((len(padding), *want.shape[1:]), np.float32)])
+    query_seq, context_lens = np.concatenate([query_seq, padding]), np.concatenate([context_lens, [0] * len(padding)])
+    return q, want, k, v, tables, query_seq, context_lens
 
 
 @FEW
-@given(paged_batches(decode_only=True), st.sampled_from([jnp.float32, jnp.bfloat16]))
+@given(paged_batches(decode_only=False), st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]))
 def test_kernel_matches_the_reference(case, cache_dtype):
-    q, want, k, v, tables = decode_case(case, cache_dtype)
-    out = run_kernel(q, k, v, tables, case[4], case[0])
+    """Decode rows and prefill chunks (causal within the chunk, after a cached context) together."""
+    q, want, k, v, tables, query_seq, context_lens = kernel_case(case, cache_dtype)
+    out = run_kernel(q, k, v, tables, query_seq, context_lens, case[0])
     diff = np.abs(out - want).max()
     assert diff < 2e-5, f"max difference {diff}"  # float32 sums in another order (and padding rows exactly 0)
 
@@ -58,22 +63,24 @@ def test_loading_the_kernel_leaves_denormals_alone():
 
 
 def test_kernel_reads_the_layer_it_is_given():
-    case = (16, 64, 3, 3, [40, 1, 0, 17], [1, 1, 0, 1], 7)
-    q, want, k, v, tables = decode_case(case)
-    swapped = run_kernel(q, k[::-1], v[::-1], tables, case[4], 16, layer=0)  # layer 1 now sits at index 0
+    case = (16, 64, 3, 3, [40, 1, 0, 17], [5, 1, 0, 1], 7)
+    q, want, k, v, tables, query_seq, context_lens = kernel_case(case)
+    swapped = run_kernel(q, k[::-1], v[::-1], tables, query_seq, context_lens, 16, layer=0)  # layer 1 at index 0
     assert np.abs(swapped - want).max() < 2e-5
-    assert np.abs(run_kernel(q, k, v, tables, case[4], 16, layer=0) - want).max() > 1e-2
+    assert np.abs(run_kernel(q, k, v, tables, query_seq, context_lens, 16, layer=0) - want).max() > 1e-2
 
 
-@pytest.mark.parametrize("tables, seq_lens, message", [
-    ([[0, 99]], [20], "block id 99 out of range"),
-    ([[0, -1]], [20], "block id -1 out of range"),
-    ([[0, 1]], [33], "seq_len 33 beyond its table"),
+@pytest.mark.parametrize("tables, query_seq, context_lens, message", [
+    ([[0, 99]], [0, 0], [20, 3], "block id 99 out of range"),
+    ([[0, -1]], [0, 0], [3, 20], "block id -1 out of range"),
+    ([[0, 1]], [0, 0], [1, 33], "context_len 33 beyond its table"),
+    ([[0, 1]], [0, 1], [1, 2], "query_seq 1 out of range"),
+    ([[0, 1]], [0, 0], [1, -1], "context_len -1"),
 ])
-def test_bad_tables_are_errors_not_wild_reads(tables, seq_lens, message):
+def test_bad_inputs_are_errors_not_wild_reads(tables, query_seq, context_lens, message):
     k = np.zeros((2, 4, 16, 1, 64), np.float32)
     with pytest.raises(jax.errors.JaxRuntimeError, match=message):
-        run_kernel(np.zeros((1, 1, 64), np.float32), k, k, np.array(tables, np.int32), seq_lens, 16)
+        run_kernel(np.zeros((2, 1, 64), np.float32), k, k, np.array(tables, np.int32), query_seq, context_lens, 16)
 
 
 def test_auto_backend_on_cpu_is_the_kernel_backend():

@@ -207,6 +207,20 @@ def test_steady_state_never_recompiles(llm):
     assert len(llm.llm_engine.runner.compiled_shapes) == before
 
 
+def test_how_prompts_split_a_token_bucket_compiles_nothing_new(llm):
+    """The CPU default attends ragged rows: one 31-token prompt, 10 + 20 tokens, or six of 5 are one shape
+    (32 tokens, 8 sequence rows); on the padded layout they would be three ([1, 32], [2, 32], [8, 8])."""
+    assert llm.llm_engine.attention_backend == "cpu" and llm.llm_engine.runner.ragged
+    one_token = SamplingParams(temperature=0, max_tokens=1)
+    prompts = lambda lengths: [list(range(1000 + 100 * i, 1000 + 100 * i + n)) for i, n in enumerate(lengths)]  # noqa: E731
+    llm.generate(prompts([31]), one_token, use_tqdm=False)
+    before = len(llm.llm_engine.runner.compiled_shapes)
+    for lengths in ([10, 20], [5] * 6):
+        outputs = llm.generate(prompts(lengths), one_token, use_tqdm=False)
+        assert [len(o.prompt_token_ids) for o in outputs] == lengths
+    assert len(llm.llm_engine.runner.compiled_shapes) == before
+
+
 def test_progress_bar_reports_speeds(llm, capsys):
     llm.generate(PROMPTS, GREEDY, use_tqdm=True)
     err = capsys.readouterr().err

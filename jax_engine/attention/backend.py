@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 AttentionFn = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
 
 ATTENTION_BACKENDS = ("auto", "xla", "cpu", "pallas")
+# Backends that find each token's sequence through query_start_loc and read a block table only up to the
+# token's position: the model runner gives them no padded per-kind rows (decode_token_index and
+# prefill_token_index are empty) and one table width.
+RAGGED_BACKENDS = ("cpu",)
 
 
 def get_attention_backend(name: str, platform: str) -> tuple[str, AttentionFn]:

@@ -1,9 +1,11 @@
-"""The CPU backend: the XLA backend, with decode attention done by a C++ kernel over the paged cache in place.
+"""The CPU backend: paged attention by a C++ kernel that reads the paged cache in place, ragged.
 
-XLA can only attend over a paged cache by gathering each sequence's blocks into a dense copy first; on a
-CPU that copy, not the arithmetic, is most of a long-context decode step. The kernel
-(cpu_kernel/paged_decode.cc) follows the block table instead and stops at each sequence's length. Prefill
-chunks stay on the XLA path, where batched matmuls do the work.
+XLA can only attend over a paged cache by gathering each sequence's blocks into a dense copy first, with
+every context padded to the longest and every prefill chunk to the longest chunk; on a CPU that copy and
+that padding, not the arithmetic, are most of the attention's cost. The kernel
+(cpu_kernel/paged_attention.cc) takes the step's tokens as they are laid out, one query row each, and
+reads each row's keys and values through its sequence's block table up to the row's own position:
+decode and prefill tokens alike, causal by construction, nothing padded.
 
 The kernel is compiled with the system C++ compiler on first use and cached per source, jaxlib and CPU;
 without a compiler the "auto" backend falls back to "xla" (and says why in the log).
@@ -24,15 +26,15 @@ import jaxlib
 import numpy as np
 
 from jax_engine.attention import xla
+from jax_engine.attention.backend import AttentionMetadata
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).parent / "cpu_kernel" / "paged_decode.cc"
-_TARGET = "jax_engine_paged_decode"
+_SOURCE = Path(__file__).parent / "cpu_kernel" / "paged_attention.cc"
+_TARGET = "jax_engine_paged_attention"
 # -ffast-math lets the dot products vectorize; it is a compile flag only: linking with it would add
 # crtfastmath.o, which flushes denormals to zero for the whole process the moment the library loads.
 _COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-std=c++17", "-fPIC")
-_KERNEL_DTYPES = (jnp.float32, jnp.bfloat16)
 
 
 def _cpu_signature() -> str:
@@ -49,14 +51,14 @@ def _library_path() -> Path:
     parts = [_SOURCE.read_bytes(), " ".join(_COMPILE_FLAGS).encode(), jaxlib.__version__.encode(),
              _cpu_signature().encode()]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-    return cache / f"paged_decode-{key}.so"
+    return cache / f"paged_attention-{key}.so"
 
 
 def _compile(library: Path) -> None:
     library.parent.mkdir(parents=True, exist_ok=True)
     compiler = os.environ.get("CXX", "c++")
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:  # build aside, then rename: atomic for others
-        built, obj = Path(tmp) / library.name, Path(tmp) / "paged_decode.o"
+        built, obj = Path(tmp) / library.name, Path(tmp) / "paged_attention.o"
         for command in ([compiler, *_COMPILE_FLAGS, "-I", jax.ffi.include_dir(), "-c", str(_SOURCE), "-o", str(obj)],
                         [compiler, "-shared", str(obj), "-o", str(built)]):
             result = subprocess.run(command, capture_output=True, text=True)
@@ -73,27 +75,40 @@ def kernel_unavailable_reason() -> str | None:
         if not library.exists():
             logger.info("compiling the CPU paged-attention kernel into %s", library)
             _compile(library)
-        handler = ctypes.cdll.LoadLibrary(str(library)).PagedDecode
+        handler = ctypes.cdll.LoadLibrary(str(library)).PagedAttention
         jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(handler), platform="cpu")
     except (OSError, RuntimeError) as error:
         return f"{type(error).__name__}: {error}"
     return None
 
 
-def paged_decode(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array, tables: jax.Array,
-                 seq_lens: jax.Array, block_size: int, scale: float) -> jax.Array:
-    """q [B, K, G, D] -> [B, K, G, D]: each sequence's one query over its context, read through its table.
+def attend_rows(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array, tables: jax.Array,
+                query_seq: jax.Array, context_lens: jax.Array, block_size: int, scale: float) -> jax.Array:
+    """q [R, N, D] -> [R, N, D]: each query row over the first context_lens[r] keys of sequence query_seq[r].
 
-    Same contract as the XLA decode; float16 caches (which the kernel does not read) take that path.
+    Rows with context_len 0 are padding (zeros out). Caches may be float32, bfloat16 or float16.
     """
-    if k_cache.dtype not in _KERNEL_DTYPES:
-        return xla.decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale)
-    num_seqs, num_kv_heads, group, head_dim = q.shape
-    heads = q.reshape(num_seqs, num_kv_heads * group, head_dim).astype(jnp.float32)
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(heads.shape, jnp.float32))
-    out = call(heads, k_cache, v_cache, jnp.asarray(layer, jnp.int32), tables, seq_lens,
-               block_size=np.int64(block_size), scale=np.float32(scale))
-    return out.reshape(q.shape).astype(q.dtype)
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    return call(q.astype(jnp.float32), k_cache, v_cache, jnp.asarray(layer, jnp.int32), tables, query_seq,
+                context_lens, block_size=np.int64(block_size), scale=np.float32(scale))
 
 
-paged_attention = functools.partial(xla.paged_attention, decode=paged_decode)
+def _rows(metadata: AttentionMetadata, num_tokens: int) -> tuple[jax.Array, jax.Array]:
+    """(sequence, context length) of each token row: a token at position p sees keys 0..p."""
+    tokens = jnp.arange(num_tokens, dtype=jnp.int32)
+    starts = metadata.query_start_loc
+    # The last sequence starting at or before each token (empty padding sequences share their start).
+    seq = jnp.searchsorted(starts, tokens, side="right").astype(jnp.int32) - 1
+    real = tokens < starts[-1]
+    return jnp.where(real, seq, 0), jnp.where(real, metadata.positions + 1, 0)
+
+
+def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
+                    layer: jax.Array, metadata: AttentionMetadata, block_size: int,
+                    scale: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The attention backend contract (see backend.py), on the ragged layout: decode_token_index and
+    prefill_token_index are not read (the model runner leaves them empty for this backend)."""
+    k_cache, v_cache = xla.write_kv(k, v, k_cache, v_cache, layer, metadata.slot_mapping)
+    query_seq, context_lens = _rows(metadata, q.shape[0])
+    out = attend_rows(q, k_cache, v_cache, layer, metadata.block_tables, query_seq, context_lens, block_size, scale)
+    return out.astype(q.dtype), k_cache, v_cache

@@ -46,9 +46,17 @@ def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale):
     return _softmax_attend(scores, visible, v, "bkgqt,btkd->bqkgd")
 
 
+def write_kv(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
+             slot_mapping: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Store the step's keys and values at their slots of `layer`; padding slots (out of range) are dropped."""
+    k_cache = k_cache.at[layer, slot_mapping].set(k.astype(k_cache.dtype), mode="drop")
+    v_cache = v_cache.at[layer, slot_mapping].set(v.astype(v_cache.dtype), mode="drop")
+    return k_cache, v_cache
+
+
 def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
-                    layer: jax.Array, metadata: AttentionMetadata, block_size: int, scale: float,
-                    decode=decode) -> tuple[jax.Array, jax.Array, jax.Array]:
+                    layer: jax.Array, metadata: AttentionMetadata, block_size: int,
+                    scale: float) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Write the step's keys and values, then attend every new token over its sequence's context.
 
     Args:
@@ -60,13 +68,11 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
         metadata: the batch layout (see AttentionMetadata).
         block_size: tokens per block.
         scale: softmax scale.
-        decode: how decode sequences attend (the CPU backend passes its kernel); same contract as `decode`.
 
     Returns:
         ([T, N, D] attention output, rows of padding tokens zeros or garbage but never NaN; k_cache; v_cache).
     """
-    k_cache = k_cache.at[layer, metadata.slot_mapping].set(k.astype(k_cache.dtype), mode="drop")
-    v_cache = v_cache.at[layer, metadata.slot_mapping].set(v.astype(v_cache.dtype), mode="drop")
+    k_cache, v_cache = write_kv(k, v, k_cache, v_cache, layer, metadata.slot_mapping)
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     grouped = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)

@@ -1,0 +1,272 @@
+// Paged attention for CPU, as an XLA FFI custom call: every query token of a step, decode and prefill alike.
+//
+// Why a kernel: in plain XLA a step first gathers every sequence's context blocks into a dense copy and
+// then attends over the copy, so each key and value crosses memory three times (read, write, read), and
+// padding costs as much as real work: every prefill chunk is padded to the longest one and every context
+// to the longest context. Here each query row reads its keys and values straight from the paged cache
+// through its sequence's block table, and only up to its own context length (its position + 1), which
+// also makes prefill causal without a mask. The rows are ragged: no padding at all.
+//
+// One work item is one query row (all its heads: a cache slot holds the KV heads side by side, so reads
+// are contiguous). Items are shared out over XLA's own intra-op thread pool.
+//
+// Shapes (float32 queries and output; float32, bfloat16 or float16 cache):
+//   q            [R, N, D]        query rows (a step's tokens), N = K * G heads
+//   k_cache      [L, S, K, D]     every layer's keys, S = num_blocks * block_size slots
+//   v_cache      [L, S, K, D]
+//   layer        []   int32       the layer to read
+//   tables       [B, C] int32     block ids of each sequence
+//   query_seq    [R]  int32       the sequence (row of tables) each query belongs to
+//   context_lens [R]  int32       keys each query sees; only the first ceil(len / block_size) blocks are
+//                                 read; 0 = padding row (output zeros)
+//   out          [R, N, D]
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Half {
+  uint16_t bits;
+};
+
+inline float from_bits(uint32_t bits) {
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+inline float to_float(float x) { return x; }
+inline float to_float(BFloat16 x) { return from_bits(static_cast<uint32_t>(x.bits) << 16); }  // float32's high half
+inline float to_float(Half x) {
+  const uint32_t sign = static_cast<uint32_t>(x.bits & 0x8000u) << 16;
+  const uint32_t exponent = (x.bits >> 10) & 0x1fu, mantissa = x.bits & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: mantissa x 2^-24
+    const float magnitude = static_cast<float>(mantissa) * (1.0f / 16777216.0f);
+    return sign ? -magnitude : magnitude;
+  }
+  const uint32_t biased = exponent == 0x1fu ? 0xffu : exponent + 112;  // infinity and NaN keep all ones
+  return from_bits(sign | biased << 23 | mantissa << 13);
+}
+
+struct Problem {
+  const float* q;
+  const void* k_layer;  // this layer's first slot
+  const void* v_layer;
+  const int32_t* tables;
+  const int32_t* query_seq;
+  const int32_t* context_lens;
+  float* out;
+  int64_t num_rows, num_heads, num_kv_heads, head_dim, max_blocks, block_size;
+  float scale;
+};
+
+// Call visit(t, slot) for the tokens t < n of a sequence, in order, walking its block table block by block.
+// While it visits a block it prefetches the same token of the next block from `rows` (one row of
+// `row_bytes` per slot): blocks lie scattered over the cache, so the hardware prefetcher, which follows
+// addresses within a page, cannot see the next one coming.
+template <typename Visit>
+inline void for_each_slot(const int32_t* table, int64_t n, int64_t block_size, const void* rows, int64_t row_bytes,
+                          Visit&& visit) {
+  const char* bytes = static_cast<const char*>(rows);
+  for (int64_t first = 0; first < n; first += block_size) {
+    const int64_t first_slot = static_cast<int64_t>(table[first / block_size]) * block_size;
+    const int64_t end = std::min(n, first + block_size);
+    const int64_t next_slot = end < n ? static_cast<int64_t>(table[end / block_size]) * block_size : -1;
+    for (int64_t t = first; t < end; ++t) {
+      if (next_slot >= 0) {
+        const char* ahead = bytes + (next_slot + t - first) * row_bytes;
+        for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line);
+      }
+      visit(t, first_slot + t - first);
+    }
+  }
+}
+
+// Attend one query row (all heads) over its context. `scores` and `acc` are scratch reused between items.
+template <typename T>
+void attend_row(const Problem& p, int64_t row, std::vector<float>& scores, std::vector<float>& acc) {
+  const int64_t N = p.num_heads, K = p.num_kv_heads, D = p.head_dim, G = N / K;
+  const int64_t n = p.context_lens[row];
+  float* out = p.out + row * N * D;
+  if (n <= 0) {
+    std::fill(out, out + N * D, 0.0f);
+    return;
+  }
+  const float* q = p.q + row * N * D;
+  const int32_t* table = p.tables + p.query_seq[row] * p.max_blocks;
+  const T* keys = static_cast<const T*>(p.k_layer);
+  const T* values = static_cast<const T*>(p.v_layer);
+  const int64_t slot_stride = K * D;
+  scores.resize(N * n);  // [N, n]
+
+  // Pass 1: scores[h, t] = scale * q[h] . k[t, h / G]
+  for_each_slot(table, n, p.block_size, keys, slot_stride * sizeof(T), [&](int64_t t, int64_t slot) {
+    const T* k_row = keys + slot * slot_stride;
+    for (int64_t h = 0; h < N; ++h) {
+      const T* k = k_row + (h / G) * D;
+      const float* qh = q + h * D;
+      float dot = 0.0f;
+      for (int64_t d = 0; d < D; ++d) dot += qh[d] * to_float(k[d]);
+      scores[h * n + t] = dot * p.scale;
+    }
+  });
+  // Softmax over each head's row, in place.
+  for (int64_t h = 0; h < N; ++h) {
+    float* row = scores.data() + h * n;
+    const float peak = *std::max_element(row, row + n);
+    for (int64_t t = 0; t < n; ++t) row[t] = std::exp(row[t] - peak);  // a loop of its own: vectorized
+    float total = 0.0f;
+    for (int64_t t = 0; t < n; ++t) total += row[t];
+    const float inverse = 1.0f / total;
+    for (int64_t t = 0; t < n; ++t) row[t] *= inverse;
+  }
+  // Pass 2: out[h] = sum_t probs[h, t] * v[t, h / G]
+  acc.assign(N * D, 0.0f);
+  for_each_slot(table, n, p.block_size, values, slot_stride * sizeof(T), [&](int64_t t, int64_t slot) {
+    const T* v_row = values + slot * slot_stride;
+    for (int64_t h = 0; h < N; ++h) {
+      const T* v = v_row + (h / G) * D;
+      const float weight = scores[h * n + t];
+      float* a = acc.data() + h * D;
+      for (int64_t d = 0; d < D; ++d) a[d] += weight * to_float(v[d]);
+    }
+  });
+  std::copy(acc.begin(), acc.end(), out);
+}
+
+// Work shared by the calling thread and pool threads. Held by shared_ptr: a pool task that starts after
+// the call has returned finds no item left and touches nothing else.
+struct WorkQueue {
+  Problem problem;
+  ffi::DataType dtype;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void run() {
+    std::vector<float> scores, acc;
+    for (int64_t row; (row = next.fetch_add(1)) < problem.num_rows;) {
+      if (dtype == ffi::DataType::BF16) {
+        attend_row<BFloat16>(problem, row, scores, acc);
+      } else if (dtype == ffi::DataType::F16) {
+        attend_row<Half>(problem, row, scores, acc);
+      } else {
+        attend_row<float>(problem, row, scores, acc);
+      }
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+// The most keys any query of each sequence reads; checked against its table before anything is read.
+ffi::Error check_tables(const int32_t* tables, int64_t num_seqs, int64_t max_blocks, const int32_t* query_seq,
+                        const int32_t* context_lens, int64_t num_rows, int64_t block_size, int64_t num_blocks) {
+  std::vector<int64_t> longest(num_seqs, 0);
+  for (int64_t r = 0; r < num_rows; ++r) {
+    if (context_lens[r] < 0) {
+      return ffi::Error::InvalidArgument("paged_attention: context_len " + std::to_string(context_lens[r]));
+    }
+    if (context_lens[r] == 0) continue;  // padding row: reads nothing
+    if (query_seq[r] < 0 || query_seq[r] >= num_seqs) {
+      return ffi::Error::InvalidArgument("paged_attention: query_seq " + std::to_string(query_seq[r]) +
+                                         " out of range");
+    }
+    longest[query_seq[r]] = std::max<int64_t>(longest[query_seq[r]], context_lens[r]);
+  }
+  for (int64_t b = 0; b < num_seqs; ++b) {
+    const int64_t used = (longest[b] + block_size - 1) / block_size;
+    if (used > max_blocks) {
+      return ffi::Error::InvalidArgument("paged_attention: context_len " + std::to_string(longest[b]) +
+                                         " beyond its table");
+    }
+    for (int64_t c = 0; c < used; ++c) {
+      const int32_t block = tables[b * max_blocks + c];
+      if (block < 0 || block >= num_blocks) {
+        return ffi::Error::InvalidArgument("paged_attention: block id " + std::to_string(block) + " out of range");
+      }
+    }
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
+                              ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> tables,
+                              ffi::Buffer<ffi::S32> query_seq, ffi::Buffer<ffi::S32> context_lens,
+                              ffi::ResultBuffer<ffi::F32> out, int64_t block_size, float scale) {
+  const auto q_dims = q.dimensions();
+  const auto cache_dims = k_cache.dimensions();
+  const auto table_dims = tables.dimensions();
+  if (q_dims.size() != 3 || cache_dims.size() != 4 || table_dims.size() != 2) {
+    return ffi::Error::InvalidArgument("paged_attention: expected q [R, N, D], caches [L, S, K, D], tables [B, C]");
+  }
+  const ffi::DataType dtype = k_cache.element_type();
+  if (v_cache.element_type() != dtype ||
+      (dtype != ffi::DataType::F32 && dtype != ffi::DataType::BF16 && dtype != ffi::DataType::F16)) {
+    return ffi::Error::InvalidArgument("paged_attention: caches must both be float32, bfloat16 or float16");
+  }
+  const int64_t num_layers = cache_dims[0], num_slots = cache_dims[1], num_kv_heads = cache_dims[2];
+  const int64_t head_dim = cache_dims[3];
+  const int64_t num_rows = q_dims[0], num_heads = q_dims[1], num_seqs = table_dims[0], max_blocks = table_dims[1];
+  if (q_dims[2] != head_dim || num_heads % num_kv_heads != 0 ||
+      query_seq.element_count() != static_cast<size_t>(num_rows) ||
+      context_lens.element_count() != static_cast<size_t>(num_rows) || block_size <= 0 || num_slots % block_size) {
+    return ffi::Error::InvalidArgument("paged_attention: inconsistent shapes");
+  }
+  const int64_t layer_index = layer.typed_data()[0];
+  if (layer_index < 0 || layer_index >= num_layers) {
+    return ffi::Error::InvalidArgument("paged_attention: layer " + std::to_string(layer_index) + " out of range");
+  }
+  // Checked up front, so the kernel itself never reads outside the cache.
+  ffi::Error checked = check_tables(tables.typed_data(), num_seqs, max_blocks, query_seq.typed_data(),
+                                    context_lens.typed_data(), num_rows, block_size, num_slots / block_size);
+  if (checked.failure()) return checked;
+
+  const size_t item = dtype == ffi::DataType::F32 ? 4 : 2;
+  const int64_t layer_offset = layer_index * num_slots * num_kv_heads * head_dim;
+  auto work = std::make_shared<WorkQueue>();
+  work->problem = Problem{q.typed_data(),
+                          static_cast<const char*>(k_cache.untyped_data()) + layer_offset * item,
+                          static_cast<const char*>(v_cache.untyped_data()) + layer_offset * item,
+                          tables.typed_data(),
+                          query_seq.typed_data(),
+                          context_lens.typed_data(),
+                          out->typed_data(),
+                          num_rows, num_heads, num_kv_heads, head_dim, max_blocks, block_size, scale};
+  work->dtype = dtype;
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), num_rows) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
+  work->run();
+  // Items taken by helpers are being worked on right now; wait for those only (never for a task that has
+  // not started, so a busy pool cannot deadlock this call).
+  while (work->done.load(std::memory_order_acquire) < num_rows) std::this_thread::yield();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedAttention, PagedAttentionImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // q
+                                  .Arg<ffi::AnyBuffer>()         // k_cache
+                                  .Arg<ffi::AnyBuffer>()         // v_cache
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // tables
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // query_seq
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // context_lens
+                                  .Ret<ffi::Buffer<ffi::F32>>()  // out
+                                  .Attr<int64_t>("block_size")
+                                  .Attr<float>("scale"));
