@@ -44,7 +44,8 @@ def test_throughput_benchmark_compares_with_hf(tiny_checkpoint_dir):
 
     command = [sys.executable, "-m", "jax_engine", "bench", "throughput", "--model", tiny_checkpoint_dir,
                "--num-requests", "3", "--length-mode", "fixed", "--input-len", "8", "--output-len", "4",
-               "--max-model-len", "64", "--compare", "hf", "--hf-batch-size", "2", "--hf-modes", "static", "--json"]
+               "--max-model-len", "64", "--compare", "hf", "--hf-batch-size", "2", "--hf-num-requests", "2", "--hf-modes", "static",
+               "--json"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
@@ -54,6 +55,7 @@ def test_throughput_benchmark_compares_with_hf(tiny_checkpoint_dir):
     default_backend = "cpu" if kernel_unavailable_reason() is None else "xla"
     assert engine["backend"] == "jax_engine" and engine["attention_backend"] == default_backend
     assert hf["backend"] == "hf generate (static batches of 2)"
+    assert (engine["num_requests"], hf["num_requests"]) == (3, 2)  # HF ran the trace's first two requests
     for row in (engine, hf):
         assert row["output_tokens_per_s"] > 0
         assert row["total_tokens_per_s"] == pytest.approx(3 * row["output_tokens_per_s"])  # (8 + 4) / 4 per request

@@ -24,7 +24,9 @@ def series(reports: list[dict]) -> dict[str, list[tuple[int, float]]]:
     for report in reports:
         for result in report["results"]:
             name = re.sub(r"static batches of \d+", "static batches", result["backend"])
-            points[name].append((report["workload"]["num_requests"], result["output_tokens_per_s"]))
+            # The requests this backend ran (HF may run a prefix of the trace; older reports lack the field).
+            num_requests = result.get("num_requests", report["workload"]["num_requests"])
+            points[name].append((num_requests, result["output_tokens_per_s"]))
     return {name: sorted(p) for name, p in points.items()}
 
 
