@@ -60,7 +60,8 @@ def _rates(result: dict, requests) -> dict:
     output_tokens = result.get("generated_tokens", sum(o for _, o in requests))
     seconds = result["run_s"]
     return dict(result, num_requests=len(requests), requests_per_s=len(requests) / seconds,
-                output_tokens_per_s=output_tokens / seconds, total_tokens_per_s=(prompt_tokens + output_tokens) / seconds)
+                output_tokens_per_s=output_tokens / seconds,
+                total_tokens_per_s=(prompt_tokens + output_tokens) / seconds)
 
 
 def _finished(result: dict) -> dict:
