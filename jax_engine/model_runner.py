@@ -1,8 +1,8 @@
 """The model runner: turns a SchedulerOutput into padded device arrays and runs the jitted step.
 
-Every shape is rounded up to a bucket (powers of two, and 1.5 x powers of two for the token count and, on
-the padded layout, the context length), so the number of compilations stays small and a steady state
-(same buckets) never recompiles. The KV cache is donated to each step and updated in place.
+Every shape is rounded up to a bucket (powers of two; eighths of a power of two for the token count; 1.5 x
+powers of two for the context length on the padded layout), so the number of compilations stays small and a
+steady state (same buckets) never recompiles. The KV cache is donated to each step and updated in place.
 """
 
 import functools
@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.attention.backend import AttentionMetadata
-from jax_engine.buckets import bucket, bucket_fine
+from jax_engine.buckets import bucket, bucket_eighths, bucket_fine
 from jax_engine.core.scheduler import SchedulerOutput
 from jax_engine.models.llama import LlamaForCausalLM
 
@@ -103,10 +103,11 @@ class ModelRunner:
         bs = self.block_size
         decode = [s for s in out.scheduled if s.num_new_tokens == 1]
         prefill = [s for s in out.scheduled if s.num_new_tokens > 1]
-        # Tokens are bucketed on their own, finely: every padding token runs through every layer (a full
-        # decode batch plus one short prompt would otherwise double the step). The logits rows follow from
-        # the sequence buckets, one less independent size to compile combinations of.
-        padded_tokens = bucket_fine(sum(s.num_new_tokens for s in out.scheduled), 8)
+        # Tokens are bucketed on their own, finely (in eighths of a power of two): every padding token runs
+        # through every layer, and a full decode batch plus one short prompt would otherwise pay for up to
+        # a third more tokens than it has. The logits rows follow from the sequence buckets, one less
+        # independent size to compile combinations of.
+        padded_tokens = bucket_eighths(sum(s.num_new_tokens for s in out.scheduled))
         seq_slots, num_rows, num_cols = self._sequence_layout(decode, prefill)
 
         token_ids = np.zeros(padded_tokens, np.int32)

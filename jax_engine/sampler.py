@@ -28,6 +28,7 @@ class SamplerFlags:
     ban_tokens: bool
     min_p: bool = False
     logprobs: bool = False  # compute the sampled tokens' logprobs and ranks (only when someone asks)
+    any_greedy: bool = True  # some rows take the argmax (an argmax over the vocabulary costs as much as the draw)
 
 
 def _apply_penalties(logits, prompt_ids, output_ids, presence, frequency, repetition):
@@ -111,9 +112,8 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, prompt_id
         logits = _apply_penalties(logits, prompt_ids, output_ids, presence, frequency, repetition)
     if flags.ban_tokens:
         logits = logits.at[jnp.arange(rows)[:, None], banned_ids].set(_NEG_INF, mode="drop")
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     if flags.all_greedy:
-        tokens = greedy
+        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     else:
         scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
         if flags.top_k_or_p:
@@ -122,7 +122,9 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, prompt_id
         weights = jnp.exp(scaled - scaled.max(axis=-1, keepdims=True))
         if flags.min_p:
             weights = jnp.where(weights >= min_p[:, None], weights, 0.0)  # the max weight is exactly 1
-        tokens = jnp.where(temperature > 0, _draw(weights, seeds, positions).astype(jnp.int32), greedy)
+        tokens = _draw(weights, seeds, positions).astype(jnp.int32)
+        if flags.any_greedy:
+            tokens = jnp.where(temperature > 0, tokens, jnp.argmax(logits, axis=-1).astype(jnp.int32))
     token_logprobs, ranks = jnp.zeros(rows), jnp.zeros(rows, jnp.int32)
     top_logprobs, top_ids = jnp.zeros((rows, 0)), jnp.zeros((rows, 0), jnp.int32)
     if flags.logprobs:
@@ -152,6 +154,7 @@ def sampler_inputs(requests: list, num_rows: int, vocab_size: int) -> tuple[dict
 
     flags = SamplerFlags(
         all_greedy=all(p.greedy for p in params),
+        any_greedy=any(p.greedy for p in params),
         top_k_or_p=any(not p.greedy and (p.top_k > 0 or p.top_p < 1) for p in params),
         penalties=any(p.uses_penalties for p in params),
         ban_tokens=any(r.num_output_tokens < p.min_tokens for r, p in zip(requests, params)),

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jax_engine.buckets import bucket, bucket_fine
+from jax_engine.buckets import bucket, bucket_eighths, bucket_fine
 
 
 def _ladder(fine: bool) -> list[int]:
@@ -21,3 +21,14 @@ def test_buckets_are_the_smallest_rung_that_fits(n, minimum):
         need = max(n, minimum)
         assert got == min(r for r in _ladder(fine) if r >= need), (fn.__name__, n, minimum)
         assert got - need < got * (1 / 3 if fine and need > 2 else 1 / 2) + 1e-9
+
+
+@given(st.integers(0, 100_000), st.sampled_from([1, 8]))
+def test_eighths_pad_less_than_an_eighth(n, minimum):
+    got = bucket_eighths(n, minimum)
+    if n == 0:
+        assert got == 0
+        return
+    step = max((1 << (n.bit_length() - 1)) // 8, minimum)  # rungs between the powers of two around n
+    assert got >= n and got % step == 0 and got - n < step
+    assert got - n < max(n / 8, minimum)

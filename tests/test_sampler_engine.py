@@ -64,6 +64,17 @@ def test_a_seeded_row_draws_the_same_token_in_any_batch():
     assert len(set(alone)) > 1 and other_position in range(VOCAB)
 
 
+def test_greedy_rows_take_the_argmax_beside_sampled_rows():
+    """A batch mixing greedy and sampled rows (the argmax is only computed when some row is greedy)."""
+    rng = np.random.default_rng(1)
+    logits = rng.normal(0, 1, (16, VOCAB)).astype(np.float32)
+    greedy, sampled = SamplingParams(temperature=0), SamplingParams(temperature=1.0)
+    requests = [make_request(greedy if i % 2 else sampled, seed=i) for i in range(16)]
+    tokens = run(requests, logits)[0]
+    assert list(tokens[1::2]) == list(logits[1::2].argmax(axis=1))
+    assert list(tokens[::2]) != list(logits[::2].argmax(axis=1))  # the sampled rows did sample
+
+
 def test_greedy_logprobs_and_ranks():
     logits = np.array([[1.0, 3.0, 2.0, 0.0]], np.float32)
     tokens, logprobs, ranks, top_ids, top_logprobs = run([make_request(SamplingParams(temperature=0, logprobs=2))], logits)
