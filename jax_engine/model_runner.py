@@ -104,8 +104,8 @@ class ModelRunner:
         decode = [s for s in out.scheduled if s.num_new_tokens == 1]
         prefill = [s for s in out.scheduled if s.num_new_tokens > 1]
         # Tokens are bucketed on their own, finely (in eighths of a power of two): every padding token runs
-        # through every layer, and a full decode batch plus one short prompt would otherwise pay for up to
-        # a third more tokens than it has. The logits rows follow from the sequence buckets, one less
+        # through every layer, and a full decode batch plus one short prompt (257 tokens) would run as 384
+        # in steps of 1.5x (288 here). The logits rows follow from the sequence buckets, one less
         # independent size to compile combinations of.
         padded_tokens = bucket_eighths(sum(s.num_new_tokens for s in out.scheduled))
         seq_slots, num_rows, num_cols = self._sequence_layout(decode, prefill)
