@@ -44,8 +44,8 @@ def test_throughput_benchmark_compares_with_hf(tiny_checkpoint_dir):
 
     command = [sys.executable, "-m", "jax_engine", "bench", "throughput", "--model", tiny_checkpoint_dir,
                "--num-requests", "3", "--length-mode", "fixed", "--input-len", "8", "--output-len", "4",
-               "--max-model-len", "64", "--compare", "hf", "--hf-batch-size", "2", "--hf-num-requests", "2", "--hf-modes", "static",
-               "--json"]
+               "--max-model-len", "64", "--compare", "hf", "--hf-batch-size", "2", "--hf-num-requests", "2",
+               "--hf-modes", "static", "--json"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)

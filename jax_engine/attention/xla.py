@@ -30,7 +30,7 @@ def _softmax_attend(scores: jax.Array, visible: jax.Array, v: jax.Array, spec: s
     return jnp.einsum(spec, probs, v)
 
 
-def decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale):
+def _decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale):
     """q [Bd, K, G, D] -> [Bd, K, G, D]: one query per sequence over its whole context."""
     k, v = _gather_context(k_cache, layer, tables, block_size), _gather_context(v_cache, layer, tables, block_size)
     scores = jnp.einsum("bkgd,btkd->bkgt", q, k) * scale
@@ -81,8 +81,8 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
     if num_decode:
         rows = metadata.decode_token_index
         qd = jnp.take(grouped, rows, axis=0, mode="fill", fill_value=0)
-        o = decode(qd, k_cache, v_cache, layer, metadata.block_tables[:num_decode],
-                   metadata.seq_lens[:num_decode], block_size, scale)
+        o = _decode(qd, k_cache, v_cache, layer, metadata.block_tables[:num_decode],
+                    metadata.seq_lens[:num_decode], block_size, scale)
         out = out.at[rows].set(o, mode="drop")
     if metadata.prefill_token_index.shape[0]:
         rows = metadata.prefill_token_index  # [Bp, Qp]
