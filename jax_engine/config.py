@@ -16,6 +16,13 @@ logger = logging.getLogger(__name__)
 GiB = 1 << 30
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * GiB
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+# Tokens per block by attention backend, where the user sets none; 16 (vLLM's GPU default) elsewhere. The
+# cpu kernel streams each sequence's blocks from memory, and on a CPU a block is read at the speed of its
+# size: scattered 16-token blocks of SmolLM2 (12 KiB of keys per layer) stream at ~18 GB/s on the benchmark
+# machine, 64-token blocks at ~27, one sequential read at ~31. vLLM's CPU platform also picks bigger blocks.
+# Not bigger here: a sequence wastes half a block on average, and shared prefixes are cached whole blocks.
+DEFAULT_BLOCK_SIZES = {"cpu": 64}
 
 
 @dataclass
@@ -25,7 +32,7 @@ class EngineArgs:
     Args:
         model: a .gguf file or HF checkpoint directory; None loads SmolLM2-135M-Instruct.
         dtype: "auto" (float32 on CPU, bfloat16 on GPU), "float32", "bfloat16" or "float16".
-        block_size: tokens per KV block.
+        block_size: tokens per KV block; None picks the attention backend's default (DEFAULT_BLOCK_SIZES).
         max_model_len: longest prompt + output; None uses the model's own limit.
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: most tokens in one step; None picks 2048 (or max_model_len without
@@ -43,7 +50,7 @@ class EngineArgs:
 
     model: str | None = None
     dtype: str = "auto"
-    block_size: int = 16
+    block_size: int | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
@@ -63,8 +70,8 @@ class EngineArgs:
                 raise ValueError(f"{name} must be {limit}, got {getattr(self, name)!r}")
 
         check(self.dtype == "auto" or self.dtype in DTYPES, "dtype", f"'auto' or one of {list(DTYPES)}")
-        check(isinstance(self.block_size, int) and self.block_size in (1, 2, 4, 8, 16, 32, 64, 128), "block_size",
-              "a power of two in [1, 128]")
+        check(self.block_size is None or (isinstance(self.block_size, int) and self.block_size in BLOCK_SIZES),
+              "block_size", "a power of two in [1, 128]")
         check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", ">= 1")
         check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1, "max_num_seqs", ">= 1")
         check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1, "max_num_batched_tokens", ">= 1")
@@ -89,6 +96,10 @@ def resolve_dtype(name: str):
     if name == "auto":
         return jnp.float32 if platform() == "cpu" else jnp.bfloat16
     return DTYPES[name]
+
+
+def resolve_block_size(block_size: int | None, attention_backend: str) -> int:
+    return block_size or DEFAULT_BLOCK_SIZES.get(attention_backend, 16)
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype) -> int:

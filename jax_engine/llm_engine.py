@@ -16,8 +16,8 @@ import numpy as np
 from jax_engine.attention.backend import RAGGED_BACKENDS, get_attention_backend
 from jax_engine.beam_search import BeamSearchParams, BeamSearchSequence, beam_score, select_candidates
 from jax_engine.buckets import bucket
-from jax_engine.config import (EngineArgs, GiB, bytes_per_block, kv_cache_bytes, platform, resolve_dtype,
-                               resolve_scheduler_config)
+from jax_engine.config import (EngineArgs, GiB, bytes_per_block, kv_cache_bytes, platform, resolve_block_size,
+                               resolve_dtype, resolve_scheduler_config)
 from jax_engine.core.kv_cache_manager import KVCacheManager
 from jax_engine.core.scheduler import Scheduler, SchedulerOutput
 from jax_engine.detokenizer import IncrementalDetokenizer
@@ -61,22 +61,23 @@ class LLMEngine:
         self.dtype = resolve_dtype(args.dtype)
         self.scheduler_config = resolve_scheduler_config(args, cfg)
         model = LlamaForCausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype)
-        block_bytes = bytes_per_block(cfg, args.block_size, self.dtype)
+        self.attention_backend, attention = get_attention_backend(args.attention_backend, platform())
+        block_size = resolve_block_size(args.block_size, self.attention_backend)
+        block_bytes = bytes_per_block(cfg, block_size, self.dtype)
         weight_bytes = cfg.num_params * np.dtype(self.dtype).itemsize
         num_blocks = args.num_gpu_blocks_override or kv_cache_bytes(args, weight_bytes) // block_bytes
         num_host_blocks = int(args.swap_space * GiB) // block_bytes
         max_len = self.scheduler_config.max_model_len
-        if num_blocks * args.block_size < max_len:
+        if num_blocks * block_size < max_len:
             raise ValueError(
-                f"the KV cache holds {num_blocks * args.block_size} tokens ({num_blocks} blocks of {args.block_size}) "
+                f"the KV cache holds {num_blocks * block_size} tokens ({num_blocks} blocks of {block_size}) "
                 f"but max_model_len is {max_len}: raise kv_cache_memory_bytes or lower max_model_len")
         logger.info("# %s blocks: %d, # host (swap) blocks: %d (%.2f GiB KV cache, %d tokens)",
                     platform().upper(), num_blocks, num_host_blocks, num_blocks * block_bytes / GiB,
-                    num_blocks * args.block_size)
-        self.attention_backend, attention = get_attention_backend(args.attention_backend, platform())
-        self.kv_cache_manager = KVCacheManager(num_blocks, args.block_size, num_host_blocks, args.enable_prefix_caching)
+                    num_blocks * block_size)
+        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
-        self.runner = ModelRunner(model, num_blocks, args.block_size, num_host_blocks, max_len, attention, self.dtype,
+        self.runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, max_len, attention, self.dtype,
                                   ragged=self.attention_backend in RAGGED_BACKENDS)
         eos = self.tokenizer.eos_token_id
         self.eos_token_ids = tuple(cfg.eos_token_ids) or ((eos,) if eos is not None else ())

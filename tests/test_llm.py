@@ -3,6 +3,7 @@
 import pytest
 
 from jax_engine import LLM, EngineArgs, SamplingParams
+from jax_engine.config import resolve_block_size
 from reference import LlamaModel, ReferenceEngine
 from reference import SamplingParams as ReferenceSamplingParams
 
@@ -196,8 +197,16 @@ def test_bad_engine_args(kwargs, message):
 def test_unknown_engine_argument_and_too_small_cache():
     with pytest.raises(ValueError, match="unknown engine arguments: \\['max_batch'\\]"):
         LLM(max_batch=3)
-    with pytest.raises(ValueError, match="max_model_len is 256"):
-        LLM(num_gpu_blocks_override=4, max_model_len=256)
+    with pytest.raises(ValueError, match=r"holds 240 tokens \(15 blocks of 16\) but max_model_len is 256"):
+        LLM(num_gpu_blocks_override=15, block_size=16, max_model_len=256)
+
+
+def test_block_size_defaults_to_the_attention_backends(llm):
+    assert resolve_block_size(None, "cpu") == 64  # the cpu kernel streams blocks: bigger ones read faster
+    assert resolve_block_size(None, "xla") == resolve_block_size(None, "pallas") == 16  # vLLM's GPU default
+    assert resolve_block_size(8, "cpu") == 8
+    engine = llm.llm_engine
+    assert engine.kv_cache_manager.block_size == resolve_block_size(None, engine.attention_backend)
 
 
 def test_steady_state_never_recompiles(llm):

@@ -18,7 +18,8 @@ PROMPTS = [SYSTEM + " Question: what is the capital of France?", SYSTEM + " Ques
            "Once upon a time", "def add(a, b):"]
 PARAMS = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
           SamplingParams(temperature=0.8, top_p=0.95, seed=3, max_tokens=24, ignore_eos=True)] * 2
-BASE = dict(max_model_len=96, max_num_seqs=8)
+# Block counts below are sized for 16-token blocks: the shared 27-token system prompt fills one, 6 run short.
+BASE = dict(max_model_len=96, max_num_seqs=8, block_size=16)
 
 
 def assert_no_leak(llm):
@@ -48,12 +49,13 @@ VARIANTS = {
     "chunks of 33 tokens": dict(num_gpu_blocks_override=64, max_num_batched_tokens=33),
     "block size 8": dict(num_gpu_blocks_override=128, block_size=8),
     "block size 32": dict(num_gpu_blocks_override=32, block_size=32),
+    "block size 64 (the cpu backend's default)": dict(num_gpu_blocks_override=16, block_size=64),
 }
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_greedy_and_seeded_output_is_invariant(make_llm, baseline, name):
-    llm = make_llm(**BASE, **VARIANTS[name])
+    llm = make_llm(**{**BASE, **VARIANTS[name]})
     assert run(llm) == baseline
     if "preemption" in name:
         assert llm.llm_engine.scheduler.num_preemptions > 0
@@ -120,7 +122,7 @@ def test_parallel_sampling_forks_the_prompt_and_matches_independent_seeds(make_l
 
 
 def test_beam_search_shares_blocks_and_frees_pruned_beams(make_llm):
-    llm = make_llm(num_gpu_blocks_override=256, block_size=4, **BASE)  # small blocks: beams share full ones
+    llm = make_llm(**{**BASE, "num_gpu_blocks_override": 256, "block_size": 4})  # small blocks: beams share full ones
     [result] = llm.beam_search(PROMPTS[2], BeamSearchParams(beam_width=4, max_tokens=12))
     assert_no_leak(llm)
     scores = [s.cum_logprob / len(s.tokens) for s in result.sequences]

@@ -87,6 +87,8 @@ def main(ns: argparse.Namespace) -> dict:
             kwargs["kv_cache_memory_bytes"] = ns.kv_cache_memory_bytes
         if ns.max_num_batched_tokens:
             kwargs["max_num_batched_tokens"] = ns.max_num_batched_tokens
+        if ns.block_size:
+            kwargs["block_size"] = ns.block_size
         results.append(_finished(_rates(run_engine(checkpoint, requests, kwargs), requests)))
     if ns.backend == "hf" or ns.compare == "hf":
         # HF may run a prefix of the same trace: its rate per token is what is compared, and on a long trace
@@ -147,6 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
+    parser.add_argument("--block-size", type=int, default=None, help="default: the attention backend's")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     parser.add_argument("--seed", type=int, default=0)
