@@ -16,7 +16,8 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int],
                  skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
-        self.skip_special_tokens = skip_special_tokens
+        # Looked up once: transformers rebuilds its special-token list on every call that skips them.
+        self.skipped_ids = frozenset(tokenizer.all_special_ids) if skip_special_tokens else frozenset()
         self.tokens = tokenizer.convert_ids_to_tokens(prompt_token_ids[-_PROMPT_WINDOW - 1 :],
                                                       skip_special_tokens=skip_special_tokens)
         self.prefix_offset = max(len(self.tokens) - _PROMPT_WINDOW, 0)
@@ -25,7 +26,8 @@ class IncrementalDetokenizer:
 
     def add_token(self, token_id: int) -> str:
         """Append one generated token; return the text it completes (possibly empty)."""
-        self.tokens += self.tokenizer.convert_ids_to_tokens([token_id], skip_special_tokens=self.skip_special_tokens)
+        if token_id not in self.skipped_ids:
+            self.tokens.append(self.tokenizer.convert_ids_to_tokens(token_id))
         before = self.tokenizer.convert_tokens_to_string(self.tokens[self.prefix_offset : self.read_offset])
         after = self.tokenizer.convert_tokens_to_string(self.tokens[self.prefix_offset :])
         if len(after) <= len(before) or after.endswith("\ufffd"):
