@@ -17,11 +17,12 @@ GiB = 1 << 30
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * GiB
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-# Tokens per block by attention backend, where the user sets none; 16 (vLLM's GPU default) elsewhere. The
-# cpu kernel streams each sequence's blocks from memory, and on a CPU a block is read at the speed of its
-# size: scattered 16-token blocks of SmolLM2 (12 KiB of keys per layer) stream at ~18 GB/s on the benchmark
-# machine, 64-token blocks at ~27, one sequential read at ~31. vLLM's CPU platform also picks bigger blocks.
-# Not bigger here: a sequence wastes half a block on average, and shared prefixes are cached whole blocks.
+# Tokens per block by attention backend, where the user sets none; 16 (vLLM's GPU default) elsewhere. The cpu
+# kernel streams each sequence's blocks from memory, and scattered small blocks read slower than long runs:
+# attention alone over 256 sequences x 320 tokens (30 layers, 6 GB cache) took 220-250 ms with scattered
+# 16-token blocks, 160-190 ms with 64 or 128, 147 ms in order. End to end the gain is a few percent
+# (docs/benchmarks.md). vLLM's CPU platform also picks bigger blocks. Not bigger here: a sequence wastes half
+# a block on average, and prompt prefixes are cached in whole blocks.
 DEFAULT_BLOCK_SIZES = {"cpu": 64}
 
 

@@ -3,7 +3,9 @@ Pallas paged attention, with achieved memory bandwidth as a fraction of the devi
 
     jax-engine bench kernels [--batch 8] [--context 4096] [--peak-gbps 3350]
 
-Needs a CUDA GPU: on CPU the kernels only run in the (slow) interpreter, which says nothing about speed.
+The Pallas kernels need a CUDA GPU: on CPU they only run in the (slow) interpreter, which says nothing about
+speed. On CPU the command times the cpu backend's C++ kernel instead, decode rows in every layer of a cache
+larger than the CPU's caches, with each sequence's blocks in order and scattered (see cpu_main).
 """
 
 import argparse
@@ -43,12 +45,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=int, default=512, help="prefill chunk length for the ragged kernel")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--peak-gbps", type=float, default=None)
+    parser.add_argument("--layers", type=int, default=1, help="cpu kernel: layers attended per step")
+    parser.add_argument("--cache-gb", type=float, default=2.0, help="cpu kernel: KV cache size, GB")
+
+
+def cpu_main(args: argparse.Namespace) -> None:
+    """The cpu backend's kernel: every sequence's decode row over `--layers` layers of a `--cache-gb` cache.
+
+    Blocks in order are what a fresh cache hands out; scattered ones (a random draw) what it hands out after
+    many requests have come and gone. Bandwidth counts the K and V bytes read, against the machine's probe.
+    """
+    from jax_engine.attention.cpu import attend_rows, kernel_unavailable_reason
+    from jax_engine.bench.roofline import bandwidth_gbps
+
+    reason = kernel_unavailable_reason()
+    if reason:
+        print(f"bench kernels on CPU times the cpu backend's kernel, which is unavailable: {reason}")
+        return
+    B, T, K, G, D, bs, L = (args.batch, args.context, args.num_kv_heads, args.group, args.head_dim, args.block_size,
+                            args.layers)
+    dtype = jnp.dtype(args.dtype)
+    blocks_per_seq = -(-T // bs)
+    num_blocks = max(int(args.cache_gb * 1e9) // (2 * L * bs * K * D * dtype.itemsize), B * blocks_per_seq)
+    k_cache = jnp.full((L, num_blocks * bs, K, D), 0.01, dtype)
+    v_cache = jnp.full((L, num_blocks * bs, K, D), 0.02, dtype)
+    key = jax.random.key(0)
+    q = jax.random.normal(key, (B, K * G, D), jnp.float32)
+    rows, lens = jnp.arange(B, dtype=jnp.int32), jnp.full((B,), T, jnp.int32)
+    tables = {"in order": jnp.arange(B * blocks_per_seq, dtype=jnp.int32).reshape(B, blocks_per_seq),
+              "scattered": jax.random.permutation(key, num_blocks)[: B * blocks_per_seq].reshape(B, -1).astype(jnp.int32)}
+
+    @jax.jit
+    def every_layer(q, k_cache, v_cache, table):
+        def layer(i, total):
+            return total + attend_rows(q, k_cache, v_cache, i, table, rows, lens, bs, D**-0.5)
+        return jax.lax.fori_loop(0, L, layer, jnp.zeros_like(q))
+
+    kv_bytes = 2 * L * B * T * K * D * dtype.itemsize
+    peak = args.peak_gbps or bandwidth_gbps()
+    print(f"cpu kernel: {B} decode rows x {T} tokens of context, {L} layers, {K} KV heads x {G} queries, head dim "
+          f"{D}, block size {bs}, {args.dtype}, {num_blocks * bs * 2 * L * K * D * dtype.itemsize / 1e9:.1f} GB "
+          f"cache; K/V read per step {kv_bytes / 1e6:.1f} MB; probed bandwidth {peak:.1f} GB/s")
+    print(f"{'blocks':<30}{'time (ms)':>12}{'GB/s':>10}{'of probe':>10}")
+    for name, table in tables.items():
+        seconds = timed(every_layer, q, k_cache, v_cache, table, repeats=5)
+        gbps = kv_bytes / seconds / 1e9
+        print(f"{name:<30}{seconds * 1e3:>12.1f}{gbps:>10.1f}{gbps / peak:>10.1%}")
 
 
 def main(args: argparse.Namespace) -> None:
+    if jax.default_backend() == "cpu":
+        return cpu_main(args)
     if jax.default_backend() != "gpu":
-        print("bench kernels needs a CUDA GPU; this machine has none "
-              f"(jax backend: {jax.default_backend()}). Kernel correctness is tested in interpret mode.")
+        print("bench kernels needs a CUDA GPU or a CPU; this machine has neither "
+              f"(jax backend: {jax.default_backend()}).")
         return
 
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention as jax_paged_attention

@@ -30,10 +30,17 @@ def _best_time(fn, *args, repeats: int = 5) -> float:
     return best
 
 
-def measure(num_params: int, bytes_per_param: int = 4) -> Roofline:
+def matmul_gflops() -> float:
     n = 2048
     a = jnp.ones((n, n), jnp.float32)
-    gflops = 2 * n**3 / _best_time(jax.jit(lambda x, y: x @ y), a, a) / 1e9
+    return 2 * n**3 / _best_time(jax.jit(lambda x, y: x @ y), a, a) / 1e9
+
+
+def bandwidth_gbps() -> float:
     big = jnp.ones((64 * 1024 * 1024,), jnp.float32)  # 256 MiB, far beyond the caches
-    gbps = big.nbytes / _best_time(jax.jit(jnp.sum), big) / 1e9
+    return big.nbytes / _best_time(jax.jit(jnp.sum), big) / 1e9
+
+
+def measure(num_params: int, bytes_per_param: int = 4) -> Roofline:
+    gflops, gbps = matmul_gflops(), bandwidth_gbps()
     return Roofline(gflops, gbps, gflops * 1e9 / (2 * num_params), gbps * 1e9 / (num_params * bytes_per_param))
