@@ -84,7 +84,7 @@ def cpu_main(args: argparse.Namespace) -> None:
     kv_bytes = 2 * L * B * T * K * D * dtype.itemsize
     peak = args.peak_gbps or bandwidth_gbps()
     print(f"cpu kernel: {B} decode rows x {T} tokens of context, {L} layers, {K} KV heads x {G} queries, head dim "
-          f"{D}, block size {bs}, {args.dtype}, {num_blocks * bs * 2 * L * K * D * dtype.itemsize / 1e9:.1f} GB "
+          f"{D}, block size {bs}, {args.dtype}, {(k_cache.nbytes + v_cache.nbytes) / 1e9:.1f} GB "
           f"cache; K/V read per step {kv_bytes / 1e6:.1f} MB; probed bandwidth {peak:.1f} GB/s")
     print(f"{'blocks':<30}{'time (ms)':>12}{'GB/s':>10}{'of probe':>10}")
     for name, table in tables.items():
