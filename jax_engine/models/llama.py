@@ -42,10 +42,12 @@ def _layer_weight_map(cfg: ModelConfig) -> dict[str, tuple[str, callable]]:
     m = {
         "input_layernorm.weight": ("attn_norm", lambda w: w),
         "post_attention_layernorm.weight": ("mlp_norm", lambda w: w),
-        "self_attn.q_proj.weight": ("wq", lambda w: w.T.reshape(H, N, D)),  # [N*D, H] -> [H, N, D]
-        "self_attn.k_proj.weight": ("wk", lambda w: w.T.reshape(H, K, D)),
-        "self_attn.v_proj.weight": ("wv", lambda w: w.T.reshape(H, K, D)),
-        "self_attn.o_proj.weight": ("wo", lambda w: w.T.reshape(N, D, H)),  # [H, N*D] -> [N, D, H]
+        # Projections stay 2-D matrices (heads split after the matmul): a dot contracting two dimensions at
+        # once (heads and head dim) made XLA transpose the weight into a fresh copy every step.
+        "self_attn.q_proj.weight": ("wq", lambda w: w.T),  # [N*D, H] -> [H, N*D]
+        "self_attn.k_proj.weight": ("wk", lambda w: w.T),
+        "self_attn.v_proj.weight": ("wv", lambda w: w.T),
+        "self_attn.o_proj.weight": ("wo", lambda w: w.T),  # [H, N*D] -> [N*D, H]
         "mlp.gate_proj.weight": ("w_gate", lambda w: w.T),  # [I, H] -> [H, I]
         "mlp.up_proj.weight": ("w_up", lambda w: w.T),
         "mlp.down_proj.weight": ("w_down", lambda w: w.T),  # [H, I] -> [I, H]
@@ -78,8 +80,8 @@ class LlamaForCausalLM(nnx.Module):
         L, H, N, K, D, I, V = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                cfg.intermediate_size, cfg.vocab_size)
         init = nnx.initializers.normal(0.02)
-        shapes = {"attn_norm": (L, H), "mlp_norm": (L, H), "wq": (L, H, N, D), "wk": (L, H, K, D),
-                  "wv": (L, H, K, D), "wo": (L, N, D, H), "w_gate": (L, H, I), "w_up": (L, H, I), "w_down": (L, I, H)}
+        shapes = {"attn_norm": (L, H), "mlp_norm": (L, H), "wq": (L, H, N * D), "wk": (L, H, K * D),
+                  "wv": (L, H, K * D), "wo": (L, N * D, H), "w_gate": (L, H, I), "w_up": (L, H, I), "w_down": (L, I, H)}
         if cfg.attention_bias:
             shapes |= {"bq": (L, N, D), "bk": (L, K, D), "bv": (L, K, D)}
         if cfg.qk_norm:
@@ -147,9 +149,10 @@ def _decoder_layer(statics: _LayerStatics, w: dict, layer: jax.Array, x, k_flat,
                    metadata: AttentionMetadata):
     cfg = statics.cfg
     h = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
-    q = jnp.einsum("th,hnd->tnd", h, w["wq"])  # [T, N, D]
-    k = jnp.einsum("th,hkd->tkd", h, w["wk"])  # [T, K, D]
-    v = jnp.einsum("th,hkd->tkd", h, w["wv"])
+    tokens, D = x.shape[0], cfg.head_dim
+    q = (h @ w["wq"]).reshape(tokens, -1, D)  # [T, N, D]
+    k = (h @ w["wk"]).reshape(tokens, -1, D)  # [T, K, D]
+    v = (h @ w["wv"]).reshape(tokens, -1, D)
     if cfg.attention_bias:
         q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
     if cfg.qk_norm:
@@ -159,7 +162,7 @@ def _decoder_layer(statics: _LayerStatics, w: dict, layer: jax.Array, x, k_flat,
     # cache directly: slicing out k_flat[layer] would copy it.
     attn, k_flat, v_flat = statics.attention(q, k, v, k_flat, v_flat, layer, metadata, statics.block_size,
                                              cfg.head_dim**-0.5)
-    x = x + jnp.einsum("tnd,ndh->th", attn, w["wo"])
+    x = x + attn.reshape(tokens, -1) @ w["wo"]
     h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
     gate = jnp.einsum("th,hi->ti", h, w["w_gate"])
     up = jnp.einsum("th,hi->ti", h, w["w_up"])
