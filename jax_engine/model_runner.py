@@ -1,8 +1,8 @@
 """The model runner: turns a SchedulerOutput into padded device arrays and runs the jitted step.
 
-Every shape is rounded up to a bucket (powers of two; eighths of a power of two for the token count; 1.5 x
-powers of two for the context length on the padded layout), so the number of compilations stays small and a
-steady state (same buckets) never recompiles. The KV cache is donated to each step and updated in place.
+Every shape is rounded up to a bucket (powers of two; eighths of a power of two for the token count, and for
+the sequence count on the ragged layout; 1.5 x powers of two for the context length on the padded layout), so
+the number of compilations stays small and a steady state (same buckets) never recompiles. The KV cache is donated to each step and updated in place.
 """
 
 import functools
@@ -148,9 +148,11 @@ class ModelRunner:
         if self.ragged:
             # The backend finds each token's sequence through query_start_loc and reads a table only up to
             # the token's position: no padding between the kinds, and one table width (padding columns
-            # cost a few bytes to copy, a distinct width costs a compile).
+            # cost a few bytes to copy, a distinct width costs a compile). Rows are bucketed as finely as
+            # tokens: each is a row of logits (a 576 x 49152 matmul for SmolLM2) and of the sampler, and
+            # in a decode-only step the two buckets coincide, so no new shape combination compiles.
             count = len(decode) + len(prefill)
-            return list(range(count)), bucket(count, 8), self.max_blocks_per_seq
+            return list(range(count)), bucket_eighths(count), self.max_blocks_per_seq
         # At least 8 decode rows: padding a few rows costs far less than a compile per batch size as a
         # batch drains (1, 2, 4 would each compile the whole model once more).
         num_decode = bucket(len(decode), 8)

@@ -230,6 +230,20 @@ def test_how_prompts_split_a_token_bucket_compiles_nothing_new(llm):
     assert len(llm.llm_engine.runner.compiled_shapes) == before
 
 
+def test_sequence_rows_are_bucketed_as_finely_as_tokens(make_llm):
+    """72 one-token prompts run as 72 rows of logits and sampling, not the next power of two (128)."""
+    engine = make_llm(num_gpu_blocks_override=80, max_model_len=128, max_num_seqs=80).llm_engine
+    assert engine.runner.ragged
+    for i in range(72):
+        engine.add_request(str(i), [1000 + i], SamplingParams(max_tokens=1))
+    out = engine.scheduler.schedule()
+    inputs = engine.runner.prepare(out, engine.kv_cache_manager.block_tables)
+    assert inputs.token_ids.shape == inputs.logits_indices.shape == (72,)
+    assert inputs.metadata.block_tables.shape[0] == 72
+    engine.abort_request([str(i) for i in range(72)])
+    assert engine.kv_cache_manager.device.num_free_blocks == 80
+
+
 def test_progress_bar_reports_speeds(llm, capsys):
     llm.generate(PROMPTS, GREEDY, use_tqdm=True)
     err = capsys.readouterr().err
