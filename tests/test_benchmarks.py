@@ -74,3 +74,10 @@ def test_throughput_benchmark_compares_with_hf(tiny_checkpoint_dir):
         assert f"finished {row['backend']}: " in result.stderr  # reported as it finished, before the table
     assert report["workload"] == dict(length_mode="fixed", num_requests=3, mean_input_len=8.0, mean_output_len=4.0)
     assert report["roofline"]["compute_bound_tokens_per_s"] > 0
+
+
+def test_a_run_is_set_against_the_best_probe_around_it():
+    from jax_engine.bench.roofline import Roofline, best
+
+    slow, fast = Roofline(150.0, 40.0, 560.0, 75.0), Roofline(210.0, 30.0, 780.0, 56.0)
+    assert best(slow, fast) == Roofline(210.0, 40.0, 780.0, 75.0)

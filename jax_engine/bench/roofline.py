@@ -44,3 +44,12 @@ def bandwidth_gbps() -> float:
 def measure(num_params: int, bytes_per_param: int = 4) -> Roofline:
     gflops, gbps = matmul_gflops(), bandwidth_gbps()
     return Roofline(gflops, gbps, gflops * 1e9 / (2 * num_params), gbps * 1e9 / (num_params * bytes_per_param))
+
+
+def best(*probes: Roofline) -> Roofline:
+    """The highest peak and bandwidth of several probes.
+
+    A shared machine's speed drifts by tens of percent over minutes; a probe taken in a slow moment would
+    make every run look closer to the bound than it is, so a run is set against the best probe around it.
+    """
+    return Roofline(*(max(getattr(p, name) for p in probes) for name in Roofline.__dataclass_fields__))

@@ -80,6 +80,7 @@ def main(ns: argparse.Namespace) -> dict:
         requests = [(tok.encode(tok.decode(p)), o) for p, o in requests]
         requests = [(p[: ns.max_model_len - o], o) for p, o in requests]
     results = []
+    probe_before = roofline.measure(checkpoint.config.num_params)
     if ns.backend == "jax_engine" or ns.compare == "hf":
         kwargs = dict(max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs, dtype=ns.dtype,
                       attention_backend=ns.attention_backend)
@@ -96,7 +97,7 @@ def main(ns: argparse.Namespace) -> dict:
         hf_requests = requests[: ns.hf_num_requests or len(requests)]
         for result in run_hf(checkpoint, hf_requests, ns.hf_batch_size, ns.hf_modes):
             results.append(_finished(_rates(result, hf_requests)))
-    bounds = roofline.measure(checkpoint.config.num_params)
+    bounds = roofline.best(probe_before, roofline.measure(checkpoint.config.num_params))
     report = dict(workload=dict(length_mode=ns.length_mode, num_requests=len(requests),
                                 mean_input_len=float(np.mean([len(p) for p, _ in requests])),
                                 mean_output_len=float(np.mean([o for _, o in requests]))),
