@@ -217,6 +217,7 @@ class LLMEngine:
                 request.beam_proposals = list(zip(result[3].tolist(), result[4].tolist()))
             else:
                 self._append_token(request, *result)
+        self.runner.recycled.give(logits)
         for group_id in {s.request.parent_id for s in out.scheduled}:
             group = self._groups[group_id]
             if group.is_beam_search:
@@ -239,8 +240,10 @@ class LLMEngine:
         if rows != list(range(len(rows))):  # forked samples read their parent's logits row
             logits = logits[np.array(rows + [0] * (bucket(len(rows), 8) - len(rows)), np.int32)]
         arrays, flags, num_logprobs = sampler_inputs(requests, logits.shape[0], self.model_config.vocab_size)
-        result = sample(logits, **arrays, flags=flags, num_logprobs=num_logprobs)
+        result, scratch = sample(logits, **arrays, flags=flags, num_logprobs=num_logprobs,
+                                 scratch=self.runner.recycled.take(logits.shape))
         tokens, token_logprobs, ranks, top_ids, top_logprobs = (np.asarray(x) for x in result)
+        self.runner.recycled.give(scratch)
         return [(int(tokens[i]), float(token_logprobs[i]), int(ranks[i]), top_ids[i], top_logprobs[i])
                 for i in range(len(requests))]
 

@@ -87,9 +87,9 @@ def _draw(weights, seeds, positions):
     return block * _CDF_BLOCK + jnp.minimum(offset, _last_positive(inner))
 
 
-@functools.partial(jax.jit, static_argnames=("flags", "num_logprobs"))
+@functools.partial(jax.jit, static_argnames=("flags", "num_logprobs"), donate_argnames=("scratch",))
 def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, prompt_ids, output_ids, presence,
-           frequency, repetition, banned_ids, flags: SamplerFlags, num_logprobs: int):
+           frequency, repetition, banned_ids, flags: SamplerFlags, num_logprobs: int, scratch=None):
     """Sample one token per row.
 
     Args:
@@ -101,12 +101,15 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, prompt_id
         banned_ids: [R, Bn] int32 tokens masked this step (stop tokens before min_tokens), padded with V.
         flags: which stages to compile in.
         num_logprobs: how many top logprobs to return (0 = none).
+        scratch: optional donated [R, V] float32 buffer that the sampling weights are written into instead
+            of a fresh array (see model_runner.RecycledBuffers).
 
     Returns:
-        (tokens [R] int32, their logprobs [R], their ranks [R], top ids [R, n], top logprobs [R, n]);
-        logprobs are of the model's raw distribution, as vLLM reports them, and zeros unless flags.logprobs.
+        ((tokens [R] int32, their logprobs [R], their ranks [R], top ids [R, n], top logprobs [R, n]), the
+        scratch buffer to hand back, or None); logprobs are of the model's raw distribution, as vLLM reports
+        them, and zeros unless flags.logprobs.
     """
-    raw_logits = logits
+    raw_logits, spent = logits, scratch
     rows = logits.shape[0]
     if flags.penalties:
         logits = _apply_penalties(logits, prompt_ids, output_ids, presence, frequency, repetition)
@@ -123,6 +126,8 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, prompt_id
         if flags.min_p:
             weights = jnp.where(weights >= min_p[:, None], weights, 0.0)  # the max weight is exactly 1
         tokens = _draw(weights, seeds, positions).astype(jnp.int32)
+        if scratch is not None:  # XLA then computes the weights straight into the scratch's memory
+            spent = jax.lax.dynamic_update_slice(scratch, weights, (0, 0))
         if flags.any_greedy:
             tokens = jnp.where(temperature > 0, tokens, jnp.argmax(logits, axis=-1).astype(jnp.int32))
     token_logprobs, ranks = jnp.zeros(rows), jnp.zeros(rows, jnp.int32)
@@ -133,7 +138,7 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, prompt_id
         ranks = jnp.sum(raw_logprobs > token_logprobs[:, None], axis=-1) + 1
         if num_logprobs:
             top_logprobs, top_ids = jax.lax.top_k(raw_logprobs, num_logprobs)
-    return tokens, token_logprobs, ranks, top_ids, top_logprobs
+    return (tokens, token_logprobs, ranks, top_ids, top_logprobs), spent
 
 
 def _padded(rows: list[list[int]], fill: int, minimum: int = 1) -> np.ndarray:

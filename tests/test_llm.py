@@ -244,6 +244,17 @@ def test_sequence_rows_are_bucketed_as_finely_as_tokens(make_llm):
     assert engine.kv_cache_manager.device.num_free_blocks == 80
 
 
+def test_decode_steps_reuse_the_memory_of_their_logits(llm):
+    """The logits and the sampler's scratch are written into recycled buffers, not fresh ones every step."""
+    engine = llm.llm_engine
+    engine.add_request("recycled", "The capital of France is", SamplingParams(temperature=1.0, seed=0, max_tokens=6))
+    pointers = []
+    while engine.has_unfinished_requests():
+        engine.step()
+        pointers.append(sorted(b.unsafe_buffer_pointer() for b in engine.runner.recycled.free))
+    assert len(pointers[1]) == 2 and pointers[1:] == [pointers[1]] * (len(pointers) - 1)
+
+
 def test_progress_bar_reports_speeds(llm, capsys):
     llm.generate(PROMPTS, GREEDY, use_tqdm=True)
     err = capsys.readouterr().err

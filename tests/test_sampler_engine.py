@@ -26,7 +26,7 @@ def run(requests: list[Request], logits: np.ndarray, num_rows: int | None = None
     padded = np.zeros((num_rows, logits.shape[1]), np.float32)
     padded[: len(logits)] = logits
     arrays, flags, num_logprobs = sampler_inputs(requests, num_rows, logits.shape[1])
-    result = sample(padded, **arrays, flags=flags, num_logprobs=num_logprobs)
+    result, _ = sample(padded, **arrays, flags=flags, num_logprobs=num_logprobs)
     return [np.asarray(x)[: len(requests)] for x in result]
 
 
