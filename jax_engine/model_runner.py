@@ -2,7 +2,8 @@
 
 Every shape is rounded up to a bucket (powers of two; eighths of a power of two for the token count, and for
 the sequence count on the ragged layout; 1.5 x powers of two for the context length on the padded layout), so
-the number of compilations stays small and a steady state (same buckets) never recompiles. The KV cache is donated to each step and updated in place.
+the number of compilations stays small and a steady state (same buckets) never recompiles. The KV cache is
+donated to each step and updated in place.
 """
 
 import functools
@@ -221,8 +222,8 @@ class ModelRunner:
         started = time.perf_counter()
         token_ids, metadata, logits_indices = jax.device_put((inputs.token_ids, inputs.metadata, inputs.logits_indices))
         buffer = self.recycled.take((len(inputs.logits_indices), self.model.cfg.vocab_size))
-        logits, hidden, self.k_cache, self.v_cache = _forward(self.model, self.k_cache, self.v_cache, buffer, token_ids,
-                                                              metadata, logits_indices, self.attention)
+        logits, hidden, self.k_cache, self.v_cache = _forward(self.model, self.k_cache, self.v_cache, buffer,
+                                                              token_ids, metadata, logits_indices, self.attention)
         if shapes not in self.compiled_shapes:  # first use of these buckets: this call compiled
             logits.block_until_ready()
             self.compiled_shapes.add(shapes)
