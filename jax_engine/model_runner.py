@@ -69,9 +69,7 @@ class RecycledBuffers:
             return self.free.pop()
         return jnp.zeros(shape, jnp.float32)
 
-    def give(self, buffer: jax.Array | None) -> None:
-        if buffer is None:
-            return
+    def give(self, buffer: jax.Array) -> None:
         if buffer.shape != self.shape:
             self.shape, self.free = buffer.shape, []
         if len(self.free) < 2:
