@@ -23,12 +23,19 @@ from jax_engine.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 
+DEAD_MESSAGE = "the engine loop died; the server log has the details"
+
+
 class EngineDeadError(RuntimeError):
     """The engine loop stopped on an error; no request can be served any more."""
 
 
 class QueueFullError(RuntimeError):
     """More requests are waiting than the configured limit; the client should retry later."""
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed inside the engine (finish_reason "error"); the engine and the others go on."""
 
 
 class RequestStream:
@@ -74,6 +81,7 @@ class AsyncLLMEngine:
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
         self.on_output: Callable[[RequestOutput], None] | None = None  # e.g. metrics, called per output
+        self.on_dead: Callable[[], None] | None = None  # e.g. the server shutting down, called once
         self.dead_error: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}
         self._new: dict[str, tuple[Prompt, SamplingParams | BeamSearchParams]] = {}
@@ -117,20 +125,33 @@ class AsyncLLMEngine:
                     params: SamplingParams | BeamSearchParams | None = None) -> RequestStream:
         """Validate and queue a request now (ValueError, QueueFullError, EngineDeadError are raised here,
         before any output), and return the stream of its outputs."""
-        if self.dead_error is not None:
-            raise EngineDeadError(f"the engine loop died: {self.dead_error!r}")
         params = params or SamplingParams()
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        self.check_accepting()
         text, token_ids = self.engine.validate_request(prompt, params)
+        self.start()
+        stream = self._streams[request_id] = RequestStream(request_id, self)
+        salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+        self._new[request_id] = ({"prompt": text, "prompt_token_ids": token_ids, "cache_salt": salt}, params)
+        self._wakeup.set()
+        return stream
+
+    def check_accepting(self) -> None:
+        """Raise EngineDeadError or QueueFullError if a new request would be refused now (cheap: call it
+        before tokenizing)."""
+        if self.dead_error is not None:
+            raise self._dead()
         if self.max_waiting_requests is not None and self.num_waiting_requests() >= self.max_waiting_requests:
             raise QueueFullError(f"{self.num_waiting_requests()} requests are waiting (limit "
                                  f"{self.max_waiting_requests}); retry later")
-        self.start()
-        stream = self._streams[request_id] = RequestStream(request_id, self)
-        self._new[request_id] = ({"prompt": text, "prompt_token_ids": token_ids}, params)
-        self._wakeup.set()
-        return stream
+
+    def _dead(self) -> EngineDeadError:
+        """The error new and in-flight requests get: the cause is chained for Python callers, and its text
+        (which may be anything) stays out of the message that servers pass on to clients."""
+        error = EngineDeadError(DEAD_MESSAGE)
+        error.__cause__ = self.dead_error
+        return error
 
     async def generate(self, prompt: Prompt, sampling_params: SamplingParams | BeamSearchParams | None,
                        request_id: str) -> AsyncIterator[RequestOutput]:
@@ -162,8 +183,10 @@ class AsyncLLMEngine:
             logger.exception("the engine loop died")
             self.dead_error = error
             for stream in self._streams.values():
-                stream.put(EngineDeadError(f"the engine loop died: {error!r}"))
+                stream.put(self._dead())
             self._streams.clear()
+            if self.on_dead is not None:
+                self.on_dead()
 
     def _apply_queued(self) -> None:
         aborts, self._aborts = self._aborts, set()
@@ -174,6 +197,9 @@ class AsyncLLMEngine:
                 self.engine.add_request(request_id, prompt, params)
             except ValueError as error:  # checked at add time; only a race could get here, and it hurts no one
                 self._streams.pop(request_id).put(error)
+            except Exception:  # a fault of this request alone
+                logger.exception("request %s could not be added", request_id)
+                self._streams.pop(request_id).put(RequestFailedError(request_id))
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
@@ -182,6 +208,7 @@ class AsyncLLMEngine:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue  # aborted meanwhile
-            stream.put(output)
+            failed = output.finished and any(c.finish_reason == "error" for c in output.outputs)
+            stream.put(RequestFailedError(output.request_id) if failed else output)
             if output.finished:
                 del self._streams[output.request_id]

@@ -7,15 +7,15 @@ no survivor are freed. Candidates ending in EOS are set aside as completed. At m
 beam_width of completed and live beams, ranked with the length penalty, are returned (vLLM's rules).
 """
 
-import math
 from dataclasses import dataclass, field
 
 from jax_engine.sampling_params import MAX_LOGPROBS
+from reference.request import check, check_bool, check_int, check_real
 
 
 @dataclass(frozen=True)
 class BeamSearchParams:
-    """vLLM's beam search parameters."""
+    """vLLM's beam search parameters (length_penalty in [-10, 10]: length ** penalty stays a float)."""
 
     beam_width: int
     max_tokens: int
@@ -24,14 +24,12 @@ class BeamSearchParams:
     length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.beam_width, int) or not 1 <= self.beam_width <= MAX_LOGPROBS // 2:
-            raise ValueError(f"beam_width must be in [1, {MAX_LOGPROBS // 2}], got {self.beam_width!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens!r}")
-        if not math.isfinite(self.length_penalty):
-            raise ValueError(f"length_penalty must be finite, got {self.length_penalty!r}")
-        if self.temperature != 0:
-            raise ValueError(f"temperature must be 0 for beam search (scores are log-probabilities), got {self.temperature!r}")
+        object.__setattr__(self, "beam_width", check_int(self.beam_width, "beam_width", 1, MAX_LOGPROBS // 2))
+        object.__setattr__(self, "max_tokens", check_int(self.max_tokens, "max_tokens", 1))
+        object.__setattr__(self, "ignore_eos", check_bool(self.ignore_eos, "ignore_eos"))
+        object.__setattr__(self, "length_penalty", check_real(self.length_penalty, "length_penalty", -10, 10))
+        check(self.temperature == 0, "temperature", "0 for beam search (scores are log-probabilities)",
+              self.temperature)
 
 
 @dataclass

@@ -7,8 +7,10 @@
         process outputs   -> forks, beams, logprobs, detokenize, stop checks, free finished sequences
 """
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,7 +31,7 @@ from jax_engine.request import Request
 from jax_engine.sampler import sample, sampler_inputs
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence_group import SequenceGroup
-from reference.request import RequestStatus
+from reference.request import RequestStatus, check, is_int, is_unicode
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,13 @@ class StepTrace:
     cache_misses: list[tuple[str, str]]  # (sequence id, why its prompt was not (fully) found in the cache)
     copies: list[tuple[int, int]]  # copy-on-write block copies (src, dst)
     num_free_blocks: int
+
+
+def _cache_salt(prompt: Prompt) -> str | None:
+    """vLLM's `cache_salt` prompt field: prefix-cache hits only between prompts with the same salt."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    check(salt is None or (isinstance(salt, str) and salt != ""), "cache_salt", "a non-empty string or None", salt)
+    return salt
 
 
 class LLMEngine:
@@ -103,8 +112,9 @@ class LLMEngine:
                 return prompt.get("prompt"), self._prompt_token_ids(prompt["prompt_token_ids"])[1]
             prompt = prompt.get("prompt")
         if isinstance(prompt, str):
+            check(is_unicode(prompt), "prompt", "valid Unicode (no lone surrogates)", prompt)
             return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, (int, np.integer)) for t in prompt):
+        if isinstance(prompt, (list, tuple)) and all(is_int(t) for t in prompt):
             return None, [int(t) for t in prompt]
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
 
@@ -119,6 +129,7 @@ class LLMEngine:
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids = self.validate_request(prompt, params)
+        cache_salt = _cache_salt(prompt)
         room = self.scheduler_config.max_model_len - len(token_ids)
         group = SequenceGroup(request_id, text, token_ids, params)
         metrics = RequestMetrics(arrival_time or time.time())
@@ -132,6 +143,8 @@ class LLMEngine:
         first = group.seqs[0]
         if getattr(params, "prompt_logprobs", None) is not None:  # every prompt position must be scored
             self.kv_cache_manager.uncached.add(first.request_id)
+        if cache_salt is not None:
+            self.kv_cache_manager.cache_salts[first.request_id] = cache_salt
         self.scheduler.add_request(first)
         self._groups[request_id] = group
         self._arrivals += 1
@@ -152,6 +165,7 @@ class LLMEngine:
 
         Reads only the tokenizer and the configuration, so a server may call it while a step runs.
         """
+        _cache_salt(prompt)
         text, token_ids = self._prompt_token_ids(prompt)
         if not token_ids:
             raise ValueError("prompt must not be empty")
@@ -167,7 +181,21 @@ class LLMEngine:
         if params.max_tokens is not None and params.max_tokens > room:  # the message names the field to lower
             raise ValueError(f"max_tokens ({params.max_tokens}) + prompt ({len(token_ids)} tokens) exceeds "
                              f"max_model_len={limit}")
+        self._check_params_fit(params, room)
         return text, token_ids
+
+    def _check_params_fit(self, params: SamplingParams | BeamSearchParams, room: int) -> None:
+        """The limits that depend on this engine: vocabulary, batch size, room left for output."""
+        vocab, max_seqs = self.model_config.vocab_size, self.scheduler_config.max_num_seqs
+        if isinstance(params, BeamSearchParams):
+            check(params.beam_width <= max_seqs, "beam_width", f"<= max_num_seqs ({max_seqs})", params.beam_width)
+            return
+        check(params.n <= max_seqs, "n", f"<= max_num_seqs ({max_seqs})", params.n)
+        check(params.top_k <= vocab, "top_k", f"-1, 0 (disabled) or at most vocab_size ({vocab})", params.top_k)
+        check(all(t < vocab for t in params.stop_token_ids), "stop_token_ids",
+              f"token ids below vocab_size ({vocab})", params.stop_token_ids)
+        check(params.min_tokens <= room, "min_tokens", f"<= the room left under max_model_len ({room} tokens)",
+              params.min_tokens)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         """Stop requests wherever they are and free their blocks; unknown ids are ignored."""
@@ -212,16 +240,20 @@ class LLMEngine:
         self._advance(out)
         self._score_prompts(out, inputs.row_of, hidden)
         requests, rows = self._fork_parallel_samples(inputs.sampling_requests)
-        for request, result in zip(requests, self._sample(logits, requests, rows)):
-            if self._groups[request.parent_id].is_beam_search:
-                request.beam_proposals = list(zip(result[3].tolist(), result[4].tolist()))
-            else:
-                self._append_token(request, *result)
+        for request, result in self._sample(logits, requests, rows):
+            if request.status.is_finished:  # its request failed earlier in this step
+                continue
+            with self._failing_alone(request):
+                if self._groups[request.parent_id].is_beam_search:
+                    request.beam_proposals = list(zip(result[3].tolist(), result[4].tolist()))
+                else:
+                    self._append_token(request, *result)
         self.runner.recycled.give(logits)
         for group_id in {s.request.parent_id for s in out.scheduled}:
             group = self._groups[group_id]
-            if group.is_beam_search:
-                self._advance_beams(group)
+            if group.is_beam_search and not group.finished:
+                with self._failing_alone(group.seqs[0]):
+                    self._advance_beams(group)
             outputs.append(self._request_output(group))
             if group.finished:
                 del self._groups[group_id]
@@ -234,24 +266,59 @@ class LLMEngine:
             self.kv_cache_manager.cache_full_blocks(request.request_id, request.all_token_ids,
                                                     request.num_computed_tokens)
 
-    def _sample(self, logits, requests: list[Request], rows: list[int]) -> list[tuple]:
-        if not requests:
+    # ------------------------------------------------------------------------ fault isolation
+    @contextlib.contextmanager
+    def _failing_alone(self, seq: Request) -> Iterator[None]:
+        """Host work for one sequence: if it raises, its request fails alone and the step goes on.
+
+        The request finishes with finish_reason "error" and its blocks are freed; the traceback goes to the
+        log. A fault of the step itself (scheduling, the model, the sampler's device call) still raises.
+        """
+        try:
+            yield
+        except Exception:
+            logger.exception("request %s failed; it ends with finish_reason 'error', the others go on",
+                             seq.parent_id)
+            for failed in self._groups[seq.parent_id].live_seqs:
+                self.scheduler.finish(failed, RequestStatus.FINISHED_ERROR)
+
+    def _sample(self, logits, requests: list[Request], rows: list[int]) -> list[tuple[Request, tuple]]:
+        """(sequence, sampled token and logprobs) for every sequence whose sampling row could be packed."""
+        try:
+            batch = self._sampling_batch(logits, requests, rows)
+        except Exception:  # some sequence's values do not pack into the sampler's arrays: it fails alone
+            packable = []
+            for request, row in zip(requests, rows):
+                with self._failing_alone(request):
+                    sampler_inputs([request], 1, self.model_config.vocab_size)
+                    packable.append((request, row))
+            packable = [(r, row) for r, row in packable if not r.status.is_finished]
+            requests, rows = [r for r, _ in packable], [row for _, row in packable]
+            batch = self._sampling_batch(logits, requests, rows)
+        if batch is None:
             return []
-        if rows != list(range(len(rows))):  # forked samples read their parent's logits row
-            logits = logits[np.array(rows + [0] * (bucket(len(rows), 8) - len(rows)), np.int32)]
-        arrays, flags, num_logprobs = sampler_inputs(requests, logits.shape[0], self.model_config.vocab_size)
+        logits, arrays, flags, num_logprobs = batch
         result, scratch = sample(logits, **arrays, flags=flags, num_logprobs=num_logprobs,
                                  scratch=self.runner.recycled.take(logits.shape))
         tokens, token_logprobs, ranks, top_ids, top_logprobs = (np.asarray(x) for x in result)
         self.runner.recycled.give(scratch)
-        return [(int(tokens[i]), float(token_logprobs[i]), int(ranks[i]), top_ids[i], top_logprobs[i])
-                for i in range(len(requests))]
+        return [(r, (int(tokens[i]), float(token_logprobs[i]), int(ranks[i]), top_ids[i], top_logprobs[i]))
+                for i, r in enumerate(requests)]
+
+    def _sampling_batch(self, logits, requests: list[Request], rows: list[int]) -> tuple | None:
+        if not requests:
+            return None
+        if rows != list(range(len(rows))):  # forked samples read their parent's logits row
+            logits = logits[np.array(rows + [0] * (bucket(len(rows), 8) - len(rows)), np.int32)]
+        return logits, *sampler_inputs(requests, logits.shape[0], self.model_config.vocab_size)
 
     # ---------------------------------------------------------------------------- sharing
     def _fork_parallel_samples(self, requests: list[Request]) -> tuple[list[Request], list[int]]:
         """Fork waiting parallel samples off a sequence whose prompt just finished; they share its logits row."""
         expanded, rows = [], []
         for row, request in enumerate(requests):
+            if request.status.is_finished:  # failed while its prompt was scored
+                continue
             expanded.append(request)
             rows.append(row)
             group = self._groups[request.parent_id]
@@ -320,8 +387,10 @@ class LLMEngine:
         num_top = max(r.sampling_params.prompt_logprobs for r in owners)
         logprob, rank, top_ids, top_logprobs = self.runner.token_logprobs(hidden, rows, targets, num_top)
         for i, (r, target) in enumerate(zip(owners, targets)):
-            r.prompt_logprobs.append(self._logprob_entry(target, logprob[i], rank[i], top_ids[i], top_logprobs[i],
-                                                         r.sampling_params.prompt_logprobs))
+            if not r.status.is_finished:
+                with self._failing_alone(r):
+                    r.prompt_logprobs.append(self._logprob_entry(target, logprob[i], rank[i], top_ids[i],
+                                                                 top_logprobs[i], r.sampling_params.prompt_logprobs))
 
     def _logprob_entry(self, token: int, logprob: float, rank: int, top_ids, top_logprobs, k: int) -> dict:
         """vLLM's per-position logprobs: the chosen token, then the top k (ranks 1..k)."""

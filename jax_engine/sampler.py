@@ -52,7 +52,8 @@ def _top_k_top_p_mask(logits, top_k, top_p):
     ordered = jnp.where(ordered >= kth, ordered, _NEG_INF)
     probs = jax.nn.softmax(ordered, axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs  # of strictly more likely tokens
-    keep = mass_before < top_p[:, None]
+    # The most likely token always stays, even for a top_p that float32 rounds to 0.
+    keep = (mass_before < top_p[:, None]) | (jnp.arange(vocab) == 0)
     threshold = jnp.min(jnp.where(keep, ordered, jnp.inf), axis=-1, keepdims=True)
     return jnp.where(logits >= jnp.maximum(threshold, kth), logits, _NEG_INF)
 

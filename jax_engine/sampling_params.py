@@ -1,16 +1,23 @@
 """vLLM's SamplingParams: the reference's sampling fields plus the rest of vLLM's API."""
 
-import math
 from dataclasses import dataclass, field
 
 from reference.request import SamplingParams as _ReferenceSamplingParams
+from reference.request import check, check_bool, check_int, check_real
 
 MAX_LOGPROBS = 20
+# Stop strings are searched for after every token of every sequence: bound the work one request can ask for.
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_LENGTH = 1024
 
 
-def _check(ok: bool, name: str, limit: str, value) -> None:
-    if not ok:
-        raise ValueError(f"{name} must be {limit}, got {value!r}")
+def _stop_strings(stop) -> tuple[str, ...]:
+    stop = [stop] if isinstance(stop, str) else stop
+    check(isinstance(stop, (list, tuple)) and len(stop) <= MAX_STOP_STRINGS
+          and all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_LENGTH for s in stop), "stop",
+          f"a string or a list of at most {MAX_STOP_STRINGS} non-empty strings of at most "
+          f"{MAX_STOP_STRING_LENGTH} characters", stop)
+    return tuple(stop)
 
 
 @dataclass(frozen=True)
@@ -20,21 +27,23 @@ class SamplingParams(_ReferenceSamplingParams):
     Validated on construction: a bad value raises ValueError naming the field and its limit.
 
     Args:
-        n: number of completions per prompt.
+        n: number of completions per prompt (the engine allows at most max_num_seqs).
         temperature: 0 is greedy; higher flattens the distribution.
         top_p: keep the smallest set of tokens whose probability reaches top_p.
-        top_k: keep the k most likely tokens (0 or -1: all).
+        top_k: keep the k most likely tokens (0 or -1: all; the engine allows at most the vocabulary size).
         min_p: keep tokens at least min_p times as likely as the most likely one.
         presence_penalty: subtracted from the logits of tokens already generated.
         frequency_penalty: subtracted once per earlier occurrence in the output.
-        repetition_penalty: divides positive (multiplies negative) logits of tokens in prompt or output.
-        seed: per-request seed; the token at position p depends only on (seed, p).
-        stop: strings that end generation (not included in the text unless include_stop_str_in_output).
-        stop_token_ids: tokens that end generation (included in token_ids).
+        repetition_penalty: divides positive (multiplies negative) logits of tokens in prompt or output;
+            in [0.01, 100].
+        seed: per-request seed (64 bits, signed or not); the token at position p depends only on (seed, p).
+        stop: strings that end generation (not included in the text unless include_stop_str_in_output);
+            at most MAX_STOP_STRINGS of at most MAX_STOP_STRING_LENGTH characters.
+        stop_token_ids: tokens that end generation (included in token_ids); at most 256.
         ignore_eos: keep generating after the end-of-sequence token.
         max_tokens: most tokens to generate; None means until max_model_len.
-        min_tokens: stop tokens are suppressed until this many tokens were generated.
-        logprobs: return this many top log-probabilities per generated token (plus the sampled one).
+        min_tokens: stop tokens are suppressed until this many tokens were generated (<= max_tokens).
+        logprobs: return this many top log-probabilities per generated token (plus the sampled one), <= 20.
         prompt_logprobs: the same for every prompt token.
         skip_special_tokens: leave special tokens out of the text.
         include_stop_str_in_output: keep the matched stop string in the text.
@@ -53,25 +62,20 @@ class SamplingParams(_ReferenceSamplingParams):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        object.__setattr__(self, "stop", stop)
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids or ()))
-        _check(isinstance(self.n, int) and self.n >= 1, "n", ">= 1", self.n)
+        self._set("stop", _stop_strings(self.stop if self.stop is not None else ()))
+        self._set("n", check_int(self.n, "n", 1))
         for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            _check(isinstance(value, (int, float)) and -2 <= value <= 2, name, "in [-2, 2]", value)
-        r = self.repetition_penalty
-        _check(isinstance(r, (int, float)) and math.isfinite(r) and r > 0, "repetition_penalty", "a finite number > 0", r)
-        _check(all(isinstance(s, str) and s for s in stop), "stop", "a list of non-empty strings", self.stop)
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-               "a list of token ids >= 0", self.stop_token_ids)
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0, "min_tokens", ">= 0", self.min_tokens)
+            self._set(name, check_real(getattr(self, name), name, -2, 2))
+        # Outside [0.01, 100], float32 logits divided or multiplied by the penalty overflow or vanish.
+        self._set("repetition_penalty", check_real(self.repetition_penalty, "repetition_penalty", 0.01, 100))
+        self._set("min_tokens", check_int(self.min_tokens, "min_tokens", 0))
         if self.max_tokens is not None:
-            _check(self.min_tokens <= self.max_tokens, "min_tokens", f"<= max_tokens ({self.max_tokens})", self.min_tokens)
+            check(self.min_tokens <= self.max_tokens, "min_tokens", f"<= max_tokens ({self.max_tokens})",
+                  self.min_tokens)
         for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            _check(value is None or (isinstance(value, int) and 0 <= value <= MAX_LOGPROBS), name,
-                   f"None or in [0, {MAX_LOGPROBS}]", value)
+            self._set(name, check_int(getattr(self, name), name, 0, MAX_LOGPROBS, optional=True))
+        for name in ("skip_special_tokens", "include_stop_str_in_output"):
+            self._set(name, check_bool(getattr(self, name), name))
 
     @property
     def uses_penalties(self) -> bool:

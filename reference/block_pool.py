@@ -33,6 +33,17 @@ def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -
     return BlockHash(digest.digest())
 
 
+def salt_hash(cache_salt: str | None) -> BlockHash | None:
+    """The parent hash of a salted request's first block (None without a salt).
+
+    A salt starts the chain from its own root, so blocks of different salts never share a hash: tenants
+    who do not share a salt cannot hit, or time, each other's cached prefixes (vLLM's `cache_salt`).
+    """
+    if cache_salt is None:
+        return None
+    return BlockHash(hashlib.sha256(b"cache_salt:" + cache_salt.encode("utf-8", "surrogatepass")).digest())
+
+
 @dataclass
 class Block:
     """One physical block. `block_hash` is set only while the block is in the prefix cache."""

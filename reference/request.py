@@ -4,6 +4,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 class RequestStatus(enum.Enum):
     WAITING = enum.auto()  # queued; holds no blocks
@@ -12,6 +14,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = enum.auto()  # sampled a stop token
     FINISHED_LENGTH = enum.auto()  # reached max_tokens
     FINISHED_ABORTED = enum.auto()  # aborted by the user
+    FINISHED_ERROR = enum.auto()  # failed on its own (the engine's per-request fault isolation)
 
     @property
     def is_finished(self) -> bool:
@@ -19,22 +22,87 @@ class RequestStatus(enum.Enum):
 
     @property
     def finish_reason(self) -> str | None:
-        """vLLM's `finish_reason` string: "stop", "length" or "abort"."""
-        reasons = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH": "length", "FINISHED_ABORTED": "abort"}
+        """vLLM's `finish_reason` string: "stop", "length", "abort" or "error"."""
+        reasons = {"FINISHED_STOPPED": "stop", "FINISHED_LENGTH": "length", "FINISHED_ABORTED": "abort",
+                   "FINISHED_ERROR": "error"}
         return reasons.get(self.name)
 
 
-def _check(ok: bool, name: str, limit: str, value) -> None:
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+# vLLM's rule: a positive temperature below this is raised to it (logits / 1e-5 overflow float32).
+MIN_TEMPERATURE = 0.01
+# What a sampler packs into int32 arrays; token ids must also be below the model's vocabulary size.
+INT32_MAX = 2**31 - 1
+MAX_STOP_TOKEN_IDS = 256
+
+
+def _shown(value) -> str:
+    """The value as an error message shows it: a 10 MB string or a 400-digit number is cut short."""
+    if isinstance(value, int) and value.bit_length() > 256:  # repr() refuses over 4300 digits
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
+
+
+def check(ok: bool, name: str, limit: str, value) -> None:
+    """Raise a ValueError naming the field, its limit and the value given, unless `ok`."""
     if not ok:
-        raise ValueError(f"{name} must be {limit}, got {value!r}")
+        raise ValueError(f"{name} must be {limit}, got {_shown(value)}")
+
+
+def is_int(value) -> bool:
+    """An integer, strictly: True and 1.0 are not (no bool-to-id or float-to-count coercion)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def is_unicode(text: str) -> bool:
+    """Text that UTF-8 can encode: JSON and Python strings can hold lone surrogates ("\\ud800"), which no
+    tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_int(value, name: str, low: int, high: int | None = None, optional: bool = False) -> int | None:
+    """`value` as a Python int in [low, high] (or None if `optional`), or a ValueError naming the field."""
+    if optional and value is None:
+        return None
+    limit = f"an integer in [{low}, {high}]" if high is not None else f"an integer >= {low}"
+    check(is_int(value) and low <= value and (high is None or value <= high), name,
+          limit + (" or None" if optional else ""), value)
+    return int(value)
+
+
+def check_real(value, name: str, low: float, high: float, low_open: bool = False) -> float:
+    """`value` as a finite Python float in [low, high] ((low, high] if low_open), or a ValueError."""
+    finite = is_int(value) or (isinstance(value, (float, np.floating)) and math.isfinite(value))
+    in_range = finite and (low < value if low_open else low <= value) and value <= high
+    check(in_range, name, f"a number in {'(' if low_open else '['}{low:g}, {high:g}]", value)
+    return float(value)
+
+
+def check_bool(value, name: str) -> bool:
+    check(isinstance(value, (bool, np.bool_)), name, "true or false", value)
+    return bool(value)
+
+
+def token_id_tuple(value, name: str, max_len: int) -> tuple[int, ...]:
+    """A list of token ids (ints >= 0, at most max_len of them) as a tuple."""
+    check(isinstance(value, (list, tuple)) and len(value) <= max_len, name,
+          f"a list of at most {max_len} token ids", value)
+    return tuple(check_int(t, name, 0, INT32_MAX) for t in value)
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token. Defaults follow vLLM (temperature 1, max_tokens 16).
 
-    max_tokens None means "until max_model_len". temperature 0 means greedy. top_k 0 or -1, top_p 1 and min_p 0 disable those filters. With a `seed`,
-    the token at position p is drawn from a random stream that depends only on (seed, p).
+    max_tokens None means "until max_model_len". temperature 0 means greedy; a positive temperature below
+    0.01 is raised to 0.01, as vLLM does. top_k 0 or -1, top_p 1 and min_p 0 disable those filters. With a
+    `seed`, the token at position p is drawn from a random stream that depends only on (seed, p).
+    Every field is checked on construction: a ValueError names the field and its limit.
     """
 
     temperature: float = 1.0
@@ -47,15 +115,22 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self) -> None:
-        t = self.temperature
-        _check(isinstance(t, (int, float)) and math.isfinite(t) and t >= 0, "temperature", "a finite number >= 0", t)
-        _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, "top_p", "in (0, 1]", self.top_p)
-        _check(isinstance(self.top_k, int) and self.top_k >= -1, "top_k", "-1, 0 (disabled) or >= 1", self.top_k)
-        _check(isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1, "min_p", "in [0, 1]", self.min_p)
-        m = self.max_tokens
-        _check(m is None or (isinstance(m, int) and m >= 1), "max_tokens", ">= 1 or None", m)
-        _check(self.seed is None or isinstance(self.seed, int), "seed", "an int or None", self.seed)
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        temperature = check_real(self.temperature, "temperature", 0, FLOAT32_MAX)
+        self._set("temperature", max(temperature, MIN_TEMPERATURE) if temperature > 0 else 0.0)
+        self._set("top_p", check_real(self.top_p, "top_p", 0, 1, low_open=True))
+        self._set("top_k", check_int(self.top_k, "top_k", -1, INT32_MAX))
+        self._set("min_p", check_real(self.min_p, "min_p", 0, 1))
+        self._set("max_tokens", check_int(self.max_tokens, "max_tokens", 1, optional=True))
+        if self.seed is not None:
+            check(is_int(self.seed) and -(2**63) <= self.seed < 2**64, "seed", "a 64-bit integer or None", self.seed)
+            self._set("seed", int(self.seed))
+        stop_token_ids = self.stop_token_ids if self.stop_token_ids is not None else ()
+        self._set("stop_token_ids", token_id_tuple(stop_token_ids, "stop_token_ids", MAX_STOP_TOKEN_IDS))
+        self._set("ignore_eos", check_bool(self.ignore_eos, "ignore_eos"))
+
+    def _set(self, name: str, value) -> None:
+        """Store a checked field in its normal form (a frozen dataclass has no plain setattr)."""
+        object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:

@@ -44,6 +44,6 @@ def sample(logits: np.ndarray, params: SamplingParams, position: int, rng: np.ra
     if params.greedy:
         return int(np.argmax(logits))  # ties go to the lowest token id
     if params.seed is not None:
-        rng = np.random.default_rng([params.seed, position])
+        rng = np.random.default_rng([params.seed % 2**64, position])  # seeds may be negative
     probs = filtered_probs(logits, params)
     return int(rng.choice(len(probs), p=probs))

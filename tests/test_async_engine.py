@@ -97,9 +97,11 @@ def test_a_dead_engine_loop_fails_every_request_and_refuses_new_ones(tiny_checkp
             raise RuntimeError("simulated device failure")
 
         engine.engine.runner.execute = broken_device
-        with pytest.raises(EngineDeadError, match="simulated device failure"):
+        with pytest.raises(EngineDeadError, match="the server log has the details") as died:
             async for _ in engine.generate(PROMPTS[0], SamplingParams(max_tokens=4), "a"):
                 pass
+        assert "simulated device failure" not in str(died.value)  # servers pass the message on to clients
+        assert str(died.value.__cause__) == "simulated device failure"  # Python callers still see the cause
         assert not engine.is_running
         with pytest.raises(EngineDeadError):
             engine.add_request("b", PROMPTS[0])

@@ -166,15 +166,15 @@ def test_bad_input_is_a_clear_value_error(llm):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
-    (dict(top_p=0), r"top_p must be in \(0, 1\]"),
-    (dict(n=0), "n must be >= 1"),
-    (dict(logprobs=21), r"logprobs must be None or in \[0, 20\]"),
-    (dict(prompt_logprobs=-1), r"prompt_logprobs must be None or in \[0, 20\]"),
-    (dict(presence_penalty=3), r"presence_penalty must be in \[-2, 2\]"),
-    (dict(repetition_penalty=0), "repetition_penalty must be a finite number > 0"),
+    (dict(temperature=float("nan")), r"temperature must be a number in \[0, 3.40282e\+38\], got nan"),
+    (dict(top_p=0), r"top_p must be a number in \(0, 1\]"),
+    (dict(n=0), "n must be an integer >= 1"),
+    (dict(logprobs=21), r"logprobs must be an integer in \[0, 20\] or None"),
+    (dict(prompt_logprobs=-1), r"prompt_logprobs must be an integer in \[0, 20\] or None"),
+    (dict(presence_penalty=3), r"presence_penalty must be a number in \[-2, 2\]"),
+    (dict(repetition_penalty=0), r"repetition_penalty must be a number in \[0.01, 100\]"),
     (dict(min_tokens=5, max_tokens=4), r"min_tokens must be <= max_tokens \(4\)"),
-    (dict(stop=[""]), "stop must be a list of non-empty strings"),
+    (dict(stop=[""]), "stop must be a string or a list of at most 64 non-empty strings"),
 ])
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -92,6 +92,27 @@ def test_a_shared_system_prompt_skips_prefill_work(make_llm):
     assert ("2", "prefix shorter than one block") in trace[-len(short.outputs[0].token_ids)].cache_misses
 
 
+def test_a_cache_salt_keeps_prefix_hits_among_requests_with_the_same_salt(make_llm):
+    """vLLM's cache_salt: a tenant's cached blocks can be neither hit nor timed by another tenant."""
+    llm = make_llm(num_gpu_blocks_override=64, **BASE)
+
+    def generate(prompt: str, salt: str | None, params=PARAMS[0]):
+        [output] = llm.generate({"prompt": prompt, "cache_salt": salt}, params, use_tqdm=False)
+        return output
+
+    first = generate(PROMPTS[0], "tenant-a")
+    assert first.num_cached_tokens == 0
+    assert generate(PROMPTS[1], "tenant-b").num_cached_tokens == 0  # the same system prompt, another salt
+    unsalted = generate(PROMPTS[1], None)
+    assert unsalted.num_cached_tokens == 0
+    same_salt = generate(PROMPTS[1], "tenant-a")
+    assert same_salt.num_cached_tokens == 16  # one full block of the shared system prompt
+    assert same_salt.outputs[0].token_ids == unsalted.outputs[0].token_ids  # a salt never changes the output
+    forked = generate(PROMPTS[1], "tenant-b", SamplingParams(n=2, temperature=1.0, seed=1, max_tokens=4))
+    assert forked.num_cached_tokens == 32  # tenant b's earlier run of this prompt cached both its full blocks
+    assert_no_leak(llm)
+
+
 def test_chunked_prefill_mixes_chunks_with_decodes(make_llm):
     llm = make_llm(num_gpu_blocks_override=64, max_num_batched_tokens=8, **BASE)
     engine = llm.llm_engine

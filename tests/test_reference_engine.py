@@ -101,14 +101,14 @@ def test_stop_token_ids_and_max_tokens(tiny_checkpoint):
 
 
 @pytest.mark.parametrize("field, value, limit", [
-    ("temperature", math.nan, "a finite number >= 0"),
-    ("temperature", math.inf, "a finite number >= 0"),
-    ("temperature", -0.5, "a finite number >= 0"),
-    ("top_p", 0.0, r"in \(0, 1\]"),
-    ("top_p", 1.5, r"in \(0, 1\]"),
-    ("top_k", -2, "-1, 0"),
-    ("min_p", 2.0, r"in \[0, 1\]"),
-    ("max_tokens", 0, ">= 1 or None"),
+    ("temperature", math.nan, r"a number in \[0, 3.40282e\+38\]"),
+    ("temperature", math.inf, r"a number in \[0, 3.40282e\+38\]"),
+    ("temperature", -0.5, r"a number in \[0, 3.40282e\+38\]"),
+    ("top_p", 0.0, r"a number in \(0, 1\]"),
+    ("top_p", 1.5, r"a number in \(0, 1\]"),
+    ("top_k", -2, r"an integer in \[-1, 2147483647\]"),
+    ("min_p", 2.0, r"a number in \[0, 1\]"),
+    ("max_tokens", 0, "an integer >= 1 or None"),
 ])
 def test_bad_sampling_params_name_the_field_and_limit(field, value, limit):
     with pytest.raises(ValueError, match=f"{field} must be {limit}"):

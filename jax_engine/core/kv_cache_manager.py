@@ -7,7 +7,7 @@ block hashes are computed once per full block and remembered per request, and ta
 from collections.abc import Sequence
 
 from jax_engine.core.block_pool import BlockPool
-from reference.block_pool import BlockHash, hash_block_tokens
+from reference.block_pool import BlockHash, hash_block_tokens, salt_hash
 
 
 def cdiv(a: int, b: int) -> int:
@@ -27,6 +27,7 @@ class KVCacheManager:
         self.block_hashes: dict[str, list[BlockHash]] = {}  # chained hashes of the full blocks so far
         self.swapped_out: set[str] = set()
         self.uncached: set[str] = set()  # requests that must compute every token (prompt logprobs)
+        self.cache_salts: dict[str, str] = {}  # requests that share cached blocks only with the same salt
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
@@ -42,7 +43,8 @@ class KVCacheManager:
         hashes = self.block_hashes.setdefault(seq_id, [])
         bs = self.block_size
         for i in range(len(hashes), num_blocks):
-            hashes.append(hash_block_tokens(hashes[-1] if hashes else None, token_ids[i * bs : (i + 1) * bs]))
+            parent = hashes[-1] if hashes else salt_hash(self.cache_salts.get(seq_id))
+            hashes.append(hash_block_tokens(parent, token_ids[i * bs : (i + 1) * bs]))
         return hashes[:num_blocks]
 
     def find_cached_prefix(self, seq_id: str, token_ids: Sequence[int]) -> list[int]:
@@ -123,6 +125,8 @@ class KVCacheManager:
             self.device.share(block)
         self.block_tables[child_id] = list(self.block_tables[parent_id])
         self.block_hashes[child_id] = list(self.block_hashes.get(parent_id, []))
+        if parent_id in self.cache_salts:
+            self.cache_salts[child_id] = self.cache_salts[parent_id]
 
     def free(self, seq_id: str) -> None:
         """Release blocks tail first, so a request's tail is evicted before its prefix."""
@@ -135,6 +139,7 @@ class KVCacheManager:
         """Drop what is remembered about a finished request."""
         self.block_hashes.pop(seq_id, None)
         self.uncached.discard(seq_id)
+        self.cache_salts.pop(seq_id, None)
 
     # --------------------------------------------------------------------------------- swapping
     def _distinct_blocks(self, seq_ids: Sequence[str]) -> set[int]:
