@@ -32,11 +32,12 @@ def wait_until_healthy(url: str, timeout: float, process: subprocess.Popen | Non
     raise TimeoutError(f"{url} did not become healthy in {timeout} s")
 
 
-def start_server_process(*args: str, log_path: str) -> tuple[subprocess.Popen, str]:
+def start_server_process(*args: str, log_path: str,
+                         command: tuple[str, ...] = ("-m", "jax_engine", "serve")) -> tuple[subprocess.Popen, str]:
     """`python -m jax_engine serve ARGS` on a free port; returns (process, base url) once /health answers."""
     port = free_port()
     log = open(log_path, "w")
-    process = subprocess.Popen([sys.executable, "-m", "jax_engine", "serve", "--port", str(port), *args],
+    process = subprocess.Popen([sys.executable, *command, "--port", str(port), *args],
                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
@@ -57,14 +58,14 @@ def stop_server_process(process: subprocess.Popen) -> None:
 
 
 class ThreadedServer:
-    """uvicorn serving `app` from a background thread of the test process."""
+    """The server `jax-engine serve` runs (uvicorn with the same settings), from a thread of the test process."""
 
-    def __init__(self, app) -> None:
-        import uvicorn
+    def __init__(self, engine, config) -> None:
+        from jax_engine.server.serve import make_server
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = make_server(engine, config, "127.0.0.1", self.port, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "ThreadedServer":

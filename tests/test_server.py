@@ -206,7 +206,7 @@ def test_tokenize_detokenize_and_the_demo_endpoint(server):
     assert pieces[-1]["text"] == text and text[0].startswith(PROMPT) and len(pieces) == 6
     _assert_openai_error(httpx.post(f"{server}/generate", json={**body, "temperature": -1}, headers=AUTH), 400,
                          "temperature")
-    _assert_openai_error(httpx.post(f"{server}/generate", json={**body, "bogus": 1}, headers=AUTH), 400, None)
+    _assert_openai_error(httpx.post(f"{server}/generate", json={**body, "bogus": 1}, headers=AUTH), 400, "bogus")
 
 
 def test_metrics_count_what_was_served(server):

@@ -6,7 +6,9 @@ stand-in for a bigger model) or break its device; the SIGTERM test runs `jax-eng
 
 import contextlib
 import json
+import re
 import signal
+import threading
 import time
 
 import httpx
@@ -18,7 +20,6 @@ from schemathesis.checks import not_a_server_error
 
 from jax_engine import EngineArgs, LLMEngine
 from jax_engine.async_llm_engine import AsyncLLMEngine
-from jax_engine.server.app import build_app
 from jax_engine.server.state import ServerConfig
 from tests.server_helpers import ThreadedServer, metric, start_server_process, wait_for
 
@@ -38,8 +39,7 @@ def tiny_server(checkpoint, step_delay: float = 0.0, max_waiting_requests: int =
             return execute(inputs)
 
         engine.engine.runner.execute = slow_execute
-    app = build_app(engine, ServerConfig("tiny", max_n=4, max_waiting_requests=max_waiting_requests))
-    with ThreadedServer(app) as server:
+    with ThreadedServer(engine, ServerConfig("tiny", max_n=4, max_waiting_requests=max_waiting_requests)) as server:
         yield server.url, engine
 
 
@@ -63,17 +63,24 @@ def test_a_full_queue_answers_503_at_once(tiny_checkpoint):
                 next(_data_lines(running))  # the first request is running
                 with b.stream("POST", "/v1/completions", json=LONG):
                     wait_for(lambda: metric(url, "vllm:num_requests_waiting") == 1, 10, "a waiting request")
-                    started = time.monotonic()
-                    refused = httpx.post(f"{url}/v1/completions", json={**LONG, "stream": False}, timeout=60)
-                    assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
-                    assert time.monotonic() - started < 2
+                    for path, body in (("/v1/completions", {**LONG, "stream": False}),
+                                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+                        started = time.monotonic()
+                        refused = httpx.post(f"{url}{path}", json=body, timeout=60)
+                        elapsed = time.monotonic() - started
+                        assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
+                        assert refused.headers["retry-after"] == "1"
+                        print(f"503 after {elapsed * 1000:.0f} ms")
+                        assert elapsed < 0.5
         wait_for(lambda: metric(url, "vllm:num_free_kv_blocks") == ARGS["num_gpu_blocks_override"], 10,
                  "the abandoned requests' blocks")
 
 
-def test_a_dead_engine_fails_in_flight_requests_and_health(tiny_checkpoint):
-    with tiny_server(tiny_checkpoint, step_delay=0.02) as (url, engine):
-        assert httpx.get(f"{url}/health").status_code == 200
+def test_a_dead_engine_fails_in_flight_requests_then_the_server_shuts_down(tiny_checkpoint):
+    engine = AsyncLLMEngine(LLMEngine(EngineArgs(**ARGS), checkpoint=tiny_checkpoint))
+    with ThreadedServer(engine, ServerConfig("tiny")) as server:
+        url, release, shut_down = server.url, threading.Event(), engine.on_dead
+        engine.on_dead = lambda: threading.Thread(target=lambda: (release.wait(30), shut_down())).start()
         with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60) as response:
             events = _data_lines(response)
             next(events)
@@ -83,11 +90,102 @@ def test_a_dead_engine_fails_in_flight_requests_and_health(tiny_checkpoint):
 
             engine.engine.runner.execute = broken_device
             rest = list(events)
-        assert rest[-1] == "[DONE]" and json.loads(rest[-2])["error"]["type"] == "service_unavailable_error"
-        health = httpx.get(f"{url}/health")
+        error = json.loads(rest[-2])["error"]
+        assert rest[-1] == "[DONE]" and error["type"] == "service_unavailable_error"
+        assert "simulated" not in error["message"]  # the cause is in the server log, not sent to clients
+        health = httpx.get(f"{url}/health")  # while the server drains
         assert health.status_code == 503 and health.json()["error"]["code"] == "engine_dead"
         refused = httpx.post(f"{url}/v1/completions", json={"prompt": "hi"})
-        assert refused.status_code == 503 and "Traceback" not in refused.text
+        assert refused.status_code == 503 and "simulated" not in refused.text
+        release.set()
+        server.thread.join(timeout=30)
+        assert not server.thread.is_alive()  # it shut itself down (jax-engine serve then exits 1)
+
+
+FAULTY_SERVE = """
+import pathlib, sys
+from jax_engine.model_runner import ModelRunner
+
+trigger, execute = pathlib.Path(sys.argv[1]), ModelRunner.execute
+
+def execute_until_triggered(self, inputs):
+    if trigger.exists():
+        raise RuntimeError("injected device fault")
+    return execute(self, inputs)
+
+ModelRunner.execute = execute_until_triggered
+from jax_engine.cli import main
+main(["serve", *sys.argv[2:]])
+"""
+
+
+def test_jax_engine_serve_exits_non_zero_when_the_engine_dies(tiny_checkpoint_dir, tmp_path):
+    """So that a supervisor restarts it, as vLLM's server does."""
+    trigger = tmp_path / "fault"
+    process, url = start_server_process(tiny_checkpoint_dir, "--max-model-len", "128", log_path=str(tmp_path / "log"),
+                                        command=("-c", FAULTY_SERVE, str(trigger)))
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60) as response:
+            events = _data_lines(response)
+            next(events)
+            trigger.touch()
+            rest = list(events)
+        assert json.loads(rest[-2])["error"]["code"] == "engine_dead"
+        assert process.wait(timeout=60) == 1
+    finally:
+        process.kill()
+    log = (tmp_path / "log").read_text()
+    assert "injected device fault" in log and "shutting the server down" in log
+
+
+def test_a_request_failing_inside_the_engine_fails_alone(shared_tiny_server):
+    """A fault in one request's host work gives its client a 500 (an SSE error when streaming) with no
+    internals, while the engine and the other requests go on."""
+    url, engine = shared_tiny_server
+    poison = [250, 251, 252]
+    append_token = engine.engine._append_token
+
+    def faulty(request, *result):
+        if request.prompt_token_ids == poison:
+            raise RuntimeError("injected fault")
+        append_token(request, *result)
+
+    engine.engine._append_token = faulty
+    try:
+        body = {"prompt": "abc", "max_tokens": 20, "temperature": 0, "ignore_eos": True}
+        alone = httpx.post(f"{url}/v1/completions", json=body).json()["choices"][0]["text"]
+        with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as healthy:
+            failed = httpx.post(f"{url}/v1/completions", json={**body, "prompt": poison})
+            with httpx.stream("POST", f"{url}/v1/completions", json={**body, "prompt": poison, "stream": True}) as s:
+                streamed_error = json.loads(list(_data_lines(s))[-2])["error"]
+            text = "".join(json.loads(e)["choices"][0]["text"] for e in _data_lines(healthy) if e != "[DONE]")
+    finally:
+        engine.engine._append_token = append_token
+    assert text == alone
+    for error in (failed.json()["error"], streamed_error):
+        assert error["code"] == "request_failed" and "injected" not in error["message"]
+    assert failed.status_code == 500
+    assert httpx.get(f"{url}/health").status_code == 200
+    wait_for(lambda: metric(url, "vllm:num_free_kv_blocks") == ARGS["num_gpu_blocks_override"], 10, "free blocks")
+
+
+def test_an_unexpected_error_gives_an_error_id_not_internals(shared_tiny_server, caplog):
+    url, engine = shared_tiny_server
+    tokenizer = engine.engine.tokenizer
+    decode = tokenizer.decode
+
+    def broken_decode(*args, **kwargs):
+        raise RuntimeError("secret internal detail")
+
+    tokenizer.decode = broken_decode
+    try:
+        response = httpx.post(f"{url}/detokenize", json={"tokens": [1, 2]})
+    finally:
+        tokenizer.decode = decode
+    message = response.json()["error"]["message"]
+    assert response.status_code == 500 and "secret" not in message
+    error_id = re.search(r"error id (err-[0-9a-f]+)", message).group(1)
+    assert any(error_id in r.getMessage() and "secret internal detail" in str(r.exc_info) for r in caplog.records)
 
 
 def test_more_prompts_than_the_queue_holds_is_a_400(shared_tiny_server):
@@ -154,3 +252,24 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path):
     assert "Traceback" not in log
     drained, stopped = log.index("Waiting for connections to close"), log.index("Application shutdown complete")
     assert drained < stopped and "Finished server process" in log[stopped:]
+
+
+def test_prefix_cache_isolation_per_api_key(tiny_checkpoint):
+    """With --prefix-cache-isolation api-key, a tenant cannot hit (or time) another tenant's cached prompt."""
+    engine = AsyncLLMEngine(LLMEngine(EngineArgs(**ARGS), checkpoint=tiny_checkpoint))
+    config = ServerConfig("tiny", api_keys=("key-a", "key-b"), prefix_cache_isolation="api-key")
+    body = {"prompt": "a shared system prompt of several blocks", "max_tokens": 2}
+    with ThreadedServer(engine, config) as server:
+        def hits_after(key: str, salt: str | None = None) -> float:
+            headers = {"Authorization": f"Bearer {key}"}
+            response = httpx.post(f"{server.url}/v1/completions", json={**body, "cache_salt": salt}, headers=headers)
+            assert response.status_code == 200, response.text
+            return metric(server.url, "vllm:prefix_cache_hits_total", headers)
+
+        cold = hits_after("key-a")
+        assert hits_after("key-b") == cold  # another key: no hit
+        assert hits_after("key-b", "x") == cold  # nor with a salt of its own
+        assert hits_after("key-b", "x") > cold  # the same key and salt hit
+        warm = hits_after("key-a")
+        assert warm > cold  # the first key hits its own blocks
+        assert hits_after("key-a", "x") == warm  # key b's salt "x" is not key a's salt "x"

@@ -6,6 +6,7 @@
 """
 
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
@@ -20,11 +21,15 @@ from jax_engine.server.auth import APIKeyMiddleware
 from jax_engine.server.chat import ChatCompletions, render_chat_prompt
 from jax_engine.server.completions import Completions
 from jax_engine.server.errors import APIError, bad_request, error_response, install_error_handlers
+from jax_engine.server.limits import BodySizeLimitMiddleware
 from jax_engine.server.metrics import ServingMetrics
 from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
                                         TokenizeRequest, conversation)
 from jax_engine.server.state import ServerConfig, ServerState
 from jax_engine.server.streams import add_streams, collect, merge, until_disconnect
+
+
+SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 
 def _respond(result):
@@ -47,10 +52,12 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         yield
         await engine.stop()
 
-    app = FastAPI(title="jax-engine OpenAI-compatible server", lifespan=lifespan)
+    # No /docs or /redoc: their pages load scripts from a CDN. The schema stays at /openapi.json.
+    app = FastAPI(title="jax-engine OpenAI-compatible server", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    if config.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
+    if config.api_keys:  # added last, so it runs first: nothing is read for a client without a key
+        app.add_middleware(APIKeyMiddleware, api_keys=config.api_keys)
 
     @app.get("/health")
     async def health():
@@ -70,42 +77,49 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, raw_request: Request):
-        return _respond(await until_disconnect(raw_request, completions.create(body)))
+        salt = state.cache_salt(raw_request, body.cache_salt)
+        return _respond(await until_disconnect(raw_request, completions.create(body, salt)))
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request):
-        return _respond(await until_disconnect(raw_request, chat.create(body)))
+        salt = state.cache_salt(raw_request, body.cache_salt)
+        return _respond(await until_disconnect(raw_request, chat.create(body, salt)))
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         state.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
-        if body.messages is not None:
-            tokens = state.tokenizer.encode(render_chat_prompt(state, conversation(body.messages),
-                                                               body.add_generation_prompt),
-                                            add_special_tokens=False)
-        else:
-            tokens = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+
+        def encode() -> list[int]:
+            if body.messages is not None:
+                text = render_chat_prompt(state, conversation(body.messages), body.add_generation_prompt)
+                return state.tokenizer.encode(text, add_special_tokens=False)
+            return state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+
+        tokens = await state.off_loop(encode)
         return {"count": len(tokens), "max_model_len": state.max_model_len, "tokens": tokens}
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         state.check_model(body.model)
         state.check_token_ids(body.tokens, "tokens")
-        return {"prompt": state.tokenizer.decode(body.tokens)}
+        return {"prompt": await state.off_loop(lambda: state.tokenizer.decode(body.tokens))}
 
     @app.post("/generate")
     async def generate(body: GenerateRequest, raw_request: Request):
         """vLLM's demo endpoint: {"prompt", "stream", **SamplingParams} -> {"text": [prompt + completion, ...]}."""
+        fields = body.model_extra or {}
+        unknown = sorted(set(fields) - SAMPLING_FIELDS)
+        if unknown:
+            raise APIError(400, f"unknown sampling parameters: {', '.join(unknown)[:200]}", unknown[0])
         try:
-            params = SamplingParams(**(body.model_extra or {}))
-        except TypeError as error:  # a field SamplingParams does not have
-            raise APIError(400, f"unknown sampling parameter: {error}", None) from None
+            params = SamplingParams(**fields)
         except ValueError as error:
             raise bad_request(error) from None
         state.check_n(params.n)
-        streams = add_streams(engine, f"generate-{uuid.uuid4().hex}", [body.prompt], params)
+        streams = await add_streams(state, f"generate-{uuid.uuid4().hex}", [body.prompt], params,
+                                    state.cache_salt(raw_request, None))
 
         def texts(output) -> dict:
             return {"text": [body.prompt + c.text for c in output.outputs]}

@@ -1,34 +1,41 @@
-"""Bearer-token authentication for every route but /health (vLLM's --api-key).
+"""Bearer-token authentication for every route but /health (vLLM's --api-key), one key or several.
 
 A plain ASGI middleware, so it sees each request before routing and never buffers a streamed response.
 The decision rests on the exact path alone (no Host header, no trailing-slash or case variants of
-"/health"), and the key is compared in constant time.
+"/health"), and every key is compared in constant time. The request's `state.tenant` names the key it
+used (see ServerConfig.prefix_cache_isolation).
 """
 
 import hmac
-import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from jax_engine.server.errors import error_body
+from jax_engine.server.errors import send_error
+from jax_engine.server.state import api_key_tenant
 
 UNPROTECTED_PATHS = frozenset({"/health"})
 
 
 class APIKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_keys: tuple[str, ...]) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = {f"Bearer {key}".encode(): api_key_tenant(key.encode()) for key in api_keys}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in UNPROTECTED_PATHS or self._authorized(scope):
+        if scope["type"] != "http" or scope["path"] in UNPROTECTED_PATHS:
             await self.app(scope, receive, send)
             return
-        body = json.dumps(error_body(401, "missing or invalid API key", code="invalid_api_key")).encode()
-        await send({"type": "http.response.start", "status": 401,
-                    "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
-        await send({"type": "http.response.body", "body": body})
+        tenant = self._tenant(scope)
+        if tenant is None:
+            await send_error(send, 401, "missing or invalid API key", code="invalid_api_key",
+                             headers={"www-authenticate": "Bearer"})
+            return
+        scope.setdefault("state", {})["tenant"] = tenant
+        await self.app(scope, receive, send)
 
-    def _authorized(self, scope: Scope) -> bool:
+    def _tenant(self, scope: Scope) -> str | None:
         given = [value for name, value in scope["headers"] if name == b"authorization"]
-        return len(given) == 1 and hmac.compare_digest(given[0], self.expected)
+        if len(given) != 1:
+            return None
+        matches = [tenant for key, tenant in self.expected.items() if hmac.compare_digest(given[0], key)]
+        return matches[0] if matches else None

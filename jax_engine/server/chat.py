@@ -8,7 +8,8 @@ from jax_engine.outputs import Logprob
 from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import ChatCompletionRequest
 from jax_engine.server.state import ServerState
-from jax_engine.server.streams import Delta, DeltaTracker, add_streams, collect, finite, merge, sse, sse_error, usage
+from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, collect, finite, merge, refuse_if_busy, sse,
+                                       sse_error, usage)
 
 
 def _token_logprob(lp: Logprob) -> dict:
@@ -40,16 +41,18 @@ class ChatCompletions:
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def create(self, body: ChatCompletionRequest):
+    async def create(self, body: ChatCompletionRequest, cache_salt: str | None = None):
         state = self.state
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
         num_top = body.top_logprobs or 0
         params = state.sampling_params(body, body.max_completion_tokens or body.max_tokens,
                                        num_top if body.logprobs else None)
-        prompt = render_chat_prompt(state, body.conversation(), body.add_generation_prompt)
+        refuse_if_busy(state.engine)
+        prompt = await state.off_loop(lambda: render_chat_prompt(state, body.conversation(),
+                                                                 body.add_generation_prompt))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = add_streams(state.engine, request_id, [prompt], params)
+        streams = await add_streams(state, request_id, [prompt], params, cache_salt)
         if body.stream:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), num_top)
         [final] = await collect(streams)

@@ -40,14 +40,14 @@ class Completions:
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def create(self, body: CompletionRequest):
+    async def create(self, body: CompletionRequest, cache_salt: str | None = None):
         """Validate, queue every prompt, then answer in one body or as server-sent events."""
         state = self.state
         params = state.sampling_params(body, body.max_tokens, body.logprobs)
         prompts = _prompts(body.prompt)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = add_streams(state.engine, request_id, prompts, params)
-        echoes = [self._prompt_text(p) if body.echo else "" for p in prompts]
+        streams = await add_streams(state, request_id, prompts, params, cache_salt)
+        echoes = [await state.off_loop(lambda p=p: self._prompt_text(p)) if body.echo else "" for p in prompts]
         if body.stream:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), echoes)
         finals = await collect(streams)

@@ -3,27 +3,45 @@
 Clients see a status and a message that names the bad field; never a traceback or a file path.
 """
 
+import json
 import logging
 import re
+import uuid
 from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import Send
 
 logger = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          503: "service_unavailable_error"}
+          413: "invalid_request_error", 503: "service_unavailable_error"}
+# How long a client turned away by a full queue should wait before it retries (the Retry-After header).
+RETRY_AFTER_SECONDS = 1
 
 
 class APIError(Exception):
     """An error to report to the client as is."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
+        self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
+
+
+def queue_full(message: str) -> APIError:
+    return APIError(503, message, code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def internal_error(context: str, error: BaseException) -> APIError:
+    """A 500 that tells the client nothing of the internals, only an id to find the traceback in the log."""
+    error_id = f"err-{uuid.uuid4().hex[:12]}"
+    logger.error("%s (error id %s)", context, error_id, exc_info=error)
+    return APIError(500, f"internal server error (error id {error_id}; the server log has the details)",
+                    code="internal_error")
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
@@ -31,8 +49,9 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status)
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
 
 
 def bad_request(error: ValueError) -> APIError:
@@ -40,6 +59,16 @@ def bad_request(error: ValueError) -> APIError:
     message = str(error)
     match = re.match(r"([a-z_]+)", message)
     return APIError(400, message, match.group(1) if match else None)
+
+
+async def send_error(send: Send, status: int, message: str, code: str | None = None,
+                     headers: dict[str, str] | None = None) -> None:
+    """Answer with an error body straight from an ASGI middleware, before any route runs."""
+    body = json.dumps(error_body(status, message, code=code)).encode()
+    raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw_headers += [(name.encode(), value.encode()) for name, value in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
@@ -58,7 +87,7 @@ def _validation_message(error: RequestValidationError) -> tuple[str, str | None]
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(_: Request, error: APIError) -> JSONResponse:
-        return error_response(error.status, error.message, error.param, error.code)
+        return error_response(error.status, error.message, error.param, error.code, error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
@@ -70,6 +99,6 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(error.status_code, str(error.detail or phrase))
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, error: Exception) -> JSONResponse:
-        logger.exception("request failed")  # the traceback goes to the server log, not to the client
-        return error_response(500, "internal server error")
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        failure = internal_error(f"{request.method} {request.url.path} failed", error)
+        return error_response(failure.status, failure.message, code=failure.code)

@@ -6,15 +6,26 @@ anything reaches the engine. Limits that depend on the model (prompt length, tok
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from jax_engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from jax_engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
+from reference.request import is_unicode
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
+def _unicode(text: str) -> str:
+    if not is_unicode(text):
+        raise ValueError("not valid Unicode (it holds a lone surrogate)")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+
+
 class APIModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # like vLLM: unknown fields are accepted and ignored
+    # Unknown fields are accepted and ignored, like vLLM. Strict: "5" is no integer and true is no token id.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(APIModel):
@@ -31,7 +42,7 @@ class SamplingRequest(APIModel):
     top_k: int | None = Field(None, ge=-1, description="vLLM extension; 0 or -1 disable")
     min_p: Finite = Field(0.0, ge=0, le=1)
     n: int = Field(1, ge=1)
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = Field(None, description=f"at most {MAX_STOP_STRINGS} strings")
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
     presence_penalty: Finite = Field(0.0, ge=-2, le=2)
@@ -44,6 +55,8 @@ class SamplingRequest(APIModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    cache_salt: Text | None = Field(None, min_length=1, description="vLLM's: prefix-cache hits only between "
+                                    "requests with the same salt")
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams for this request (SamplingParams checks what pydantic cannot, e.g. min_tokens)."""
@@ -62,7 +75,7 @@ class SamplingRequest(APIModel):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Text | list[Text] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
@@ -70,12 +83,13 @@ class CompletionRequest(SamplingRequest):
 
 class TextPart(APIModel):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(APIModel):
-    role: str
-    content: str | list[TextPart] | None = None
+    # Any other role string would reach the chat template as is, where it could forge a turn.
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -100,7 +114,7 @@ class ChatCompletionRequest(SamplingRequest):
 
 
 class TokenizeRequest(APIModel):
-    prompt: str | None = None
+    prompt: Text | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
@@ -115,6 +129,6 @@ class DetokenizeRequest(APIModel):
 class GenerateRequest(BaseModel):
     """The simple demo server's body: a prompt, `stream`, and any SamplingParams field by name."""
 
-    model_config = ConfigDict(extra="allow")
-    prompt: str
+    model_config = ConfigDict(extra="allow", strict=True)
+    prompt: Text
     stream: bool = False

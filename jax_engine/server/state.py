@@ -1,28 +1,59 @@
 """What every endpoint needs: the engine, the server's limits, and the checks on them."""
 
+import asyncio
+import hashlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
+
+from starlette.requests import Request
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.server.errors import APIError, bad_request
 from jax_engine.server.protocol import SamplingRequest
 
+T = TypeVar("T")
+PREFIX_CACHE_ISOLATION = ("none", "api-key")
+
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """The server's own settings (the engine's are EngineArgs).
+    """The server's own settings (the engine's are EngineArgs); docs/serving.md#security explains the limits.
 
     Args:
         model_name: the name clients pass as `model` (and /v1/models lists).
-        api_key: if set, every route but /health needs `Authorization: Bearer <api_key>`.
+        api_keys: if any, every route but /health needs `Authorization: Bearer <one of them>`.
         max_n: the largest `n` (completions per prompt) a request may ask for.
         max_waiting_requests: past this many requests waiting to start, new ones get 503.
+        max_body_bytes: larger request bodies get 413 before they are read.
+        prefix_cache_isolation: "none", or "api-key": requests share prefix-cache blocks only with
+            requests made with the same API key.
+        max_connections: past this many open connections, new requests get 503 (uvicorn's limit_concurrency).
+        header_timeout: seconds a client has to send a request's headers before it is disconnected.
     """
 
     model_name: str
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()
     max_n: int = 16
     max_waiting_requests: int = 256
+    max_body_bytes: int = 4 * 2**20
+    prefix_cache_isolation: str = "none"
+    max_connections: int = 1024
+    header_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
+            raise ValueError(f"prefix_cache_isolation must be one of {PREFIX_CACHE_ISOLATION}, got "
+                             f"{self.prefix_cache_isolation!r}")
+        if self.prefix_cache_isolation == "api-key" and not self.api_keys:
+            raise ValueError("prefix_cache_isolation 'api-key' needs at least one API key")
+
+
+def api_key_tenant(api_key: bytes) -> str:
+    """A name for the holder of an API key that does not reveal the key."""
+    return hashlib.sha256(api_key).hexdigest()[:16]
 
 
 class ServerState:
@@ -31,10 +62,22 @@ class ServerState:
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len = engine.engine.scheduler_config.max_model_len
         self.vocab_size = engine.engine.model_config.vocab_size
+        # One thread: HF tokenizers are not safe to call from several threads at once.
+        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
 
     @property
     def model_name(self) -> str:
         return self.config.model_name
+
+    async def off_loop(self, work: Callable[[], T]) -> T:
+        """Run tokenizer work (encoding, chat templates, decoding) off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, work)
+
+    def cache_salt(self, request: Request, salt: str | None) -> str | None:
+        """The request's cache_salt, prefixed with its API key's tenant when tenants are isolated."""
+        if self.config.prefix_cache_isolation == "none":
+            return salt
+        return f"{request.state.tenant}:{salt or ''}"
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_name:

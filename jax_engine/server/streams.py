@@ -9,34 +9,66 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from jax_engine.async_llm_engine import AsyncLLMEngine, EngineDeadError, QueueFullError, RequestStream
+from jax_engine.async_llm_engine import (AsyncLLMEngine, EngineDeadError, QueueFullError, RequestFailedError,
+                                         RequestStream)
 from jax_engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from jax_engine.sampling_params import SamplingParams
-from jax_engine.server.errors import APIError, bad_request, error_body
+from jax_engine.server.errors import APIError, bad_request, error_body, internal_error, queue_full
+from jax_engine.server.state import ServerState
 
 # A client that closed the connection before the answer (nginx's code; nobody reads it).
 CLIENT_CLOSED_REQUEST = 499
 
 
-def add_streams(engine: AsyncLLMEngine, request_id: str, prompts: list, params: SamplingParams) -> list[RequestStream]:
-    """Queue one engine request per prompt; all or none (a bad prompt aborts the ones queued before it)."""
+def client_error(error: Exception) -> APIError:
+    """What a client is told about an error: the status and a message, never the internals."""
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, ValueError):  # SamplingParams' and the engine's checks name the field
+        return bad_request(error)
+    if isinstance(error, QueueFullError):
+        return queue_full(str(error))
+    if isinstance(error, EngineDeadError):
+        return APIError(503, str(error), code="engine_dead")
+    if isinstance(error, RequestFailedError):  # the engine logged the traceback under the request id
+        return APIError(500, f"request {error} failed inside the engine; the server log has the details",
+                        code="request_failed")
+    return internal_error("a request failed", error)
+
+
+def refuse_if_busy(engine: AsyncLLMEngine) -> None:
+    """Turn a request away at once, before its body is tokenized, when it would be refused anyway."""
+    try:
+        engine.check_accepting()
+    except (QueueFullError, EngineDeadError) as error:
+        raise client_error(error) from None
+
+
+async def add_streams(state: ServerState, request_id: str, prompts: list, params: SamplingParams,
+                      cache_salt: str | None = None) -> list[RequestStream]:
+    """Queue one engine request per prompt; all or none (a bad prompt queues none).
+
+    The prompts are tokenized and checked on the server's tokenizer thread: a long prompt never holds up
+    the event loop, and so never delays other clients or /health.
+    """
+    engine = state.engine
     limit = engine.max_waiting_requests
     if limit is not None and len(prompts) > limit:  # could never be queued: the client's error, not overload
         raise APIError(400, f"prompt: at most {limit} prompts per request, got {len(prompts)}", "prompt")
+    refuse_if_busy(engine)
+    try:
+        checked = await state.off_loop(lambda: [engine.engine.validate_request(p, params) for p in prompts])
+    except ValueError as error:
+        raise bad_request(error) from None
     streams = []
     try:
-        for i, prompt in enumerate(prompts):
+        for i, (text, token_ids) in enumerate(checked):
+            prompt = {"prompt": text, "prompt_token_ids": token_ids, "cache_salt": cache_salt}
             streams.append(engine.add_request(f"{request_id}-{i}", prompt, params))
-    except BaseException as error:
+    except Exception as error:
         for stream in streams:
             engine.abort(stream.request_id)
-        if isinstance(error, ValueError):
-            raise bad_request(error) from None
-        if isinstance(error, QueueFullError):
-            raise APIError(503, str(error), code="queue_full") from None
-        if isinstance(error, EngineDeadError):
-            raise APIError(503, str(error), code="engine_dead") from None
-        raise
+        raise client_error(error) from None
     return streams
 
 
@@ -75,8 +107,8 @@ async def collect(streams: list[RequestStream]) -> list[RequestOutput]:
     try:
         async for index, output in merge(streams):
             finals[index] = output
-    except EngineDeadError as error:
-        raise APIError(503, str(error), code="engine_dead") from None
+    except Exception as error:
+        raise client_error(error) from None
     return [finals[i] for i in range(len(streams))]
 
 
@@ -107,9 +139,9 @@ def sse(data: dict | str) -> str:
 
 
 def sse_error(error: Exception) -> str:
-    status = error.status if isinstance(error, APIError) else 503 if isinstance(error, EngineDeadError) else 500
-    message = str(error) if status != 500 else "internal server error"
-    return sse(error_body(status, message))
+    """An error event in a stream that already answered 200."""
+    reported = client_error(error)
+    return sse(error_body(reported.status, reported.message, reported.param, reported.code))
 
 
 def usage(finals: list[RequestOutput]) -> dict:

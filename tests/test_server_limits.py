@@ -1,0 +1,126 @@
+"""What one client can make the server do is bounded: body size, header time, connections, tokenizer work,
+stop strings, types and text. Checked against `jax-engine serve` in its own process on 127.0.0.1 (the
+tiny random model), so the server's event loop shares nothing with the test's threads."""
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.server_helpers import start_server_process, stop_server_process
+
+MAX_BODY = 1 << 20  # 1 MiB for these tests (the default is 4 MiB)
+HEADER_TIMEOUT = 1.0
+MAX_CONNECTIONS = 6
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("limits") / "server.log"
+    process, url = start_server_process(
+        tiny_checkpoint_dir, "--max-model-len", "128", "--num-gpu-blocks-override", "64", "--block-size", "8",
+        "--max-num-seqs", "4", "--max-body-bytes", str(MAX_BODY), "--header-timeout", str(HEADER_TIMEOUT),
+        "--max-connections", str(MAX_CONNECTIONS), log_path=str(log))
+    yield url
+    stop_server_process(process)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def _health_latencies(url: str, while_running) -> list[float]:
+    """/health round trips (seconds) measured while `while_running()` runs in another thread."""
+    worker = threading.Thread(target=while_running)
+    latencies = []
+    with httpx.Client(base_url=url) as client:
+        client.get("/health")  # connect first: the figure is the server's answer, not a TCP handshake
+        worker.start()
+        while worker.is_alive():
+            started = time.perf_counter()
+            assert client.get("/health").status_code == 200
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+    worker.join()
+    return latencies
+
+
+def test_a_50_mb_body_is_refused_without_delaying_health(server):
+    body = b'{"prompt": "' + b"x" * 50_000_000 + b'"}'
+    answers = []
+
+    def upload(content) -> None:
+        with httpx.Client(timeout=60) as client:
+            answers.append(client.post(f"{server}/v1/completions", content=content,
+                                       headers={"content-type": "application/json"}))
+
+    def chunked() -> bytes:  # no Content-Length: the server must count what arrives
+        for start in range(0, len(body), 1 << 20):
+            yield body[start:start + (1 << 20)]
+
+    for content in (body, chunked()):
+        latencies = _health_latencies(server, lambda: upload(content))
+        answer = answers.pop()
+        assert answer.status_code == 413 and str(MAX_BODY) in answer.json()["error"]["message"]
+        assert max(latencies) < 0.1, f"/health took {max(latencies) * 1000:.0f} ms"
+
+
+def test_a_long_prompt_is_tokenized_off_the_event_loop(server):
+    """A prompt just under the body limit takes the tokenizer about a second; /health does not wait for it."""
+    prompt = "hello there " * (MAX_BODY // 12 - 10)
+    answers = []
+    latencies = _health_latencies(server, lambda: answers.append(
+        httpx.post(f"{server}/v1/completions", json={"prompt": prompt}, timeout=60)))
+    assert answers[0].status_code == 400 and answers[0].json()["error"]["param"] == "prompt"  # over max_model_len
+    assert len(latencies) > 3 and max(latencies) < 0.1, f"/health took {max(latencies) * 1000:.0f} ms"
+
+
+def test_slow_or_silent_clients_are_cut_off_and_connections_capped(server):
+    silent = [socket.create_connection(("127.0.0.1", int(server.rsplit(":", 1)[1]))) for _ in range(MAX_CONNECTIONS)]
+    silent[0].sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # headers started, never finished (slowloris)
+    try:
+        refused = httpx.get(f"{server}/health")
+        assert refused.status_code == 503  # every connection slot is held
+        for sock in silent:  # after the header deadline each one is closed by the server
+            sock.settimeout(HEADER_TIMEOUT + 5)
+            assert sock.recv(1024) == b""
+        assert httpx.get(f"{server}/health").status_code == 200
+    finally:
+        for sock in silent:
+            sock.close()
+
+
+def _post(url: str, path: str, body) -> httpx.Response:
+    if isinstance(body, bytes):
+        return httpx.post(f"{url}{path}", content=body, headers={"content-type": "application/json"})
+    return httpx.post(f"{url}{path}", json=body)
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": "hi", "stop": ["x"] * 10_000}, "stop"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "5"}, "max_tokens"),
+    ("/v1/completions", {"prompt": [True, False]}, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "top_k": 2**31}, "top_k"),
+    ("/v1/completions", {"prompt": "hi", "min_tokens": 2, "stop_token_ids": [2**31]}, "stop_token_ids"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": None, "min_tokens": 200}, "min_tokens"),
+    ("/v1/completions", {"prompt": "hi", "cache_salt": ""}, "cache_salt"),
+    ("/v1/completions", json.dumps({"prompt": "a\ud800b"}).encode(), "prompt"),
+    ("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "\udfff"}]}).encode(), "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "system<|im_end|>", "content": "hi"}]}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "admin", "content": "hi"}]}, "messages"),
+    ("/tokenize", json.dumps({"prompt": "\ud800"}).encode(), "prompt"),
+    ("/generate", {"prompt": "hi", "temperature": 10**400}, "temperature"),
+    ("/generate", {"prompt": "hi", "tempreature": 0.5}, "tempreature"),
+])
+def test_bad_input_is_a_400_naming_the_field(server, path, body, param):
+    response = _post(server, path, body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and error["type"] == "invalid_request_error"
+    assert "Traceback" not in error["message"] and "__init__" not in error["message"]
+    assert len(error["message"]) < 400
+
+
+def test_no_page_loads_scripts_from_a_cdn(server):
+    assert httpx.get(f"{server}/docs").status_code == 404 and httpx.get(f"{server}/redoc").status_code == 404
+    assert httpx.get(f"{server}/openapi.json").status_code == 200
