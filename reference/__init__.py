@@ -1,7 +1,8 @@
 """The NumPy reference oracle of a PagedAttention serving engine.
 
 Read in this order: block_pool -> block_manager -> request -> scheduler -> paged_attention -> kv_cache ->
-llama -> sampler -> engine -> beam_search; kv_memory is the memory accounting behind the tutorial's first plot.
+llama -> sampler -> engine -> beam_search; kv_memory is the memory accounting behind the tutorial's
+fragmentation figures.
 Only NumPy and the standard library are imported here (a test enforces it).
 """
 

@@ -6,9 +6,11 @@ and leave the batch between steps, not between batches. The policy, in order:
 1. RUNNING requests, earliest arrival first, each get their next tokens (a decode token, or the next
    prefill chunk). When the cache has no free block for one of them, the *latest-arrived* running
    request is preempted, repeatedly, until the blocks fit (it may be the request itself):
-   - "recompute": its blocks are freed and it returns to WAITING; later its prompt and the tokens it
-     already generated are recomputed as one prefill;
-   - "swap": its blocks are copied to the host pool and it waits in SWAPPED.
+
+    - "recompute": its blocks are freed and it returns to WAITING; later its prompt and the tokens it
+      already generated are recomputed as one prefill;
+    - "swap": its blocks are copied to the host pool and it waits in SWAPPED.
+
 2. If nobody was preempted this step, SWAPPED requests come back, earliest first.
 3. If nobody was preempted and nothing is swapped out, WAITING requests are admitted, strictly FCFS.
 
@@ -28,6 +30,24 @@ PREEMPTION_MODES = ("recompute", "swap")
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """The scheduler's budgets and policies, checked when the config is made.
+
+    Attributes:
+        max_num_seqs: the most requests running at once (rows of a decode batch).
+        max_num_batched_tokens: the most tokens computed in one step, prefill and decode together.
+        max_model_len: the longest a request may grow, prompt plus generated tokens.
+        enable_chunked_prefill: split a prompt longer than the step's remaining token budget across
+            steps; without it a prompt is computed whole or waits, so `max_num_batched_tokens` must be
+            at least `max_model_len`.
+        preemption_mode: how a request gives its blocks back when the cache is full: `"recompute"`
+            (free them and compute the tokens again later) or `"swap"` (copy them to the host pool;
+            recompute when the host pool is full too).
+
+    Raises:
+        ValueError: a budget below 1, an unknown preemption mode, or a token budget that could never
+            hold a whole prompt without chunked prefill.
+    """
+
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
     max_model_len: int = 2048
@@ -49,6 +69,8 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class ScheduledRequest:
+    """One request's share of a step: which tokens it computes, and the blocks they are written to."""
+
     request_id: str
     num_new_tokens: int  # tokens to compute this step, from position num_computed_tokens on
     block_table: list[int]
@@ -104,15 +126,33 @@ class Scheduler:
         self._enqueue(self.waiting, request, RequestStatus.WAITING)
 
     def abort_request(self, request_id: str) -> None:
+        """Finish a request as FINISHED_ABORTED and free its blocks; a finished or unknown id is ignored.
+
+        Args:
+            request_id: the id the request was added with.
+        """
         request = self.requests.get(request_id)
         if request is not None and not request.status.is_finished:
             self._finish(request, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
+        """Whether any request is still waiting, running or swapped out."""
         return bool(self.waiting or self.running or self.swapped)
 
     # ------------------------------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutput:
+        """Decide what the next step runs, and reserve the blocks it writes to.
+
+        The policy is the module's: running requests first (preempting the latest arrivals when blocks
+        run out), then swapped-out requests, then waiting ones in arrival order, both only when nobody
+        was preempted in this step. The block tables in the output already hold every slot the step
+        writes; call `update_from_output` once the model has run.
+
+        Returns:
+            The requests to run with their token counts and block tables, the requests preempted in
+            this step, and the block copies (swap out, swap in, copy-on-write) the KV cache must make
+            before the model runs.
+        """
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens - self._schedule_running(out)
         if not out.preempted:
