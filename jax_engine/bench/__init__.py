@@ -1,1 +1,1 @@
-"""Benchmarks, run as `jax-engine bench throughput | sharing | kernels` (see docs/benchmarks.md)."""
+"""Benchmarks, run as `jax-engine bench throughput | serve | sharing | kernels | batching | preemption | soak` (see docs/benchmarks.md)."""

@@ -9,6 +9,12 @@ larger than the CPU's caches, with each sequence's blocks in order and scattered
 """
 
 import argparse
+import json
+import os
+import pathlib
+import platform
+import shlex
+import sys
 import time
 
 import jax
@@ -34,6 +40,27 @@ def peak_gbps(override: float | None) -> float | None:
     return next((v for k, v in PEAK_GBPS.items() if k in kind), None)
 
 
+def machine() -> dict:
+    """What a recorded measurement ran on: CPU model and count, Python, jax and its backend."""
+    cpu = next((line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if os.path.exists("/proc/cpuinfo") else ""
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "python": platform.python_version(), "jax": jax.__version__,
+            "backend": jax.default_backend(), "device": jax.devices()[0].device_kind}
+
+
+def record_run(path: str, results: dict) -> None:
+    """Append one run (its command line, the machine, its results) to the JSON file at `path`.
+
+    The file holds {"runs": [...]}, so a shell loop over settings collects one file, for a figure to read.
+    """
+    file = pathlib.Path(path)
+    runs = json.loads(file.read_text())["runs"] if file.exists() else []
+    argv = sys.argv[sys.argv.index("bench"):] if "bench" in sys.argv else sys.argv[1:]
+    command = shlex.join(["jax-engine", *argv])
+    runs.append({"command": command, "machine": machine(), **results})
+    file.write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--context", type=int, default=4096)
@@ -47,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peak-gbps", type=float, default=None)
     parser.add_argument("--layers", type=int, default=1, help="cpu kernel: layers attended per step")
     parser.add_argument("--cache-gb", type=float, default=2.0, help="cpu kernel: KV cache size, GB")
+    parser.add_argument("--json-out", default=None, help="cpu kernel: also append this run's figures to this JSON file")
 
 
 def cpu_main(args: argparse.Namespace) -> None:
@@ -87,10 +115,17 @@ def cpu_main(args: argparse.Namespace) -> None:
           f"{D}, block size {bs}, {args.dtype}, {(k_cache.nbytes + v_cache.nbytes) / 1e9:.1f} GB "
           f"cache; K/V read per step {kv_bytes / 1e6:.1f} MB; probed bandwidth {peak:.1f} GB/s")
     print(f"{'blocks':<30}{'time (ms)':>12}{'GB/s':>10}{'of probe':>10}")
+    results = []
     for name, table in tables.items():
         seconds = timed(every_layer, q, k_cache, v_cache, table, repeats=5)
         gbps = kv_bytes / seconds / 1e9
         print(f"{name:<30}{seconds * 1e3:>12.1f}{gbps:>10.1f}{gbps / peak:>10.1%}")
+        results.append({"blocks": name, "ms": seconds * 1e3, "gbps": gbps})
+    if args.json_out:
+        settings = {"batch": B, "context": T, "num_kv_heads": K, "group": G, "head_dim": D, "block_size": bs,
+                    "layers": L, "dtype": args.dtype, "cache_gb": args.cache_gb}
+        record_run(args.json_out, {"settings": settings, "probed_gbps": peak, "kv_bytes_per_step": kv_bytes,
+                                   "results": results})
 
 
 def main(args: argparse.Namespace) -> None:

@@ -120,6 +120,9 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
         values = np.array(values or [0.0]) * 1000
         report |= {f"mean_{name}_ms": float(values.mean()), f"median_{name}_ms": float(np.median(values)),
                    f"p99_{name}_ms": float(np.percentile(values, 99))}
+    # The PagedAttention paper's normalized latency: each request's end-to-end latency over its output length.
+    normalized = [r.latency / r.output_tokens for r in ok if r.output_tokens]
+    report["mean_normalized_latency_ms"] = float(np.mean(normalized or [0.0]) * 1000)
     report["errors"] = sorted({r.error for r in results if not r.ok})[:5]
     return report
 
@@ -158,6 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--json-out", default=None, help="also append the report to this JSON file")
 
 
 def main(ns: argparse.Namespace) -> dict:
@@ -169,4 +173,9 @@ def main(ns: argparse.Namespace) -> dict:
         print(json.dumps(report, indent=2))
     else:
         _print(report, ns)
+    if ns.json_out:
+        from jax_engine.bench.kernels import record_run
+
+        record_run(ns.json_out, {"length_mode": ns.length_mode, "num_prompts": ns.num_prompts,
+                                 "seed": ns.seed, "report": report})
     return report
