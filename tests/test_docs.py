@@ -14,21 +14,41 @@ EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
 INCLUDE = re.compile(r'--8<-- "(docs/examples/[\w.]+)"\n```\n(?:\nIts output:\n\n```text\n(.*?)```)?', re.S)
 
 
+# Examples and their outputs are read on the site without scrolling sideways (tests/test_site.py checks
+# the rendered blocks too).
+MAX_COLUMNS = 88
+
+
 def run_example(path: pathlib.Path) -> str:
     result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert result.returncode == 0, result.stderr
     return result.stdout
 
 
+def includes(example: pathlib.Path) -> list[tuple[pathlib.Path, str | None]]:
+    """(page, the output shown after it, or None) for every page that includes the example."""
+    return [(page, m.group(2)) for page in sorted((ROOT / "docs").glob("**/*.md"))
+            for m in INCLUDE.finditer(page.read_text()) if m.group(1) == f"docs/examples/{example.name}"]
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_example_runs_and_pages_show_its_real_output(example):
     stdout = run_example(example)
-    shown = [m.group(2) for page in (ROOT / "docs").glob("**/*.md")
-             for m in INCLUDE.finditer(page.read_text()) if m.group(1) == f"docs/examples/{example.name}"]
+    shown = includes(example)
     assert shown, f"no page includes {example.name}"
-    for output in shown:
+    for page, output in shown:
         if output is not None:
-            assert output == stdout
+            assert output == stdout, f"{page.relative_to(ROOT)} shows another output than {example.name} prints"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_example_and_its_shown_output_fit_88_columns(example):
+    texts = [(example.relative_to(ROOT), example.read_text())]
+    texts += [(f"{page.relative_to(ROOT)} (output of {example.name})", output)
+              for page, output in includes(example) if output is not None]
+    too_long = [f"{where}, line {number}: {len(line)} columns" for where, text in texts
+                for number, line in enumerate(text.splitlines(), 1) if len(line) > MAX_COLUMNS]
+    assert not too_long, f"longer than {MAX_COLUMNS} columns:\n" + "\n".join(too_long)
 
 
 def test_mkdocs_build_strict(tmp_path):
@@ -37,6 +57,9 @@ def test_mkdocs_build_strict(tmp_path):
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "reference" / "index.html").exists()
+    # The API reference has a page for every module of the oracle.
+    for module in sorted((ROOT / "reference").glob("[!_]*.py")):
+        assert (tmp_path / "site" / "api" / "reference" / module.stem / "index.html").exists(), module.name
 
 
 @pytest.mark.parametrize("index", [0, 1])

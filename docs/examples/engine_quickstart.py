@@ -1,12 +1,18 @@
-"""Generate with the JAX engine: greedy text, then three seeded samples of one prompt."""
+"""Generate with the JAX engine: greedy text, then three seeded samples of a prompt."""
 
 from jax_engine import LLM, SamplingParams
 
 llm = LLM(num_gpu_blocks_override=64, max_model_len=256, max_num_seqs=4)
-[greedy] = llm.generate("The capital of France is", SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)
+
+greedy_params = SamplingParams(temperature=0, max_tokens=6)
+[greedy] = llm.generate("The capital of France is", greedy_params, use_tqdm=False)
 print(repr(greedy.outputs[0].text))
-[samples] = llm.generate("My favourite food is", SamplingParams(n=3, temperature=0.8, seed=1, max_tokens=8),
-                         use_tqdm=False)
+
+# n=3: the prompt is computed once, then forked into three sequences sharing its blocks.
+sample_params = SamplingParams(n=3, temperature=0.8, seed=1, max_tokens=8)
+[samples] = llm.generate("My favourite food is", sample_params, use_tqdm=False)
 for completion in samples.outputs:
     print(completion.index, repr(completion.text), completion.finish_reason)
 print(llm.llm_engine.stats()["num_blocks"], "blocks")
+
+assert len(samples.outputs) == 3

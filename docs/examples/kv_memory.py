@@ -1,16 +1,29 @@
-"""How much of the KV cache holds tokens: contiguous preallocation versus paging (the paper's Figure 2)."""
+"""Where KV-cache memory goes under load: contiguous reservations versus paging."""
 
-import numpy as np
+from jax_engine.bench.workloads import request_lengths
+from reference.kv_memory import contiguous_usage_under_load, paged_usage_under_load
 
-from reference import contiguous_usage, paged_usage
+# 400 requests with ShareGPT-like lengths (means 161 prompt, 338 output tokens), all
+# waiting at once, served from one KV cache of 40,000 token slots.
+prompts, outputs, _ = request_lengths(400, "sharegpt-like", max_model_len=2048, seed=0)
+trace = list(zip(prompts.tolist(), outputs.tolist()))
+arena, max_model_len, block_size = 40_000, 2048, 16
+lengths = [p + o for p, o in trace]
+pow2 = [1 << (n - 1).bit_length() for n in lengths]  # the power of two at or above
 
-# Requests with ShareGPT-like lengths: mean prompt 161 tokens, mean output 338 tokens.
-rng = np.random.default_rng(0)
-trace = [(int(p), int(o)) for p, o in zip(rng.integers(20, 300, 64), rng.integers(50, 600, 64))]
+systems = {
+    "contiguous, max_model_len": contiguous_usage_under_load(
+        trace, [max_model_len] * len(trace), arena),
+    "contiguous, power of two": contiguous_usage_under_load(trace, pow2, arena),
+    "contiguous, exact (oracle)": contiguous_usage_under_load(trace, lengths, arena),
+    f"paged, {block_size}-token blocks": paged_usage_under_load(
+        trace, block_size, arena // block_size, max_model_len),
+}
+print(f"{'reservation':<28}{'used':>7}{'reserved':>10}{'internal':>10}{'external':>10}")
+for name, u in systems.items():
+    internal, external = u.internal_fragmentation, u.external_fragmentation
+    print(f"{name:<28}{u.used / u.total:>7.1%}{u.reserved / u.total:>10.1%}"
+          f"{internal / u.total:>10.1%}{external / u.total:>10.1%}")
 
-contiguous = contiguous_usage(trace, max_model_len=2048)
-paged = paged_usage(trace, block_size=16)
-for name, usage in (("contiguous, max_model_len=2048", contiguous), ("paged, block_size=16", paged)):
-    print(f"{name:32} used {usage.used / usage.allocated:6.1%}   reserved {usage.reserved / usage.allocated:6.1%}"
-          f"   internal fragmentation {usage.internal_fragmentation / usage.allocated:6.1%}")
-assert paged.utilization > 0.95 > 0.3 > contiguous.utilization
+*contiguous, paged = systems.values()
+assert max(u.utilization for u in contiguous) < 0.6 < 0.95 < paged.utilization
