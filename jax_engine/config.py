@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_engine.attention.backend import ATTENTION_BACKENDS
 from jax_engine.model_config import ModelConfig
@@ -117,6 +118,24 @@ def kv_cache_bytes(args: EngineArgs, weight_bytes: int) -> int:
     limit = stats.get("bytes_limit", 16 * GiB)
     # What the utilization allows, less the weights and a margin for activations.
     return max(int(args.gpu_memory_utilization * limit) - weight_bytes - GiB, 0)
+
+
+def plan_kv_cache(args: EngineArgs, cfg: ModelConfig, dtype, attention_backend: str,
+                  max_model_len: int) -> tuple[int, int, int]:
+    """(block size, device blocks, host swap blocks) for this model, dtype, backend and memory budget."""
+    block_size = resolve_block_size(args.block_size, attention_backend)
+    block_bytes = bytes_per_block(cfg, block_size, dtype)
+    weight_bytes = cfg.num_params * np.dtype(dtype).itemsize
+    num_blocks = args.num_gpu_blocks_override or kv_cache_bytes(args, weight_bytes) // block_bytes
+    num_host_blocks = int(args.swap_space * GiB) // block_bytes
+    if num_blocks * block_size < max_model_len:
+        raise ValueError(
+            f"the KV cache holds {num_blocks * block_size} tokens ({num_blocks} blocks of {block_size}) "
+            f"but max_model_len is {max_model_len}: raise kv_cache_memory_bytes or lower max_model_len")
+    logger.info("# %s blocks: %d, # host (swap) blocks: %d (%.2f GiB KV cache, %d tokens)",
+                platform().upper(), num_blocks, num_host_blocks, num_blocks * block_bytes / GiB,
+                num_blocks * block_size)
+    return block_size, num_blocks, num_host_blocks
 
 
 def resolve_scheduler_config(args: EngineArgs, cfg: ModelConfig) -> SchedulerConfig:

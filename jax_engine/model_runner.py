@@ -19,6 +19,7 @@ from jax_engine.attention.backend import AttentionMetadata
 from jax_engine.buckets import bucket, bucket_eighths, bucket_fine
 from jax_engine.core.scheduler import SchedulerOutput
 from jax_engine.models.llama import LlamaForCausalLM
+from jax_engine.sampler import SampledToken, sample, sampling_batch
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +84,8 @@ class StepInputs:
     token_ids: np.ndarray
     metadata: AttentionMetadata
     logits_indices: np.ndarray  # rows whose next-token logits are sampled (padded)
-    sampling_requests: list  # the Request of each real row of logits_indices, in order
-    row_of: dict[str, int]  # first row of each scheduled request's tokens
+    sampling_seqs: list  # the Sequence of each real row of logits_indices, in order
+    row_of: dict[str, int]  # first row of each scheduled sequence's tokens
 
 
 class ModelRunner:
@@ -145,32 +146,32 @@ class ModelRunner:
         tables = np.zeros((num_rows, num_cols), np.int32)
         seq_lens = np.zeros(num_rows, np.int32)
         q_lens = np.zeros(num_rows, np.int32)
-        logits_rows, sampling_requests, row_of = [], [], {}
+        logits_rows, sampling_seqs, row_of = [], [], {}
 
         row = 0
-        for seq, s in zip(seq_slots, decode + prefill):
-            request, n = s.request, s.num_new_tokens
-            first = request.num_computed_tokens
-            table = block_tables[request.request_id]
+        for slot, s in zip(seq_slots, decode + prefill):
+            seq, n = s.seq, s.num_new_tokens
+            first = seq.num_computed_tokens
+            table = block_tables[seq.seq_id]
             pos = np.arange(first, first + n)
-            token_ids[row : row + n] = request.all_token_ids[first : first + n]
+            token_ids[row : row + n] = seq.all_token_ids[first : first + n]
             positions[row : row + n] = pos
             slot_mapping[row : row + n] = np.asarray(table)[pos // bs] * bs + pos % bs
             used = -(-(first + n) // bs)  # the table may run further (blocks for later chunks)
-            tables[seq, :used] = table[:used]
-            seq_lens[seq] = first + n
-            q_lens[seq] = n
-            row_of[request.request_id] = row
-            if first + n == request.num_tokens:  # all its tokens computed: sample the next one
+            tables[slot, :used] = table[:used]
+            seq_lens[slot] = first + n
+            q_lens[slot] = n
+            row_of[seq.seq_id] = row
+            if first + n == seq.num_tokens:  # all its tokens computed: sample the next one
                 logits_rows.append(row + n - 1)
-                sampling_requests.append(request)
+                sampling_seqs.append(seq)
             row += n
         decode_rows, prefill_rows = self._kind_rows(decode, prefill, row_of, padded_tokens)
         logits_indices = np.zeros(num_rows, np.int32)
         logits_indices[: len(logits_rows)] = logits_rows
         starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)  # rows are laid out in this order
         metadata = AttentionMetadata(positions, slot_mapping, tables, seq_lens, starts, decode_rows, prefill_rows)
-        return StepInputs(token_ids, metadata, logits_indices, sampling_requests, row_of)
+        return StepInputs(token_ids, metadata, logits_indices, sampling_seqs, row_of)
 
     def _sequence_layout(self, decode: list, prefill: list) -> tuple[list[int], int, int]:
         """(table row of each scheduled sequence, decode then prefill; rows; table columns), bucketed."""
@@ -186,7 +187,7 @@ class ModelRunner:
         # batch drains (1, 2, 4 would each compile the whole model once more).
         num_decode = bucket(len(decode), 8)
         seq_slots = list(range(len(decode))) + [num_decode + j for j in range(len(prefill))]
-        max_blocks = max(-(-(s.request.num_computed_tokens + s.num_new_tokens) // self.block_size)
+        max_blocks = max(-(-(s.seq.num_computed_tokens + s.num_new_tokens) // self.block_size)
                          for s in decode + prefill)
         num_cols = min(bucket_fine(max_blocks, 8), self.max_blocks_per_seq)
         return seq_slots, num_decode + bucket(len(prefill)), num_cols
@@ -200,11 +201,11 @@ class ModelRunner:
         if self.ragged:
             return np.zeros(0, np.int32), np.zeros((0, 0), np.int32)
         decode_rows = np.full(bucket(len(decode), 8), padded_tokens, np.int32)
-        decode_rows[: len(decode)] = [row_of[s.request.request_id] for s in decode]
+        decode_rows[: len(decode)] = [row_of[s.seq.seq_id] for s in decode]
         max_chunk = bucket(max((s.num_new_tokens for s in prefill), default=0), 8)
         prefill_rows = np.full((bucket(len(prefill)), max_chunk), padded_tokens, np.int32)
         for j, s in enumerate(prefill):
-            first = row_of[s.request.request_id]
+            first = row_of[s.seq.seq_id]
             prefill_rows[j, : s.num_new_tokens] = np.arange(first, first + s.num_new_tokens)
         return decode_rows, prefill_rows
 
@@ -212,7 +213,7 @@ class ModelRunner:
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
         """Run the step. Returns (logits [rows, V] of the sampling rows, hidden states [T, H]).
 
-        The logits live in a recycled buffer: hand them back with `recycled.give` once they are used.
+        The logits live in a recycled buffer: `sample` hands it back.
         """
         shapes = (inputs.token_ids.shape, inputs.metadata.block_tables.shape,
                   inputs.metadata.decode_token_index.shape, inputs.metadata.prefill_token_index.shape,
@@ -230,6 +231,23 @@ class ModelRunner:
                         len(self.compiled_shapes), shapes[0][0], shapes[1][0], shapes[1][1],
                         time.perf_counter() - started)
         return logits, hidden
+
+    def sample(self, logits: jax.Array, rows: list[int], seqs: list) -> list[SampledToken]:
+        """A token for each of `seqs`, sampled from `logits[rows]` (parallel samples share their parent's row).
+
+        Gives the step's logits buffer back, and lends the sampler a recycled scratch buffer.
+        """
+        if not seqs:
+            self.recycled.give(logits)
+            return []
+        picked = logits
+        if rows != list(range(len(rows))):
+            picked = logits[np.array(rows + [0] * (bucket(len(rows), 8) - len(rows)), np.int32)]
+        batch = sampling_batch(seqs, picked.shape[0], self.model.cfg.vocab_size)
+        result, scratch = sample(picked, batch, scratch=self.recycled.take(picked.shape))
+        self.recycled.give(scratch)
+        self.recycled.give(logits)
+        return result.rows(len(seqs))
 
     def all_logits(self, hidden: jax.Array) -> np.ndarray:
         """Logits of every row of a step's hidden states."""

@@ -31,6 +31,59 @@ class SamplerFlags:
     any_greedy: bool = True  # some rows take the argmax (an argmax over the vocabulary costs as much as the draw)
 
 
+@functools.partial(jax.tree_util.register_dataclass, meta_fields=("flags", "num_logprobs"),
+                   data_fields=("temperature", "top_k", "top_p", "min_p", "seeds", "positions", "prompt_ids",
+                                "output_ids", "presence", "frequency", "repetition", "banned_ids"))
+@dataclass(frozen=True)
+class SamplingBatch:
+    """The sampler's input: one row per sequence (padded rows sample harmlessly and are dropped)."""
+
+    temperature: np.ndarray  # [R] float32
+    top_k: np.ndarray  # [R] int32, 0 = all
+    top_p: np.ndarray  # [R] float32
+    min_p: np.ndarray  # [R] float32
+    seeds: np.ndarray  # [R] uint32: each sequence's resolved seed
+    positions: np.ndarray  # [R] int32: the position being sampled (the draw depends on seed and position)
+    prompt_ids: np.ndarray  # [R, P] int32 padded with V (penalties only, else [R, 1])
+    output_ids: np.ndarray  # [R, O] int32 padded with V (penalties only, else [R, 1])
+    presence: np.ndarray  # [R] float32
+    frequency: np.ndarray  # [R] float32
+    repetition: np.ndarray  # [R] float32
+    banned_ids: np.ndarray  # [R, Bn] int32: stop tokens masked before min_tokens, padded with V
+    flags: SamplerFlags
+    num_logprobs: int  # top logprobs to return per row (0 = none)
+
+
+@functools.partial(jax.tree_util.register_dataclass, meta_fields=(),
+                   data_fields=("tokens", "logprobs", "ranks", "top_ids", "top_logprobs"))
+@dataclass(frozen=True)
+class SamplerOutput:
+    """The sampled token of every row, with its logprob, its rank and the row's top logprobs."""
+
+    tokens: jax.Array  # [R] int32
+    logprobs: jax.Array  # [R] float32
+    ranks: jax.Array  # [R] int32
+    top_ids: jax.Array  # [R, n] int32
+    top_logprobs: jax.Array  # [R, n] float32
+
+    def rows(self, count: int) -> list["SampledToken"]:
+        """The first `count` rows, copied to the host."""
+        host = [np.asarray(x) for x in (self.tokens, self.logprobs, self.ranks, self.top_ids, self.top_logprobs)]
+        return [SampledToken(int(host[0][i]), float(host[1][i]), int(host[2][i]), host[3][i], host[4][i])
+                for i in range(count)]
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """One row of a SamplerOutput, on the host."""
+
+    token: int
+    logprob: float
+    rank: int
+    top_ids: np.ndarray
+    top_logprobs: np.ndarray
+
+
 def _apply_penalties(logits, prompt_ids, output_ids, presence, frequency, repetition):
     """vLLM's penalties. prompt_ids / output_ids are padded with vocab_size (dropped)."""
     rows, vocab = logits.shape
@@ -88,34 +141,30 @@ def _draw(weights, seeds, positions):
     return block * _CDF_BLOCK + jnp.minimum(offset, _last_positive(inner))
 
 
-@functools.partial(jax.jit, static_argnames=("flags", "num_logprobs"), donate_argnames=("scratch",))
-def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, prompt_ids, output_ids, presence,
-           frequency, repetition, banned_ids, flags: SamplerFlags, num_logprobs: int, scratch=None):
+@functools.partial(jax.jit, donate_argnames=("scratch",))
+def sample(logits, batch: SamplingBatch, scratch=None) -> tuple[SamplerOutput, jax.Array | None]:
     """Sample one token per row.
 
     Args:
         logits: [R, V] float32 next-token logits.
-        temperature, top_p, min_p: [R] float32; top_k: [R] int32 (0 = all).
-        seeds: [R] uint32 per-request seeds; positions: [R] int32 position being sampled.
-        prompt_ids, output_ids: [R, P] / [R, O] int32 token ids padded with V (penalties only).
-        presence, frequency, repetition: [R] float32 penalty values.
-        banned_ids: [R, Bn] int32 tokens masked this step (stop tokens before min_tokens), padded with V.
-        flags: which stages to compile in.
-        num_logprobs: how many top logprobs to return (0 = none).
+        batch: the rows' sampling settings (see SamplingBatch); its flags and num_logprobs are static, so
+            each combination compiles once.
         scratch: optional donated [R, V] float32 buffer that the sampling weights are written into instead
             of a fresh array (see model_runner.RecycledBuffers).
 
     Returns:
-        ((tokens [R] int32, their logprobs [R], their ranks [R], top ids [R, n], top logprobs [R, n]), the
-        scratch buffer to hand back, or None); logprobs are of the model's raw distribution, as vLLM reports
-        them, and zeros unless flags.logprobs.
+        (the sampled tokens with their logprobs, the scratch buffer to hand back, or None); logprobs are of
+        the model's raw distribution, as vLLM reports them, and zeros unless flags.logprobs.
     """
+    b, flags = batch, batch.flags
+    temperature, top_k, top_p, min_p, seeds, positions = (b.temperature, b.top_k, b.top_p, b.min_p, b.seeds,
+                                                          b.positions)
     raw_logits, spent = logits, scratch
     rows = logits.shape[0]
     if flags.penalties:
-        logits = _apply_penalties(logits, prompt_ids, output_ids, presence, frequency, repetition)
+        logits = _apply_penalties(logits, b.prompt_ids, b.output_ids, b.presence, b.frequency, b.repetition)
     if flags.ban_tokens:
-        logits = logits.at[jnp.arange(rows)[:, None], banned_ids].set(_NEG_INF, mode="drop")
+        logits = logits.at[jnp.arange(rows)[:, None], b.banned_ids].set(_NEG_INF, mode="drop")
     if flags.all_greedy:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     else:
@@ -137,9 +186,9 @@ def sample(logits, temperature, top_k, top_p, min_p, seeds, positions, prompt_id
         raw_logprobs = jax.nn.log_softmax(raw_logits, axis=-1)
         token_logprobs = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
         ranks = jnp.sum(raw_logprobs > token_logprobs[:, None], axis=-1) + 1
-        if num_logprobs:
-            top_logprobs, top_ids = jax.lax.top_k(raw_logprobs, num_logprobs)
-    return (tokens, token_logprobs, ranks, top_ids, top_logprobs), spent
+        if b.num_logprobs:
+            top_logprobs, top_ids = jax.lax.top_k(raw_logprobs, b.num_logprobs)
+    return SamplerOutput(tokens, token_logprobs, ranks, top_ids, top_logprobs), spent
 
 
 def _padded(rows: list[list[int]], fill: int, minimum: int = 1) -> np.ndarray:
@@ -150,8 +199,8 @@ def _padded(rows: list[list[int]], fill: int, minimum: int = 1) -> np.ndarray:
     return out
 
 
-def sampler_inputs(requests: list, num_rows: int, vocab_size: int) -> tuple[dict, SamplerFlags, int]:
-    """Per-row sampling arrays for `requests` (padded to num_rows) and the batch's static flags."""
+def sampling_batch(requests: list, num_rows: int, vocab_size: int) -> "SamplingBatch":
+    """The sampling settings of `requests` (Sequences), one row each, padded to num_rows."""
     params = [r.sampling_params for r in requests]
     pad = num_rows - len(requests)
 
@@ -170,7 +219,7 @@ def sampler_inputs(requests: list, num_rows: int, vocab_size: int) -> tuple[dict
     empty = [[] for _ in range(num_rows)]
     banned = [list(p.stop_token_ids) + ([] if p.ignore_eos else list(r.eos_token_ids))
               if r.num_output_tokens < p.min_tokens else [] for r, p in zip(requests, params)]
-    arrays = dict(
+    return SamplingBatch(
         temperature=column((p.temperature for p in params), np.float32, 0.0),
         top_k=column((max(p.top_k, 0) for p in params), np.int32, 0),
         top_p=column((p.top_p for p in params), np.float32, 1.0),
@@ -185,9 +234,9 @@ def sampler_inputs(requests: list, num_rows: int, vocab_size: int) -> tuple[dict
         frequency=column((p.frequency_penalty for p in params), np.float32, 0.0),
         repetition=column((p.repetition_penalty for p in params), np.float32, 1.0),
         banned_ids=_padded(banned + empty[len(requests):], vocab_size),
+        flags=flags,
+        num_logprobs=bucket_logprobs(max((p.logprobs or 0 for p in params), default=0)),
     )
-    num_logprobs = max((p.logprobs or 0 for p in params), default=0)
-    return arrays, flags, bucket_logprobs(num_logprobs)
 
 
 def bucket_logprobs(n: int) -> int:

@@ -2,13 +2,41 @@
 
 Parallel sampling computes the prompt once: only the first sequence is scheduled; when its prompt is done
 the others fork from it (sharing every block) and each samples its own first token from the same logits.
+Beam search forks the best beams and frees the pruned ones after every step (jax_engine/beam_search.py).
 """
 
 from dataclasses import dataclass, field
 
-from jax_engine.beam_search import BeamSearchParams, BeamSearchSequence
-from jax_engine.request import Request
+import numpy as np
+
+from jax_engine.beam_search import BeamSearchParams, BeamSearchSequence, select_candidates
+from jax_engine.core.scheduler import Scheduler
+from jax_engine.detokenizer import IncrementalDetokenizer
+from jax_engine.outputs import RequestMetrics
+from jax_engine.sampler import SampledToken
 from jax_engine.sampling_params import SamplingParams
+from jax_engine.sequence import Sequence
+from reference.request import RequestStatus
+
+
+class SequenceFactory:
+    """Makes a group's sequences: ids, resolved seeds, detokenizers, logprob lists."""
+
+    def __init__(self, tokenizer, eos_token_ids: tuple[int, ...], seed: int | None) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self._rng = np.random.default_rng(seed)  # seeds for requests that set none
+
+    def __call__(self, group: "SequenceGroup", index: int, params: SamplingParams, max_tokens: int,
+                 metrics: RequestMetrics) -> Sequence:
+        seq_id = group.request_id if index == 0 else f"{group.request_id}#{index}"
+        seed = params.seed + index if params.seed is not None else int(self._rng.integers(2**31))
+        detokenizer = IncrementalDetokenizer(self.tokenizer, group.prompt_token_ids, params.skip_special_tokens)
+        seq = Sequence(seq_id, group.request_id, index, group.prompt_token_ids, params, group.arrival,
+                       seed & 0xFFFFFFFF, params.max_tokens or max_tokens, self.eos_token_ids, detokenizer, metrics)
+        seq.logprobs = [] if params.logprobs is not None else None
+        seq.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
+        return seq
 
 
 @dataclass
@@ -17,18 +45,74 @@ class SequenceGroup:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams | BeamSearchParams
-    seqs: list[Request] = field(default_factory=list)  # every sequence, in output order
-    pending_forks: list[Request] = field(default_factory=list)  # parallel samples not forked yet
+    arrival: int  # the engine's arrival count: the scheduler's FCFS order
+    seqs: list[Sequence] = field(default_factory=list)  # every sequence, in output order
     completed_beams: list[BeamSearchSequence] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, request_id: str, prompt: str | None, token_ids: list[int],
+               params: SamplingParams | BeamSearchParams, arrival: int, room: int, metrics: RequestMetrics,
+               new_sequence: SequenceFactory) -> "SequenceGroup":
+        """The group with its first sequence (to schedule) and, for n > 1, the samples that fork from it."""
+        group = cls(request_id, prompt, token_ids, params, arrival)
+        if group.is_beam_search:  # beams read the top 2 x width logprobs of each step
+            beam_params = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=True,
+                                         logprobs=2 * params.beam_width)
+            group.seqs.append(new_sequence(group, 0, beam_params, room, metrics))
+        else:
+            group.seqs = [new_sequence(group, i, params, room, metrics) for i in range(params.n)]
+            for child in group.seqs[1:]:
+                child.fork_parent = group.seqs[0]
+        return group
 
     @property
     def is_beam_search(self) -> bool:
         return isinstance(self.params, BeamSearchParams)
 
     @property
-    def live_seqs(self) -> list[Request]:
+    def live_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs if not s.status.is_finished]
 
     @property
     def finished(self) -> bool:
         return not self.live_seqs
+
+    def sampling_seqs(self, seq: Sequence) -> list[Sequence]:
+        """Who samples from `seq`'s logits row: itself and, once, the parallel samples that fork from it."""
+        return [seq] + [child for child in self.seqs if child.fork_parent is seq and not child.status.is_finished]
+
+    def propose(self, seq: Sequence, sampled: SampledToken) -> bool:
+        """Beam search: keep a beam's top tokens as its proposals (advance_beams picks among them)."""
+        if self.is_beam_search:
+            seq.beam_proposals = list(zip(sampled.top_ids.tolist(), sampled.top_logprobs.tolist()))
+        return self.is_beam_search
+
+    def advance_beams(self, scheduler: Scheduler, new_sequence: SequenceFactory, eos_token_ids: tuple[int, ...]) -> None:
+        """Once every live beam proposed its next tokens: keep the best, fork, free the pruned."""
+        beams, params = self.live_seqs, self.params
+        if any(b.beam_proposals is None for b in beams):
+            return  # a beam was preempted before it proposed: wait for it
+        survivors, completed = select_candidates(beams, params, eos_token_ids)
+        self.completed_beams += [BeamSearchSequence(c.beam.all_token_ids + [c.token], c.cum_logprob,
+                                                    finish_reason="stop") for c in completed]
+        plan, used = [], set()
+        for candidate in survivors:  # fork before anyone appends, so children copy the parent's tokens
+            beam = candidate.beam
+            target = beam if id(beam) not in used else self._fork_beam(beam, scheduler, new_sequence)
+            used.add(id(beam))
+            plan.append((target, candidate))
+        for beam in beams:
+            beam.beam_proposals = None
+            if id(beam) not in used:
+                scheduler.finish(beam, RequestStatus.FINISHED_ABORTED)  # pruned: its blocks are freed
+        for target, candidate in plan:
+            target.all_token_ids.append(candidate.token)
+            target.cumulative_logprob = candidate.cum_logprob
+            if target.num_output_tokens >= params.max_tokens:
+                scheduler.finish(target, RequestStatus.FINISHED_LENGTH)
+
+    def _fork_beam(self, parent: Sequence, scheduler: Scheduler, new_sequence: SequenceFactory) -> Sequence:
+        child = new_sequence(self, len(self.seqs), parent.sampling_params, parent.max_tokens, parent.metrics)
+        scheduler.fork(parent, child)
+        self.seqs.append(child)
+        return child

@@ -4,12 +4,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.attention.backend import RAGGED_BACKENDS, get_attention_backend
-from jax_engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from jax_engine.core.scheduler import ScheduledSequence, SchedulerOutput
 from jax_engine.model_runner import ModelRunner
 from jax_engine.models import LlamaForCausalLM
 from jax_engine.outputs import RequestMetrics
-from jax_engine.request import Request
 from jax_engine.sampling_params import SamplingParams
+from jax_engine.sequence import Sequence
 
 
 def engine_logits(checkpoint, token_ids: list[int], chunk_sizes: list[int], block_size: int = 4,
@@ -21,12 +21,12 @@ def engine_logits(checkpoint, token_ids: list[int], chunk_sizes: list[int], bloc
     runner = ModelRunner(model, num_blocks, block_size, 0, len(token_ids) + 8, attention, dtype,
                          ragged=name in RAGGED_BACKENDS)
     table = [int(b) for b in np.random.default_rng(0).permutation(num_blocks)]
-    request = Request("r", "r", 0, list(token_ids), SamplingParams(), 0, 0, 1, (), None, RequestMetrics(0.0))
+    seq = Sequence("r", "r", 0, list(token_ids), SamplingParams(), 0, 0, 1, (), None, RequestMetrics(0.0))
     logits = []
     for size in chunk_sizes:
-        out = SchedulerOutput(scheduled=[ScheduledRequest(request, size)])
+        out = SchedulerOutput(scheduled=[ScheduledSequence(seq, size)])
         inputs = runner.prepare(out, {"r": table})
         _, hidden = runner.execute(inputs)
         logits.append(runner.all_logits(hidden)[:size])
-        request.num_computed_tokens += size
+        seq.num_computed_tokens += size
     return np.concatenate(logits)

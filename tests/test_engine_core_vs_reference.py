@@ -1,5 +1,6 @@
 """The engine's KV-cache manager and scheduler make the reference's decisions, operation for operation."""
 
+import numpy as np
 from hypothesis import strategies as st
 from hypothesis import given
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -7,8 +8,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from jax_engine.core.kv_cache_manager import KVCacheManager
 from jax_engine.core.scheduler import Scheduler
 from jax_engine.outputs import RequestMetrics
-from jax_engine.request import Request
+from jax_engine.sampler import SampledToken
 from jax_engine.sampling_params import SamplingParams
+from jax_engine.sequence import Sequence
 from reference import BlockManager
 from reference import Request as ReferenceRequest
 from reference import Scheduler as ReferenceScheduler
@@ -97,8 +99,10 @@ class SameDecisions(RuleBasedStateMachine):
         if not hasattr(self, "ref"):
             return
         assert {s: self.ref.block_table(s) for s in self.ref.block_tables} == self.fast.block_tables
-        assert [b.ref_cnt for b in self.ref.device.blocks] == self.fast.device.ref_cnt
-        assert list(self.ref.device.free_queue) == list(self.fast.device.free_queue)
+        for ref_pool, fast_pool in ((self.ref.device, self.fast.device), (self.ref.host, self.fast.host)):
+            assert [b.ref_cnt for b in ref_pool.blocks] == fast_pool.ref_cnt
+            assert list(ref_pool.free_queue) == list(fast_pool.free_queue)
+        assert self.ref.swapped_out == self.fast.swapped_out
         assert self.ref.device.cached_blocks == self.fast.device.cached_blocks
         assert (self.ref.prefix_cache_hits, self.ref.prefix_cache_queries) == (
             self.fast.prefix_cache_hits, self.fast.prefix_cache_queries)
@@ -108,10 +112,14 @@ TestSameDecisions = SameDecisions.TestCase
 
 
 # ------------------------------------------------------------------------------- scheduler traces
-def _engine_request(request_id, prompt, max_tokens, arrival):
+def _engine_sequence(request_id, prompt, max_tokens, arrival):
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
-    return Request(request_id, request_id, 0, list(prompt), params, arrival, 0, max_tokens, (99,), None,
-                   RequestMetrics(0.0))
+    return Sequence(request_id, request_id, 0, list(prompt), params, arrival, 0, max_tokens, (99,), None,
+                    RequestMetrics(0.0))
+
+
+def _sampled(token: int) -> SampledToken:
+    return SampledToken(token, 0.0, 1, np.zeros(0, np.int32), np.zeros(0, np.float32))
 
 
 @st.composite
@@ -145,24 +153,19 @@ def test_engine_scheduler_decides_like_the_reference(trace):
                 ref.add_request(request)
             except ValueError:
                 continue  # the engine refuses the same requests before they reach its scheduler
-            fast_requests[f"r{i}"] = _engine_request(f"r{i}", prompt, max_tokens, i)
+            fast_requests[f"r{i}"] = _engine_sequence(f"r{i}", prompt, max_tokens, i)
             fast.add_request(fast_requests[f"r{i}"])
         ref_out, fast_out = ref.schedule(), fast.schedule()
-        assert [(s.request.request_id, s.num_new_tokens, fast.kv.block_tables[s.request.request_id])
+        assert [(s.seq.seq_id, s.num_new_tokens, fast.kv.block_tables[s.seq.seq_id])
                 for s in fast_out.scheduled] == [(s.request_id, s.num_new_tokens, s.block_table) for s in ref_out.scheduled]
-        assert [p.request.request_id for p in fast_out.preempted] == ref_out.preempted
+        assert [p.seq.seq_id for p in fast_out.preempted] == ref_out.preempted
         assert (fast_out.swap_out, fast_out.swap_in, fast_out.copies) == (ref_out.swap_out, ref_out.swap_in, ref_out.copies)
         token = sampled[step % len(sampled)]
-        for finished in ref.update_from_output(ref_out, {s.request_id: token for s in ref_out.scheduled}, (99,)):
-            pass
-        for s in fast_out.scheduled:  # the engine's own update, as LLMEngine._advance / _append_token do it
-            r = s.request
-            r.num_computed_tokens += s.num_new_tokens
-            fast.kv.cache_full_blocks(r.request_id, r.all_token_ids, r.num_computed_tokens)
-            if r.num_computed_tokens == r.num_tokens:
-                status = r.append_token(token)
-                if status is not None:
-                    fast.finish(r, status)
+        ref.update_from_output(ref_out, {s.request_id: token for s in ref_out.scheduled}, (99,))
+        fast.update_from_output(fast_out, [(s.seq, _sampled(token)) for s in fast_out.scheduled
+                                           if s.seq.num_computed_tokens + s.num_new_tokens == s.seq.num_tokens])
+        assert fast.kv.block_tables == {r: ref.block_manager.block_table(r) for r in ref.block_manager.block_tables}
+        assert [b.ref_cnt for b in ref.block_manager.host.blocks] == fast.kv.host.ref_cnt
         for request_id, r in fast_requests.items():
             assert (r.status, r.output_token_ids) == (ref.requests[request_id].status, ref.requests[request_id].output_token_ids)
         step += 1

@@ -70,7 +70,7 @@ def test_output_does_not_depend_on_the_other_requests(make_llm, baseline):
 def test_preemptions_are_counted_and_logged_with_a_reason(make_llm, caplog):
     llm = make_llm(num_gpu_blocks_override=6, preemption_mode="swap", swap_space=0.01, **BASE)
     trace = llm.llm_engine.enable_trace()
-    with caplog.at_level(logging.INFO, logger="jax_engine.llm_engine"):
+    with caplog.at_level(logging.INFO, logger="jax_engine.core.scheduler"):
         run(llm)
     preempted = [p for step in trace for p in step.preempted]
     assert len(preempted) == llm.llm_engine.stats()["num_preemptions"] > 0

@@ -171,20 +171,21 @@ def test_a_request_whose_row_cannot_be_packed_fails_alone(engine, n):
 def test_a_request_whose_output_processing_raises_fails_alone(engine, monkeypatch):
     """A fault in one request's token bookkeeping (detokenizer, stop strings, logprobs) fails only it."""
     alone = _run(engine, "alone", NORMAL)
-    append_token = engine._append_token
+    process_token = engine.output_processor.process_token
 
-    def faulty(request, *result):
-        if request.parent_id == "faulty" and request.num_output_tokens == 2:
+    def faulty(seq, sampled):
+        if seq.request_id == "faulty" and seq.num_output_tokens == 3:
             raise RuntimeError("injected fault")
-        append_token(request, *result)
+        return process_token(seq, sampled)
 
-    monkeypatch.setattr(engine, "_append_token", faulty)
+    monkeypatch.setattr(engine.output_processor, "process_token", faulty)
     engine.add_request("faulty", PROMPT, NORMAL)
     engine.add_request("healthy", PROMPT, NORMAL)
     finals = {}
     while engine.has_unfinished_requests():
         finals.update({o.request_id: o for o in engine.step() if o.finished})
     assert finals["faulty"].outputs[0].finish_reason == "error"
-    assert len(finals["faulty"].outputs[0].token_ids) == 2  # the third token's bookkeeping failed
+    # The scheduler appended the third token; its text and logprobs (the output processor's part) failed.
+    assert len(finals["faulty"].outputs[0].token_ids) == 3
     assert finals["healthy"].outputs[0].token_ids == alone.outputs[0].token_ids
     assert engine.kv_cache_manager.device.num_free_blocks == engine.kv_cache_manager.device.num_blocks

@@ -6,28 +6,28 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jax_engine.outputs import RequestMetrics
-from jax_engine.request import Request
-from jax_engine.sampler import sample, sampler_inputs
+from jax_engine.sampler import sample, sampling_batch
 from jax_engine.sampling_params import SamplingParams
+from jax_engine.sequence import Sequence
 from reference.sampler import filtered_probs
 
 VOCAB = 32
 
 
-def make_request(params: SamplingParams, seed: int = 0, prompt=(1, 2, 3), output=()) -> Request:
-    request = Request("r", "r", 0, list(prompt), params, 0, seed, params.max_tokens or 16, (0,), None,
+def make_request(params: SamplingParams, seed: int = 0, prompt=(1, 2, 3), output=()) -> Sequence:
+    request = Sequence("r", "r", 0, list(prompt), params, 0, seed, params.max_tokens or 16, (0,), None,
                       RequestMetrics(0.0))
     request.all_token_ids += list(output)
     return request
 
 
-def run(requests: list[Request], logits: np.ndarray, num_rows: int | None = None):
+def run(requests: list[Sequence], logits: np.ndarray, num_rows: int | None = None):
     num_rows = num_rows or len(requests)
     padded = np.zeros((num_rows, logits.shape[1]), np.float32)
     padded[: len(logits)] = logits
-    arrays, flags, num_logprobs = sampler_inputs(requests, num_rows, logits.shape[1])
-    result, _ = sample(padded, **arrays, flags=flags, num_logprobs=num_logprobs)
-    return [np.asarray(x)[: len(requests)] for x in result]
+    result, _ = sample(padded, sampling_batch(requests, num_rows, logits.shape[1]))
+    return [np.asarray(x)[: len(requests)] for x in (result.tokens, result.logprobs, result.ranks,
+                                                        result.top_ids, result.top_logprobs)]
 
 
 @given(seed=st.integers(0, 2**31 - 1), temperature=st.sampled_from([0.5, 1.0, 1.5]),
@@ -60,8 +60,17 @@ def test_a_seeded_row_draws_the_same_token_in_any_batch():
     alone = [run([make_request(params, seed=42)], logits[i : i + 1])[0][0] for i in range(16)]
     batched = run([make_request(params, seed=42) for _ in range(16)], logits, num_rows=32)[0]
     assert list(batched) == alone
-    other_position = run([make_request(params, seed=42, output=[5])], logits[:1])[0][0]
-    assert len(set(alone)) > 1 and other_position in range(VOCAB)
+    assert len(set(alone)) > 1
+
+
+def test_the_position_being_sampled_changes_the_draw():
+    """Same seed, same logits: the uniform comes from (seed, position), so later positions draw anew."""
+    flat = np.zeros((1, VOCAB), np.float32)
+    params = SamplingParams(temperature=1.0, seed=42)
+    draws = [run([make_request(params, seed=42, output=[5] * k)], flat)[0][0] for k in range(16)]
+    again = [run([make_request(params, seed=42, output=[5] * k)], flat)[0][0] for k in range(16)]
+    assert draws == again  # seeded: the same position draws the same token
+    assert len(set(draws)) > 4  # 16 draws over 32 equally likely tokens: one repeated value would be a bug
 
 
 def test_greedy_rows_take_the_argmax_beside_sampled_rows():

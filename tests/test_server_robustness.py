@@ -143,14 +143,15 @@ def test_a_request_failing_inside_the_engine_fails_alone(shared_tiny_server):
     internals, while the engine and the other requests go on."""
     url, engine = shared_tiny_server
     poison = [250, 251, 252]
-    append_token = engine.engine._append_token
+    processor = engine.engine.output_processor
+    process_token = processor.process_token
 
-    def faulty(request, *result):
-        if request.prompt_token_ids == poison:
+    def faulty(seq, sampled):
+        if seq.prompt_token_ids == poison:
             raise RuntimeError("injected fault")
-        append_token(request, *result)
+        return process_token(seq, sampled)
 
-    engine.engine._append_token = faulty
+    processor.process_token = faulty
     try:
         body = {"prompt": "abc", "max_tokens": 20, "temperature": 0, "ignore_eos": True}
         alone = httpx.post(f"{url}/v1/completions", json=body).json()["choices"][0]["text"]
@@ -160,7 +161,7 @@ def test_a_request_failing_inside_the_engine_fails_alone(shared_tiny_server):
                 streamed_error = json.loads(list(_data_lines(s))[-2])["error"]
             text = "".join(json.loads(e)["choices"][0]["text"] for e in _data_lines(healthy) if e != "[DONE]")
     finally:
-        engine.engine._append_token = append_token
+        processor.process_token = process_token
     assert text == alone
     for error in (failed.json()["error"], streamed_error):
         assert error["code"] == "request_failed" and "injected" not in error["message"]

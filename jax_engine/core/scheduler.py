@@ -1,37 +1,44 @@
 """Iteration-level scheduler: the reference's policy (reference/scheduler.py), built for speed.
 
-FCFS over waiting / running / swapped queues; running requests first, earliest arrival first; when blocks
-run out the latest-arrived running request is preempted (recompute or swap); swapped requests come back
+FCFS over waiting / running / swapped queues; running sequences first, earliest arrival first; when blocks
+run out the latest-arrived running sequence is preempted (recompute or swap); swapped sequences come back
 before new ones are admitted; nothing is admitted in a step that preempted.
 """
 
 import bisect
+import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from jax_engine.core.kv_cache_manager import KVCacheManager
-from jax_engine.request import Request
+from jax_engine.sequence import Sequence
 from reference.request import RequestStatus
 from reference.scheduler import SchedulerConfig
 
+logger = logging.getLogger(__name__)
+
+if TYPE_CHECKING:  # the sampler imports jax; the scheduler is host bookkeeping only
+    from jax_engine.sampler import SampledToken
+
 
 @dataclass
-class ScheduledRequest:
-    request: Request
+class ScheduledSequence:
+    seq: Sequence
     num_new_tokens: int
 
 
 @dataclass
 class Preemption:
-    request: Request
+    seq: Sequence
     mode: str  # "recompute" or "swap"
     reason: str
 
 
 @dataclass
 class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
     preempted: list[Preemption] = field(default_factory=list)
-    admitted: list[Request] = field(default_factory=list)  # taken from WAITING this step
+    admitted: list[Sequence] = field(default_factory=list)  # taken from WAITING this step
     swap_out: dict[int, int] = field(default_factory=dict)  # device block -> host block
     swap_in: dict[int, int] = field(default_factory=dict)  # host block -> device block
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst)
@@ -42,10 +49,11 @@ class SchedulerOutput:
 
 
 class _ArrivalQueue:
-    """Requests kept sorted by arrival: O(log n) insert, O(1) pop at either end."""
+    """Sequences kept sorted by arrival in a plain list: a binary search finds where to insert; inserting
+    or popping the front shifts the list (a memmove, cheap at the queue lengths the engine sees)."""
 
     def __init__(self) -> None:
-        self.items: list[Request] = []
+        self.items: list[Sequence] = []
 
     def __len__(self) -> int:
         return len(self.items)
@@ -53,11 +61,11 @@ class _ArrivalQueue:
     def __iter__(self):
         return iter(self.items)
 
-    def insert(self, request: Request) -> None:
-        bisect.insort(self.items, request, key=lambda r: r.arrival)
+    def insert(self, seq: Sequence) -> None:
+        bisect.insort(self.items, seq, key=lambda r: r.arrival)
 
-    def remove(self, request: Request) -> None:
-        self.items.remove(request)
+    def remove(self, seq: Sequence) -> None:
+        self.items.remove(seq)
 
 
 class Scheduler:
@@ -67,12 +75,14 @@ class Scheduler:
         self.waiting, self.running, self.swapped = _ArrivalQueue(), _ArrivalQueue(), _ArrivalQueue()
         self.num_preemptions = 0
 
-    def add_request(self, request: Request) -> None:
-        self._enqueue(self.waiting, request, RequestStatus.WAITING)
+    def add_request(self, seq: Sequence) -> None:
+        self._enqueue(self.waiting, seq, RequestStatus.WAITING)
 
-    def add_running(self, request: Request) -> None:
-        """A sequence forked from a running one: it already holds (shared) blocks."""
-        self._enqueue(self.running, request, RequestStatus.RUNNING)
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Start `child` as a copy of running `parent`: same tokens and progress, every block shared."""
+        child.adopt(parent)
+        self.kv.fork(parent.seq_id, child.seq_id)
+        self._enqueue(self.running, child, RequestStatus.RUNNING)
 
     def has_unfinished_requests(self) -> bool:
         return bool(len(self.waiting) or len(self.running) or len(self.swapped))
@@ -83,6 +93,7 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------- one step
     def schedule(self) -> SchedulerOutput:
+        """Pick this step's sequences and token counts; allocate, swap and copy their blocks (see module doc)."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens - self._schedule_running(out)
         if not out.preempted:
@@ -95,6 +106,31 @@ class Scheduler:
             self._preempt(self.running.items.pop(), out, "idle while holding blocks others wait for")
         return out
 
+    def update_from_output(self, out: SchedulerOutput, sampled: list[tuple[Sequence, "SampledToken"]]) -> None:
+        """After the model ran `out`: advance computed counts, cache full blocks, fork, append, finish.
+
+        Args:
+            out: the output of the `schedule()` call that the model just ran.
+            sampled: a token for every sequence whose tokens are now all computed, in sampling order. A
+                parallel sample that is not running yet (`fork_parent` set) forks from its parent here,
+                sharing every block, then takes its own token.
+        Stop tokens, EOS and max_tokens finish a sequence and free its blocks; stop strings, which need the
+        text, are the output processor's (jax_engine/output_processor.py).
+        """
+        for s in out.scheduled:
+            if s.seq.status.is_finished:  # failed while this step ran: it holds no blocks any more
+                continue
+            s.seq.num_computed_tokens += s.num_new_tokens
+            self.kv.cache_full_blocks(s.seq.seq_id, s.seq.all_token_ids, s.seq.num_computed_tokens)
+        for seq, _ in sampled:  # fork before anyone appends, so children copy the parent's prompt alone
+            if seq.fork_parent is not None:
+                self.fork(seq.fork_parent, seq)
+                seq.fork_parent = None
+        for seq, token in sampled:
+            status = seq.append_token(token.token, token.logprob)
+            if status is not None:
+                self.finish(seq, status)
+
     def _chunk(self, num_remaining: int, budget: int) -> int:
         if self.config.enable_chunked_prefill:
             return min(num_remaining, budget)
@@ -103,19 +139,19 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput) -> int:
         kv, running, used, i = self.kv, self.running.items, 0, 0
         while i < len(running):
-            request = running[i]
-            n = self._chunk(request.num_tokens - request.num_computed_tokens, self.config.max_num_batched_tokens - used)
+            seq = running[i]
+            n = self._chunk(seq.num_tokens - seq.num_computed_tokens, self.config.max_num_batched_tokens - used)
             if n == 0:
                 i += 1
                 continue
-            while not kv.can_append_slots(request.request_id, request.num_computed_tokens, n):
-                needed = kv.num_blocks_to_append(request.request_id, request.num_computed_tokens, n)
-                reason = f"{request.request_id} needed {needed} blocks, {kv.device.num_free_blocks} free"
+            while not kv.can_append_slots(seq.seq_id, seq.num_computed_tokens, n):
+                needed = kv.num_blocks_to_append(seq.seq_id, seq.num_computed_tokens, n)
+                reason = f"{seq.seq_id} needed {needed} blocks, {kv.device.num_free_blocks} free"
                 self._preempt(running.pop(), out, reason)
-                if request.status is not RequestStatus.RUNNING:
+                if seq.status is not RequestStatus.RUNNING:
                     return used
-            out.copies += kv.append_slots(request.request_id, request.num_computed_tokens, n)
-            out.scheduled.append(ScheduledRequest(request, n))
+            out.copies += kv.append_slots(seq.seq_id, seq.num_computed_tokens, n)
+            out.scheduled.append(ScheduledSequence(seq, n))
             used += n
             i += 1
         return used
@@ -123,61 +159,62 @@ class Scheduler:
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
         kv, used = self.kv, 0
         while len(self.swapped) and len(self.running) < self.config.max_num_seqs:
-            request = self.swapped.items[0]
-            n = self._chunk(request.num_tokens - request.num_computed_tokens, budget - used)
-            extra = kv.num_blocks_to_append(request.request_id, request.num_computed_tokens, n)
-            if n == 0 or not kv.can_swap_in([request.request_id], extra):
+            seq = self.swapped.items[0]
+            n = self._chunk(seq.num_tokens - seq.num_computed_tokens, budget - used)
+            extra = kv.num_blocks_to_append(seq.seq_id, seq.num_computed_tokens, n)
+            if n == 0 or not kv.can_swap_in([seq.seq_id], extra):
                 break
             self.swapped.items.pop(0)
-            out.swap_in.update(kv.swap_in([request.request_id]))
-            out.copies += kv.append_slots(request.request_id, request.num_computed_tokens, n)
-            self._enqueue(self.running, request, RequestStatus.RUNNING)
-            out.scheduled.append(ScheduledRequest(request, n))
+            out.swap_in.update(kv.swap_in([seq.seq_id]))
+            out.copies += kv.append_slots(seq.seq_id, seq.num_computed_tokens, n)
+            self._enqueue(self.running, seq, RequestStatus.RUNNING)
+            out.scheduled.append(ScheduledSequence(seq, n))
             used += n
         return used
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         kv = self.kv
         while len(self.waiting) and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting.items[0]
-            num_cached = len(kv.find_cached_prefix(request.request_id, request.token_ids)) * kv.block_size
-            n = self._chunk(request.num_tokens - num_cached, budget)
-            if n == 0 or not kv.can_allocate(request.request_id, request.token_ids):
+            seq = self.waiting.items[0]
+            num_cached = len(kv.find_cached_prefix(seq.seq_id, seq.token_ids)) * kv.block_size
+            n = self._chunk(seq.num_tokens - num_cached, budget)
+            if n == 0 or not kv.can_allocate(seq.seq_id, seq.token_ids):
                 break
             self.waiting.items.pop(0)
-            request.num_computed_tokens = kv.allocate(request.request_id, request.token_ids)
-            if request.num_cached_tokens is None:
-                request.num_cached_tokens = request.num_computed_tokens
-            self._enqueue(self.running, request, RequestStatus.RUNNING)
-            out.scheduled.append(ScheduledRequest(request, n))
-            out.admitted.append(request)
+            seq.num_computed_tokens = kv.allocate(seq.seq_id, seq.token_ids)
+            if seq.num_cached_tokens is None:
+                seq.num_cached_tokens = seq.num_computed_tokens
+            self._enqueue(self.running, seq, RequestStatus.RUNNING)
+            out.scheduled.append(ScheduledSequence(seq, n))
+            out.admitted.append(seq)
             budget -= n
 
-    def _preempt(self, request: Request, out: SchedulerOutput, reason: str) -> None:
+    def _preempt(self, seq: Sequence, out: SchedulerOutput, reason: str) -> None:
         self.num_preemptions += 1
-        out.scheduled = [s for s in out.scheduled if s.request is not request]
-        if self.config.preemption_mode == "swap" and self.kv.can_swap_out([request.request_id]):
-            out.swap_out.update(self.kv.swap_out([request.request_id]))
-            self._enqueue(self.swapped, request, RequestStatus.SWAPPED)
-            out.preempted.append(Preemption(request, "swap", reason))
+        out.scheduled = [s for s in out.scheduled if s.seq is not seq]
+        if self.config.preemption_mode == "swap" and self.kv.can_swap_out([seq.seq_id]):
+            out.swap_out.update(self.kv.swap_out([seq.seq_id]))
+            self._enqueue(self.swapped, seq, RequestStatus.SWAPPED)
+            out.preempted.append(Preemption(seq, "swap", reason))
         else:
             if self.config.preemption_mode == "swap":
                 reason += "; host swap space full, recomputing instead"
-            self.kv.free(request.request_id)
-            request.num_computed_tokens = 0
-            self._enqueue(self.waiting, request, RequestStatus.WAITING)
-            out.preempted.append(Preemption(request, "recompute", reason))
+            self.kv.free(seq.seq_id)
+            seq.num_computed_tokens = 0
+            self._enqueue(self.waiting, seq, RequestStatus.WAITING)
+            out.preempted.append(Preemption(seq, "recompute", reason))
+        logger.info("preempted %s by %s: %s", seq.seq_id, out.preempted[-1].mode, out.preempted[-1].reason)
 
-    def _enqueue(self, queue: _ArrivalQueue, request: Request, status: RequestStatus) -> None:
-        request.status = status
-        queue.insert(request)
+    def _enqueue(self, queue: _ArrivalQueue, seq: Sequence, status: RequestStatus) -> None:
+        seq.status = status
+        queue.insert(seq)
 
-    def finish(self, request: Request, status: RequestStatus) -> None:
-        """Take a request out of its queue and free its blocks (it stopped, or was aborted)."""
+    def finish(self, seq: Sequence, status: RequestStatus) -> None:
+        """Take a sequence out of its queue and free its blocks (it stopped, or was aborted)."""
         for queue in (self.waiting, self.running, self.swapped):
-            if request in queue.items:
-                queue.remove(request)
-        if request.request_id in self.kv.block_tables:
-            self.kv.free(request.request_id)
-        self.kv.forget(request.request_id)
-        request.status = status
+            if seq in queue.items:
+                queue.remove(seq)
+        if seq.seq_id in self.kv.block_tables:
+            self.kv.free(seq.seq_id)
+        self.kv.forget(seq.seq_id)
+        seq.status = status

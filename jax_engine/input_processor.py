@@ -1,0 +1,73 @@
+"""From what a user sends to token ids the engine can run: tokenize, then check every limit.
+
+Reads only the tokenizer and the configuration, so a server may call it while a step runs. Every refusal
+is a ValueError that names the field and its limit.
+"""
+
+from jax_engine.beam_search import BeamSearchParams
+from jax_engine.model_config import ModelConfig
+from jax_engine.sampling_params import SamplingParams
+from reference.request import check, is_int, is_unicode
+from reference.scheduler import SchedulerConfig
+
+Prompt = str | list[int] | dict
+
+
+def cache_salt(prompt: Prompt) -> str | None:
+    """vLLM's `cache_salt` prompt field: prefix-cache hits only between prompts with the same salt."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    check(salt is None or (isinstance(salt, str) and salt != ""), "cache_salt", "a non-empty string or None", salt)
+    return salt
+
+
+class InputProcessor:
+    def __init__(self, tokenizer, model_config: ModelConfig, scheduler_config: SchedulerConfig) -> None:
+        self.tokenizer = tokenizer
+        self.vocab_size = model_config.vocab_size
+        self.max_model_len = scheduler_config.max_model_len
+        self.max_num_seqs = scheduler_config.max_num_seqs
+
+    def process(self, prompt: Prompt, params: SamplingParams | BeamSearchParams) -> tuple[str | None, list[int]]:
+        """Tokenize and check a request; returns (prompt text or None, token ids)."""
+        cache_salt(prompt)
+        text, token_ids = self._prompt_token_ids(prompt)
+        if not token_ids:
+            raise ValueError("prompt must not be empty")
+        bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token ids must be in [0, vocab_size={self.vocab_size}), got {bad[:5]}")
+        limit = self.max_model_len
+        room = limit - len(token_ids)
+        if room < 1:
+            raise ValueError(f"prompt ({len(token_ids)} tokens) leaves no room for output: it exceeds "
+                             f"max_model_len={limit} - 1")
+        if params.max_tokens is not None and params.max_tokens > room:  # the message names the field to lower
+            raise ValueError(f"max_tokens ({params.max_tokens}) + prompt ({len(token_ids)} tokens) exceeds "
+                             f"max_model_len={limit}")
+        self._check_params_fit(params, room)
+        return text, token_ids
+
+    def _prompt_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt (which may carry its text too)
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), self._prompt_token_ids(prompt["prompt_token_ids"])[1]
+            prompt = prompt.get("prompt")
+        if isinstance(prompt, str):
+            check(is_unicode(prompt), "prompt", "valid Unicode (no lone surrogates)", prompt)
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, (list, tuple)) and all(is_int(t) for t in prompt):
+            return None, [int(t) for t in prompt]
+        raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+
+    def _check_params_fit(self, params: SamplingParams | BeamSearchParams, room: int) -> None:
+        """The limits that depend on this engine: vocabulary, batch size, room left for output."""
+        vocab, max_seqs = self.vocab_size, self.max_num_seqs
+        if isinstance(params, BeamSearchParams):
+            check(params.beam_width <= max_seqs, "beam_width", f"<= max_num_seqs ({max_seqs})", params.beam_width)
+            return
+        check(params.n <= max_seqs, "n", f"<= max_num_seqs ({max_seqs})", params.n)
+        check(params.top_k <= vocab, "top_k", f"-1, 0 (disabled) or at most vocab_size ({vocab})", params.top_k)
+        check(all(t < vocab for t in params.stop_token_ids), "stop_token_ids",
+              f"token ids below vocab_size ({vocab})", params.stop_token_ids)
+        check(params.min_tokens <= room, "min_tokens", f"<= the room left under max_model_len ({room} tokens)",
+              params.min_tokens)

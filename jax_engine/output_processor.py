@@ -1,0 +1,118 @@
+"""From sampled tokens to what users read: logprob entries, incremental text, stop strings, RequestOutput.
+
+The scheduler has already appended each token and decided the stops that tokens decide (stop token ids,
+EOS, max_tokens). What needs the tokenizer happens here, as in vLLM's output processor: the text grows by
+the token's delta, a stop string found in it finishes the sequence, and logprobs get their decoded tokens.
+"""
+
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from jax_engine.beam_search import BeamSearchSequence, beam_score
+from jax_engine.core.scheduler import SchedulerOutput
+from jax_engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from jax_engine.sampler import SampledToken
+from jax_engine.sequence import Sequence
+from jax_engine.sequence_group import SequenceGroup
+from reference.request import RequestStatus
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, eos_token_ids: tuple[int, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+
+    def process_token(self, seq: Sequence, sampled: SampledToken) -> RequestStatus | None:
+        """Record the token the scheduler appended; return FINISHED_STOPPED if it completed a stop string."""
+        now = time.time()
+        seq.metrics.first_token_time = seq.metrics.first_token_time or now
+        seq.metrics.last_token_time = now
+        params = seq.sampling_params
+        if seq.logprobs is not None:
+            seq.logprobs.append(self.logprob_entry(sampled.token, sampled.logprob, sampled.rank, sampled.top_ids,
+                                                   sampled.top_logprobs, params.logprobs))
+        delta = seq.detokenizer.add_token(sampled.token)
+        status = None
+        if not seq.status.is_finished and params.stop and delta:
+            status = self._check_stop_strings(seq, len(delta))
+        if status is not None or seq.status.is_finished:
+            seq.metrics.finished_time = now
+        return status
+
+    def logprob_entry(self, token: int, logprob: float, rank: int, top_ids, top_logprobs, k: int) -> PositionLogprobs:
+        """vLLM's per-position logprobs: the chosen token, then the top k (ranks 1..k)."""
+        entry = {int(token): Logprob(float(logprob), int(rank), self.tokenizer.decode([int(token)]))}
+        for i, (tid, lp) in enumerate(zip(top_ids[:k], top_logprobs[:k])):
+            entry.setdefault(int(tid), Logprob(float(lp), i + 1, self.tokenizer.decode([int(tid)])))
+        return entry
+
+    @staticmethod
+    def _check_stop_strings(seq: Sequence, delta_len: int) -> RequestStatus | None:
+        detok, params = seq.detokenizer, seq.sampling_params
+        for stop in params.stop:
+            start = max(0, len(detok.text) - delta_len - len(stop) + 1)
+            index = detok.text.find(stop, start)
+            if index >= 0:
+                detok.text = detok.text[: index + (len(stop) if params.include_stop_str_in_output else 0)]
+                seq.stop_reason = stop
+                return RequestStatus.FINISHED_STOPPED
+        return None
+
+    # ------------------------------------------------------------------------------- outputs
+    def request_output(self, group: SequenceGroup) -> RequestOutput:
+        if group.is_beam_search:
+            completions = self._beam_completions(group)
+        else:
+            completions = [CompletionOutput(s.index, s.detokenizer.text, s.output_token_ids,
+                                            s.cumulative_logprob if s.sampling_params.logprobs is not None else None,
+                                            s.logprobs, s.status.finish_reason, s.stop_reason) for s in group.seqs]
+        first = group.seqs[0]
+        return RequestOutput(group.request_id, group.prompt, group.prompt_token_ids, first.prompt_logprobs,
+                             completions, group.finished, first.num_cached_tokens or 0, first.metrics)
+
+    def _beam_completions(self, group: SequenceGroup) -> list[CompletionOutput]:
+        """The best beam_width of live, length-finished and EOS-completed beams, by vLLM's beam score."""
+        params, n = group.params, len(group.prompt_token_ids)
+        beams = [BeamSearchSequence(s.all_token_ids, s.cumulative_logprob, finish_reason=s.status.finish_reason)
+                 for s in group.seqs if s.status is not RequestStatus.FINISHED_ABORTED]
+        beams += group.completed_beams
+        beams.sort(key=lambda b: beam_score(b.tokens, b.cum_logprob, self.eos_token_ids, params.length_penalty),
+                   reverse=True)
+        return [CompletionOutput(i, self.tokenizer.decode(b.tokens[n:], skip_special_tokens=True), b.tokens[n:],
+                                 b.cum_logprob, None, b.finish_reason if group.finished else None)
+                for i, b in enumerate(beams[: params.beam_width])]
+
+    # ------------------------------------------------------------------------- prompt logprobs
+    @staticmethod
+    def prompt_positions(out: SchedulerOutput, row_of: dict[str, int]) -> list[tuple[Sequence, int, int]]:
+        """(sequence, row of the step's hidden states, target token) of every prompt position to score.
+
+        At prompt position p the score is the logprob of prompt token p + 1. Read before the scheduler
+        advances the computed counts; a recomputed prefill scores nothing new.
+        """
+        positions = []
+        for s in out.scheduled:
+            seq, first = s.seq, s.seq.num_computed_tokens
+            if seq.prompt_logprobs is None:
+                continue
+            for p in range(max(first, len(seq.prompt_logprobs) - 1),
+                           min(first + s.num_new_tokens, seq.num_prompt_tokens - 1)):
+                positions.append((seq, row_of[seq.seq_id] + p - first, seq.prompt_token_ids[p + 1]))
+        return positions
+
+    def score_prompts(self, out: SchedulerOutput, row_of: dict[str, int], hidden, token_logprobs,
+                      failing_alone: Callable[[Sequence], AbstractContextManager]) -> None:
+        """vLLM's prompt_logprobs: score the prompt positions this step computed, with the runner's
+        `token_logprobs`; a sequence whose entry cannot be made fails alone."""
+        positions = self.prompt_positions(out, row_of)
+        if not positions:
+            return
+        seqs, rows, targets = zip(*positions)
+        num_top = max(seq.sampling_params.prompt_logprobs for seq in seqs)
+        scores = token_logprobs(hidden, list(rows), list(targets), num_top)
+        for i, (seq, target) in enumerate(zip(seqs, targets)):
+            if not seq.status.is_finished:
+                with failing_alone(seq):
+                    seq.prompt_logprobs.append(self.logprob_entry(target, *(x[i] for x in scores),
+                                                                  seq.sampling_params.prompt_logprobs))
