@@ -72,7 +72,9 @@ def test_a_long_prompt_is_tokenized_off_the_event_loop(server):
     latencies = _health_latencies(server, lambda: answers.append(
         httpx.post(f"{server}/v1/completions", json={"prompt": prompt}, timeout=60)))
     assert answers[0].status_code == 400 and answers[0].json()["error"]["param"] == "prompt"  # over max_model_len
-    assert len(latencies) > 3 and max(latencies) < 0.1, f"/health took {max(latencies) * 1000:.0f} ms"
+    # On the loop, /health would wait the tokenizer's ~1 s; 0.5 s leaves room for a loaded 2-core machine
+    # (165 ms was seen once in the full suite) and still catches that.
+    assert len(latencies) > 3 and max(latencies) < 0.5, f"/health took {max(latencies) * 1000:.0f} ms"
 
 
 def test_slow_or_silent_clients_are_cut_off_and_connections_capped(server):
