@@ -34,7 +34,13 @@ $(KATEX):
 demo: $(VENV)/.installed-base
 	$(PY) -m jax_engine.demo
 
-test: $(VENV)/.installed-test
+# tests/test_site.py opens every page in Debian's headless Chromium; without it that test only skips.
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	$(if $(filter 0,$(shell id -u)),,sudo) apt-get update -qq
+	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null
+
+test: $(VENV)/.installed-test $(CHROMIUM)
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q
 
 test-thorough: $(VENV)/.installed-test
