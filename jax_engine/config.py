@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_engine.attention.backend import ATTENTION_BACKENDS
+from jax_engine.attention import ATTENTION_BACKENDS, AttentionBackend
 from jax_engine.model_config import ModelConfig
 from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
 
@@ -18,13 +18,6 @@ GiB = 1 << 30
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * GiB
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-# Tokens per block by attention backend, where the user sets none; 16 (vLLM's GPU default) elsewhere. The cpu
-# kernel streams each sequence's blocks from memory, and scattered small blocks read slower than long runs:
-# attention alone over 256 sequences x 320 tokens (30 layers, 6 GB cache) took 220-250 ms with scattered
-# 16-token blocks, 160-190 ms with 64 or 128, 147 ms in order. End to end the gain is a few percent
-# (docs/benchmarks.md). vLLM's CPU platform also picks bigger blocks. Not bigger here: a sequence wastes half
-# a block on average, and prompt prefixes are cached in whole blocks.
-DEFAULT_BLOCK_SIZES = {"cpu": 64}
 
 
 @dataclass
@@ -34,7 +27,7 @@ class EngineArgs:
     Args:
         model: a .gguf file or HF checkpoint directory; None loads SmolLM2-135M-Instruct.
         dtype: "auto" (float32 on CPU, bfloat16 on GPU), "float32", "bfloat16" or "float16".
-        block_size: tokens per KV block; None picks the attention backend's default (DEFAULT_BLOCK_SIZES).
+        block_size: tokens per KV block; None picks the attention backend's default (64 for cpu, else 16).
         max_model_len: longest prompt + output; None uses the model's own limit.
         max_num_seqs: most sequences in one step.
         max_num_batched_tokens: most tokens in one step; None picks 2048 (or max_model_len without
@@ -100,8 +93,8 @@ def resolve_dtype(name: str):
     return DTYPES[name]
 
 
-def resolve_block_size(block_size: int | None, attention_backend: str) -> int:
-    return block_size or DEFAULT_BLOCK_SIZES.get(attention_backend, 16)
+def resolve_block_size(block_size: int | None, backend: AttentionBackend) -> int:
+    return block_size or backend.default_block_size
 
 
 def bytes_per_block(cfg: ModelConfig, block_size: int, dtype) -> int:
@@ -120,10 +113,10 @@ def kv_cache_bytes(args: EngineArgs, weight_bytes: int) -> int:
     return max(int(args.gpu_memory_utilization * limit) - weight_bytes - GiB, 0)
 
 
-def plan_kv_cache(args: EngineArgs, cfg: ModelConfig, dtype, attention_backend: str,
+def plan_kv_cache(args: EngineArgs, cfg: ModelConfig, dtype, backend: AttentionBackend,
                   max_model_len: int) -> tuple[int, int, int]:
     """(block size, device blocks, host swap blocks) for this model, dtype, backend and memory budget."""
-    block_size = resolve_block_size(args.block_size, attention_backend)
+    block_size = resolve_block_size(args.block_size, backend)
     block_bytes = bytes_per_block(cfg, block_size, dtype)
     weight_bytes = cfg.num_params * np.dtype(dtype).itemsize
     num_blocks = args.num_gpu_blocks_override or kv_cache_bytes(args, weight_bytes) // block_bytes

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Iterator
 
-from jax_engine.attention.backend import RAGGED_BACKENDS, get_attention_backend
+from jax_engine.attention import get_attention_backend
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_dtype, resolve_scheduler_config
 from jax_engine.core.kv_cache_manager import KVCacheManager
@@ -47,13 +47,13 @@ class LLMEngine:
         self.dtype = resolve_dtype(args.dtype)
         self.scheduler_config = resolve_scheduler_config(args, cfg)
         model = LlamaForCausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype)
-        self.attention_backend, attention = get_attention_backend(args.attention_backend, platform())
+        self.attention_backend = get_attention_backend(args.attention_backend, platform())
         block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, self.dtype, self.attention_backend,
                                                                 self.scheduler_config.max_model_len)
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
         self.runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, self.scheduler_config.max_model_len,
-                                  attention, self.dtype, ragged=self.attention_backend in RAGGED_BACKENDS)
+                                  self.attention_backend, self.dtype)
         self.eos_token_ids = checkpoint.eos_token_ids
         self.input_processor = InputProcessor(self.tokenizer, cfg, self.scheduler_config)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
@@ -64,7 +64,7 @@ class LLMEngine:
         self.trace: list[StepTrace] | None = None
         self._stats = EngineStats()
         logger.info("engine ready in %.1f s (attention backend %r)", time.perf_counter() - started,
-                    self.attention_backend)
+                    self.attention_backend.name)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_engine.attention.backend import AttentionMetadata
+from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
 from jax_engine.buckets import bucket, bucket_eighths, bucket_fine
 from jax_engine.core.scheduler import SchedulerOutput
 from jax_engine.models.llama import LlamaForCausalLM
@@ -92,13 +92,12 @@ class ModelRunner:
     """Owns the model weights and the device KV cache; executes one scheduled step at a time."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
-                 max_model_len: int, attention, dtype, ragged: bool = False) -> None:
+                 max_model_len: int, backend: AttentionBackend, dtype) -> None:
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
         self.num_slots = num_blocks * block_size
-        self.attention = attention
-        self.ragged = ragged  # the backend attends from query_start_loc alone (see backend.RAGGED_BACKENDS)
+        self.backend = backend
         self.max_blocks_per_seq = -(-max_model_len // block_size)
         shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k_cache = jnp.zeros(shape, dtype)
@@ -170,12 +169,14 @@ class ModelRunner:
         logits_indices = np.zeros(num_rows, np.int32)
         logits_indices[: len(logits_rows)] = logits_rows
         starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)  # rows are laid out in this order
-        metadata = AttentionMetadata(positions, slot_mapping, tables, seq_lens, starts, decode_rows, prefill_rows)
+        max_query_len = 0 if self.backend.ragged else max(prefill_rows.shape[1], 1)
+        metadata = AttentionMetadata(positions, slot_mapping, tables, seq_lens, starts, decode_rows, prefill_rows,
+                                     max_query_len)
         return StepInputs(token_ids, metadata, logits_indices, sampling_seqs, row_of)
 
     def _sequence_layout(self, decode: list, prefill: list) -> tuple[list[int], int, int]:
         """(table row of each scheduled sequence, decode then prefill; rows; table columns), bucketed."""
-        if self.ragged:
+        if self.backend.ragged:
             # The backend finds each token's sequence through query_start_loc and reads a table only up to
             # the token's position: no padding between the kinds, and one table width (padding columns
             # cost a few bytes to copy, a distinct width costs a compile). Rows are bucketed as finely as
@@ -198,7 +199,7 @@ class ModelRunner:
 
         Empty for a ragged backend, which does not read them (and so compiles no shape per chunk length).
         """
-        if self.ragged:
+        if self.backend.ragged:
             return np.zeros(0, np.int32), np.zeros((0, 0), np.int32)
         decode_rows = np.full(bucket(len(decode), 8), padded_tokens, np.int32)
         decode_rows[: len(decode)] = [row_of[s.seq.seq_id] for s in decode]
@@ -222,7 +223,7 @@ class ModelRunner:
         token_ids, metadata, logits_indices = jax.device_put((inputs.token_ids, inputs.metadata, inputs.logits_indices))
         buffer = self.recycled.take((len(inputs.logits_indices), self.model.cfg.vocab_size))
         logits, hidden, self.k_cache, self.v_cache = _forward(self.model, self.k_cache, self.v_cache, buffer,
-                                                              token_ids, metadata, logits_indices, self.attention)
+                                                              token_ids, metadata, logits_indices, self.backend.attend)
         if shapes not in self.compiled_shapes:  # first use of these buckets: this call compiled
             logits.block_until_ready()
             self.compiled_shapes.add(shapes)

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from jax_engine.attention.backend import RAGGED_BACKENDS, get_attention_backend
+from jax_engine.attention import get_attention_backend
 from jax_engine.core.scheduler import ScheduledSequence, SchedulerOutput
 from jax_engine.model_runner import ModelRunner
 from jax_engine.models import LlamaForCausalLM
@@ -17,9 +17,8 @@ def engine_logits(checkpoint, token_ids: list[int], chunk_sizes: list[int], bloc
     """Logits at every position, computed chunk by chunk through ModelRunner.prepare/execute."""
     model = LlamaForCausalLM.from_hf_weights(checkpoint.config, checkpoint.weights, dtype)
     num_blocks = -(-len(token_ids) // block_size) + 2
-    name, attention = get_attention_backend(backend, "cpu")
-    runner = ModelRunner(model, num_blocks, block_size, 0, len(token_ids) + 8, attention, dtype,
-                         ragged=name in RAGGED_BACKENDS)
+    runner = ModelRunner(model, num_blocks, block_size, 0, len(token_ids) + 8, get_attention_backend(backend, "cpu"),
+                         dtype)
     table = [int(b) for b in np.random.default_rng(0).permutation(num_blocks)]
     seq = Sequence("r", "r", 0, list(token_ids), SamplingParams(), 0, 0, 1, (), None, RequestMetrics(0.0))
     logits = []

@@ -84,7 +84,8 @@ def test_bad_inputs_are_errors_not_wild_reads(tables, query_seq, context_lens, m
 
 
 def test_auto_backend_on_cpu_is_the_kernel_backend():
-    assert get_attention_backend("auto", "cpu") == ("cpu", cpu.paged_attention)
+    backend = get_attention_backend("auto", "cpu")
+    assert (backend.name, backend.attend, backend.ragged) == ("cpu", cpu.paged_attention, True)
     with pytest.raises(ValueError, match="attention_backend 'cpu' is unavailable: it runs on CPU, not 'gpu'"):
         get_attention_backend("cpu", "gpu")
 
@@ -95,7 +96,7 @@ def test_without_a_compiler_auto_falls_back_to_xla(tmp_path, monkeypatch, caplog
     reason = cpu.kernel_unavailable_reason.__wrapped__()
     assert reason.startswith("RuntimeError: false -O3") and "failed" in reason
     monkeypatch.setattr(cpu, "kernel_unavailable_reason", lambda: reason)
-    assert get_attention_backend("auto", "cpu")[0] == "xla"
+    assert get_attention_backend("auto", "cpu").name == "xla"
     assert "CPU paged-attention kernel unavailable, using the xla backend" in caplog.text
     with pytest.raises(ValueError, match="attention_backend 'cpu' is unavailable: RuntimeError: false -O3"):
         get_attention_backend("cpu", "cpu")

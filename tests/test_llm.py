@@ -3,6 +3,8 @@
 import pytest
 
 from jax_engine import LLM, EngineArgs, SamplingParams
+from jax_engine.attention import get_attention_backend
+from jax_engine.attention.backend import CPU, XLA
 from jax_engine.config import resolve_block_size
 from reference import LlamaModel, ReferenceEngine
 from reference import SamplingParams as ReferenceSamplingParams
@@ -202,9 +204,10 @@ def test_unknown_engine_argument_and_too_small_cache():
 
 
 def test_block_size_defaults_to_the_attention_backends(llm):
-    assert resolve_block_size(None, "cpu") == 64  # the cpu kernel streams blocks: bigger ones read faster
-    assert resolve_block_size(None, "xla") == resolve_block_size(None, "pallas") == 16  # vLLM's GPU default
-    assert resolve_block_size(8, "cpu") == 8
+    pallas = get_attention_backend("pallas", "cpu")
+    assert resolve_block_size(None, CPU) == 64  # the cpu kernel streams blocks: bigger ones read faster
+    assert resolve_block_size(None, XLA) == resolve_block_size(None, pallas) == 16  # vLLM's GPU default
+    assert resolve_block_size(8, CPU) == 8
     engine = llm.llm_engine
     assert engine.kv_cache_manager.block_size == resolve_block_size(None, engine.attention_backend)
 
@@ -219,7 +222,7 @@ def test_steady_state_never_recompiles(llm):
 def test_how_prompts_split_a_token_bucket_compiles_nothing_new(llm):
     """The CPU default attends ragged rows: one 31-token prompt, 10 + 20 tokens, or six of 5 are one shape
     (32 tokens, 8 sequence rows); on the padded layout they would be three ([1, 32], [2, 32], [8, 8])."""
-    assert llm.llm_engine.attention_backend == "cpu" and llm.llm_engine.runner.ragged
+    assert llm.llm_engine.attention_backend.name == "cpu" and llm.llm_engine.attention_backend.ragged
     one_token = SamplingParams(temperature=0, max_tokens=1)
     prompts = lambda lengths: [list(range(1000 + 100 * i, 1000 + 100 * i + n)) for i, n in enumerate(lengths)]  # noqa: E731
     llm.generate(prompts([31]), one_token, use_tqdm=False)
@@ -233,7 +236,7 @@ def test_how_prompts_split_a_token_bucket_compiles_nothing_new(llm):
 def test_sequence_rows_are_bucketed_as_finely_as_tokens(make_llm):
     """72 one-token prompts run as 72 rows of logits and sampling, not the next power of two (128)."""
     engine = make_llm(num_gpu_blocks_override=80, max_model_len=128, max_num_seqs=80).llm_engine
-    assert engine.runner.ragged
+    assert engine.attention_backend.ragged
     for i in range(72):
         engine.add_request(str(i), [1000 + i], SamplingParams(max_tokens=1))
     out = engine.scheduler.schedule()
@@ -271,7 +274,7 @@ def test_a_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     inputs = seen[0]
     buffer = jax.ShapeDtypeStruct((len(inputs.logits_indices), runner.model.cfg.vocab_size), jnp.float32)
     step = _forward.lower(runner.model, runner.k_cache, runner.v_cache, buffer, inputs.token_ids, inputs.metadata,
-                          inputs.logits_indices, runner.attention).compile().as_text()
+                          inputs.logits_indices, runner.backend.attend).compile().as_text()
     assert "ENTRY" in step and "dynamic-slice" not in step
 
 

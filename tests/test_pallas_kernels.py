@@ -83,7 +83,7 @@ def test_engine_pallas_backend_gives_the_default_backend_greedy_tokens(make_llm,
 
     pallas = make_llm(attention_backend="pallas", num_gpu_blocks_override=256, max_model_len=256, max_num_seqs=8,
                       max_num_batched_tokens=256)
-    assert pallas.llm_engine.attention_backend == "pallas"
+    assert pallas.llm_engine.attention_backend.name == "pallas"
     params = GREEDY.__class__(temperature=0, max_tokens=6, ignore_eos=True)
     ours = [o.outputs[0].token_ids for o in pallas.generate(PROMPTS, params, use_tqdm=False)]
     assert ours == [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params, use_tqdm=False)]
@@ -92,7 +92,7 @@ def test_engine_pallas_backend_gives_the_default_backend_greedy_tokens(make_llm,
 def test_auto_backend_is_pallas_on_gpu():  # and on CPU, see test_cpu_kernel.py
     from jax_engine.attention import get_attention_backend
 
-    assert get_attention_backend("auto", "gpu")[0] == "pallas"
+    assert get_attention_backend("auto", "gpu").name == "pallas"
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         get_attention_backend("flash", "cpu")
 

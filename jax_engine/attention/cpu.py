@@ -26,7 +26,7 @@ import jaxlib
 import numpy as np
 
 from jax_engine.attention import xla
-from jax_engine.attention.backend import AttentionMetadata
+from jax_engine.attention.metadata import AttentionMetadata
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The Pallas backend: the GPU kernels of pallas_kernels/, in the interpreter when there is no GPU.
 
 The new keys and values go into the cache with the write_kv kernel. A step with only decode tokens uses the
-decode kernel (context split into partitions); a step with
-prefill chunks runs the ragged kernel over every sequence at once.
+decode kernel (context split into partitions); a step with prefill chunks runs the ragged kernel over every
+sequence at once, with query blocks up to the metadata's static max_query_len.
 """
 
 import functools
@@ -10,7 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from jax_engine.attention.backend import AttentionMetadata
+from jax_engine.attention.metadata import AttentionMetadata
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 from pallas_kernels.write_kv import write_kv
@@ -25,15 +25,15 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
     paged = (num_layers, num_slots // block_size, block_size, num_kv_heads, head_dim)  # a free reshape
     k_blocks, v_blocks = k_cache.reshape(paged), v_cache.reshape(paged)
     num_decode = metadata.decode_token_index.shape[0]
-    if metadata.prefill_token_index.shape[0] == 0:
+    if metadata.max_query_len == 1:  # decode tokens only
         rows = metadata.decode_token_index
         q_decode = jnp.take(q, rows, axis=0, mode="fill", fill_value=0)
         out = paged_decode_attention(q_decode, k_blocks, v_blocks, metadata.block_tables[:num_decode],
                                      metadata.seq_lens[:num_decode], layer, scale=scale, interpret=interpret)
         return jnp.zeros_like(q).at[rows].set(out, mode="drop"), k_cache, v_cache
-    max_q_len = metadata.prefill_token_index.shape[1]
     out = ragged_paged_attention(q, k_blocks, v_blocks, metadata.block_tables, metadata.seq_lens,
-                                 metadata.query_start_loc, layer, max_q_len=max_q_len, scale=scale, interpret=interpret)
+                                 metadata.query_start_loc, layer, max_q_len=metadata.max_query_len, scale=scale,
+                                 interpret=interpret)
     return out, k_cache, v_cache
 
 

@@ -7,7 +7,7 @@ so each chunk is one dense, causally masked block of queries.
 import jax
 import jax.numpy as jnp
 
-from jax_engine.attention.backend import AttentionMetadata
+from jax_engine.attention.metadata import AttentionMetadata
 
 _MASKED = -1e30  # finite, so fully masked padding rows give a harmless uniform softmax, not NaN
 

@@ -135,7 +135,7 @@ def main(args: argparse.Namespace) -> dict:
     report = dict(
         command=command_line(args), machine=_machine(),
         model="SmolLM2-135M-Instruct" if args.model is None else args.model,
-        attention_backend=engine.attention_backend, dtype=str(np.dtype(engine.dtype)), prompt_len=args.prompt_len,
+        attention_backend=engine.attention_backend.name, dtype=str(np.dtype(engine.dtype)), prompt_len=args.prompt_len,
         decode_steps=args.decode_steps, num_params=cfg.num_params, weight_bytes=cfg.num_params * itemsize,
         kv_bytes_per_token=bytes_per_block(cfg, 1, engine.dtype), roofline=bounds.__dict__, results=results)
     print(f"probe: matmul {bounds.matmul_gflops:.0f} GFLOP/s, memory {bounds.bandwidth_gbps:.1f} GB/s -> "

@@ -138,7 +138,7 @@ def main(args: argparse.Namespace) -> None:
 
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention as jax_paged_attention
 
-    from jax_engine.attention.backend import AttentionMetadata
+    from jax_engine.attention.metadata import AttentionMetadata
     from jax_engine.attention.xla import paged_attention as xla_attention
     from pallas_kernels.paged_decode_attention import paged_decode_attention
     from pallas_kernels.ragged_paged_attention import ragged_paged_attention

@@ -29,7 +29,7 @@ def run_engine(checkpoint, requests, engine_kwargs: dict) -> dict:
     elapsed = time.perf_counter() - started
     stats = engine.stats()
     run_seconds = elapsed - stats["compile_seconds"]
-    return dict(backend="jax_engine", attention_backend=engine.attention_backend, elapsed_s=elapsed,
+    return dict(backend="jax_engine", attention_backend=engine.attention_backend.name, elapsed_s=elapsed,
                 compile_s=stats["compile_seconds"], run_s=run_seconds, num_steps=stats["num_steps"],
                 mean_batch_size=stats["mean_batch_size"], mean_kv_cache_usage=stats["mean_kv_cache_usage"],
                 num_preemptions=stats["num_preemptions"], num_compilations=stats["num_compilations"])

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jax_engine.attention.backend import AttentionFn, AttentionMetadata
+from jax_engine.attention.metadata import AttentionFn, AttentionMetadata
 from jax_engine.model_config import ModelConfig
 
 

@@ -1,0 +1,54 @@
+"""The attention contract: the metadata every backend receives, and the function each provides.
+
+A step's new tokens are flat, decode sequences first, then prefill chunks:
+
+    tokens  [ d0 d1 d2 | p0 p0 p0 p0 | p1 p1 | pad ... ]      T rows (bucketed)
+    seqs    [ d0 d1 d2 pad | p0 p1 ]                           B = Bd + Bp sequences (each part bucketed)
+
+A backend writes each token's new K/V at `slot_mapping` first, then attends over every sequence's block
+table up to its context length, causal within a chunk:
+
+    attention(q [T, N, D], k [T, K, D], v [T, K, D], k_cache [L, S, K, D], v_cache, layer, metadata,
+              block_size, scale) -> (out [T, N, D], k_cache, v_cache)
+
+This module imports no backend, so every backend imports it and backend.py picks among them.
+"""
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import jax
+
+AttentionFn = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
+
+
+@functools.partial(jax.tree_util.register_dataclass, meta_fields=("max_query_len",),
+                   data_fields=("positions", "slot_mapping", "block_tables", "seq_lens", "query_start_loc",
+                                "decode_token_index", "prefill_token_index"))
+@dataclass(frozen=True)
+class AttentionMetadata:
+    positions: jax.Array  # [T] position of each token in its sequence
+    slot_mapping: jax.Array  # [T] cache slot of each token's K/V; padding = num_slots (dropped)
+    block_tables: jax.Array  # [B, C] physical block ids (padding rows point at block 0)
+    seq_lens: jax.Array  # [B] context length including this step's tokens; 0 for padding
+    query_start_loc: jax.Array  # [B + 1] where each sequence's tokens start (padding sequences: 0 tokens)
+    # The padded layout's per-kind rows (empty on the ragged layout, see AttentionBackend.ragged):
+    decode_token_index: jax.Array  # [Bd] row of each decode sequence's single token
+    prefill_token_index: jax.Array  # [Bp, Qp] rows of each prefill chunk; padding = T (out of range)
+    # Static (part of the compiled shape): Qp, the bucketed longest prefill chunk; 1 when the step only decodes.
+    # 0 on the ragged layout, whose backends need no bound (and so compile no shape per chunk length).
+    max_query_len: int = 1
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """One attention implementation and what the model runner must lay out for it."""
+
+    name: str
+    attend: AttentionFn  # the contract above; one object per backend, so engines share the step's jit cache
+    # True: the backend finds each token's sequence through query_start_loc and reads a block table only up
+    # to the token's position, so the runner gives it no per-kind rows and one table width. False: the
+    # padded layout, with decode_token_index, prefill_token_index and max_query_len.
+    ragged: bool
+    default_block_size: int  # tokens per KV block where the user sets none
