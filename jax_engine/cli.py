@@ -1,32 +1,18 @@
 """`jax-engine` (also `python -m jax_engine`): generate from the command line, or chat interactively."""
 
 import argparse
-import dataclasses
 import importlib
 import sys
-import typing
 
 from jax_engine.config import EngineArgs
+from jax_engine.server import serve as serve_command
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """One flag per EngineArgs field, named as vLLM names them (--max-model-len, ...)."""
-    hints = typing.get_type_hints(EngineArgs)
-    for f in dataclasses.fields(EngineArgs):
-        if f.name == "model":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        kind = hints[f.name]
-        if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        else:
-            base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
-            parser.add_argument(flag, type=base, default=f.default)
-    parser.add_argument("--model", default=None, help="a .gguf file or HF checkpoint directory (default: SmolLM2)")
+def _llm(ns: argparse.Namespace):
+    from jax_engine.llm import LLM
+    from jax_engine.llm_engine import LLMEngine
 
-
-def engine_args(ns: argparse.Namespace) -> dict:
-    return {f.name: getattr(ns, f.name) for f in dataclasses.fields(EngineArgs)}
+    return LLM.from_engine(LLMEngine(EngineArgs.from_cli_args(ns)))
 
 
 def _sampling(ns: argparse.Namespace):
@@ -45,9 +31,7 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
 
 
 def generate(ns: argparse.Namespace) -> None:
-    from jax_engine.llm import LLM
-
-    llm = LLM(**engine_args(ns))
+    llm = _llm(ns)
     params = _sampling(ns)
     if ns.chat:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompts], params, use_tqdm=False)
@@ -58,9 +42,7 @@ def generate(ns: argparse.Namespace) -> None:
 
 
 def chat(ns: argparse.Namespace) -> None:
-    from jax_engine.llm import LLM
-
-    llm = LLM(**engine_args(ns))
+    llm = _llm(ns)
     params, conversation = _sampling(ns), []
     print("Chatting with the model. Type /exit or press Ctrl-D to leave.", file=sys.stderr)
     while True:
@@ -85,14 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
     chat_parser = commands.add_parser("chat", help="interactive chat on stdin")
     for sub, run in ((gen, generate), (chat_parser, chat)):
-        add_engine_args(sub)
+        EngineArgs.add_cli_args(sub)
         _add_sampling_args(sub)
         sub.set_defaults(run=run)
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible API over HTTP")
-    serve_module = importlib.import_module("jax_engine.server.serve")
-    serve_module.add_arguments(serve)
-    add_engine_args(serve)
-    serve.set_defaults(run=serve_module.main)
+    serve_command.add_arguments(serve)
+    EngineArgs.add_cli_args(serve)
+    serve.set_defaults(run=serve_command.main)
     bench = commands.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)
     for name in ("throughput", "serve", "soak", "sharing", "batching", "kernels", "preemption", "plot"):

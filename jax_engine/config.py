@@ -1,7 +1,10 @@
 """Engine arguments (vLLM's names and defaults) and what they resolve to on this machine."""
 
+import argparse
 import dataclasses
 import logging
+import re
+import typing
 from dataclasses import dataclass
 
 import jax
@@ -81,6 +84,51 @@ class EngineArgs:
     @classmethod
     def field_names(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(cls)}
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser, exclude: tuple[str, ...] = (),
+                     **defaults) -> argparse.ArgumentParser:
+        """One flag per field, named as vLLM names them (--max-model-len, ...), with its help from the docstring.
+
+        The one place engine flags are declared: serve, generate, chat and the benchmarks all call it. A command
+        leaves out (`exclude`) the fields its experiment fixes, and may change a default (`**defaults`).
+        """
+        unknown = (set(exclude) | defaults.keys()) - cls.field_names()
+        if unknown:
+            raise ValueError(f"not EngineArgs fields: {sorted(unknown)}")
+        # No argparse `choices`: __post_init__ checks every value, with the same message as LLM(...) gives.
+        hints, helps = typing.get_type_hints(cls), _args_section(cls.__doc__)
+        for field in dataclasses.fields(cls):
+            if field.name in exclude:
+                continue
+            flag, default = "--" + field.name.replace("_", "-"), defaults.get(field.name, field.default)
+            kind = hints[field.name]
+            if kind is bool:
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default,
+                                    help=helps[field.name])
+            else:
+                base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+                parser.add_argument(flag, type=base, default=default, help=helps[field.name] + " (default: %(default)s)")
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, ns: argparse.Namespace, **fixed) -> "EngineArgs":
+        """The EngineArgs a parsed command line asks for; `fixed` sets the fields the command left out or owns."""
+        given = {name: getattr(ns, name) for name in cls.field_names() if hasattr(ns, name)}
+        return cls(**{**given, **fixed})
+
+
+def _args_section(doc: str) -> dict[str, str]:
+    """{name: its text} from a docstring's Google-style "Args:" section (continuation lines joined)."""
+    helps: dict[str, str] = {}
+    for line in doc.split("Args:", 1)[1].splitlines():
+        item = re.match(r"\s{8}(\w+): (.*)", line)
+        if item:
+            name, text = item.groups()
+            helps[name] = text
+        elif line.strip() and helps:
+            helps[name] += " " + line.strip()
+    return {name: text.replace("%", "%%") for name, text in helps.items()}
 
 
 def platform() -> str:

@@ -1,7 +1,13 @@
 """The command line, as a user runs it: `python -m jax_engine generate|chat` (the same as `jax-engine`)."""
 
+import argparse
 import subprocess
 import sys
+
+import pytest
+
+from jax_engine.cli import build_parser
+from jax_engine.config import EngineArgs
 
 SMALL = ["--num-gpu-blocks-override", "64", "--max-model-len", "256", "--max-num-seqs", "4"]
 
@@ -27,3 +33,27 @@ def test_bad_arguments_are_a_message_not_a_traceback():
     result = run("generate", "hi", "--preemption-mode", "drop", *SMALL)
     assert result.returncode != 0
     assert "preemption_mode must be one of" in result.stderr and "Traceback" not in result.stderr
+
+
+def _engine_args_of(*command: str):
+    """The EngineArgs a command line would build, parsed by the real `jax-engine` parser."""
+    return EngineArgs.from_cli_args(build_parser().parse_args(list(command)))
+
+
+def test_engine_flags_are_declared_once_for_every_command():
+    """generate, chat, serve and the benchmarks take the same engine flags, from EngineArgs.add_cli_args."""
+    flags = ["--max-num-seqs", "3", "--no-enable-prefix-caching", "--swap-space", "1.5", "--attention-backend", "xla"]
+    for command in (["generate", "hi"], ["chat"], ["serve"], ["bench", "throughput"], ["bench", "sharing"]):
+        args = _engine_args_of(*command, *flags)
+        assert (args.max_num_seqs, args.enable_prefix_caching, args.swap_space, args.attention_backend) == \
+            (3, False, 1.5, "xla"), command
+    # A benchmark may change a default (the workload's longest request) and fix what its experiment owns.
+    assert _engine_args_of("bench", "throughput").max_model_len == 2048
+    assert _engine_args_of("generate", "hi").max_model_len is None
+    with pytest.raises(SystemExit):  # the preemption benchmark sets the mode itself, run by run
+        _engine_args_of("bench", "preemption", "--preemption-mode", "swap")
+
+
+def test_add_cli_args_refuses_names_that_are_not_fields():
+    with pytest.raises(ValueError, match=r"not EngineArgs fields: \['max_len'\]"):
+        EngineArgs.add_cli_args(argparse.ArgumentParser(), max_len=4)

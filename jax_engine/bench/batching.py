@@ -28,8 +28,12 @@ import time
 import numpy as np
 
 from jax_engine.bench import roofline
+from jax_engine.config import EngineArgs
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Set by the experiment (room for the largest batch, no prefix sharing between prompts), not by flags.
+FIXED_ENGINE_ARGS = ("max_model_len", "max_num_seqs", "enable_prefix_caching", "max_num_batched_tokens",
+                     "kv_cache_memory_bytes")
 TOKEN_BUDGET = 2048  # tokens per step (max_num_batched_tokens): the prompts of a large batch take a few steps
 
 
@@ -85,13 +89,11 @@ def time_batch(engine, batch_size: int, prompt_len: int, decode_steps: int, rng:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(DEFAULT_BATCH_SIZES))
     parser.add_argument("--prompt-len", type=int, default=16, help="short, so the weights dominate each step")
     parser.add_argument("--decode-steps", type=int, default=16, help="timed decode steps per batch size")
-    parser.add_argument("--attention-backend", default="auto")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=pathlib.Path, default=None, help="write the report as JSON to this file")
+    EngineArgs.add_cli_args(parser, exclude=FIXED_ENGINE_ARGS)
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -108,7 +110,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def main(args: argparse.Namespace) -> dict:
-    from jax_engine import EngineArgs, LLMEngine
+    from jax_engine import LLMEngine
     from jax_engine.config import bytes_per_block
     from jax_engine.loader import load_checkpoint
 
@@ -118,9 +120,10 @@ def main(args: argparse.Namespace) -> dict:
     max_model_len = args.prompt_len + output_len(largest, args.prompt_len, args.decode_steps)
     # Room for every sequence of the largest batch at once (float32 K/V, plus blocks' rounding): no preemption.
     cache_bytes = largest * (max_model_len + 128) * bytes_per_block(cfg, 1, "float32")
-    engine = LLMEngine(EngineArgs(max_model_len=max_model_len, max_num_seqs=largest, enable_prefix_caching=False,
-                                  max_num_batched_tokens=TOKEN_BUDGET, attention_backend=args.attention_backend,
-                                  kv_cache_memory_bytes=cache_bytes), checkpoint=checkpoint)
+    engine_args = EngineArgs.from_cli_args(args, max_model_len=max_model_len, max_num_seqs=largest,
+                                           enable_prefix_caching=False, max_num_batched_tokens=TOKEN_BUDGET,
+                                           kv_cache_memory_bytes=cache_bytes)
+    engine = LLMEngine(engine_args, checkpoint=checkpoint)
     probe_before = roofline.measure(cfg.num_params)
     rng = np.random.default_rng(args.seed)
     results = []

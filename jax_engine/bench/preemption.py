@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from jax_engine.bench.workloads import LENGTH_MODES, make_requests
+from jax_engine.config import EngineArgs
 from jax_engine.loader import load_checkpoint
 
 MODES = ("recompute", "swap")
@@ -27,11 +28,10 @@ def run_one(checkpoint, requests, block_size: int, mode: str, ns: argparse.Names
     """Serve `requests` twice on a fresh engine; the figures of the second run."""
     import jax
 
-    from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
+    from jax_engine import LLM, LLMEngine, SamplingParams
 
-    args = EngineArgs(model=ns.model, block_size=block_size, num_gpu_blocks_override=ns.cache_tokens // block_size,
-                      preemption_mode=mode, swap_space=ns.swap_space, max_model_len=ns.max_model_len,
-                      max_num_seqs=ns.max_num_seqs, enable_prefix_caching=False, seed=ns.seed)
+    args = EngineArgs.from_cli_args(ns, block_size=block_size, num_gpu_blocks_override=ns.cache_tokens // block_size,
+                                    preemption_mode=mode, enable_prefix_caching=False)
     engine = LLMEngine(args, checkpoint=checkpoint)
     llm = LLM.from_engine(engine)
 
@@ -72,7 +72,6 @@ def run_one(checkpoint, requests, block_size: int, mode: str, ns: argparse.Names
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None)
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--length-mode", default="fixed", choices=["fixed", *LENGTH_MODES])
     parser.add_argument("--input-len", type=int, default=64)
@@ -80,11 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-tokens", type=int, default=1024, help="KV cache size, in tokens (all block sizes)")
     parser.add_argument("--block-sizes", type=int, nargs="+", default=[16, 32, 64])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--swap-space", type=float, default=4.0, help="GiB of host memory for swapped blocks")
-    parser.add_argument("--max-model-len", type=int, default=512)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json-out", default=None, help="also append the report to this JSON file")
+    # The cache is --cache-tokens in blocks of each --block-sizes, in each of --modes, with no prefix sharing.
+    EngineArgs.add_cli_args(parser, exclude=("block_size", "num_gpu_blocks_override", "preemption_mode",
+                                             "enable_prefix_caching"), max_model_len=512, max_num_seqs=64)
 
 
 def main(ns: argparse.Namespace) -> list[dict]:

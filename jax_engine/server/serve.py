@@ -74,11 +74,10 @@ def run_server(engine, config: ServerConfig, host: str, port: int, log_level: st
 
 def main(ns: argparse.Namespace) -> None:
     from jax_engine.async_llm_engine import AsyncLLMEngine
-    from jax_engine.cli import engine_args
     from jax_engine.config import EngineArgs
 
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(asctime)s %(name)s: %(message)s")
-    args = EngineArgs(**{**engine_args(ns), "model": ns.model_tag or ns.model})
+    args = EngineArgs.from_cli_args(ns, model=ns.model_tag or ns.model)
     config = server_config(ns, ns.served_model_name or args.model or DEFAULT_MODEL_NAME)
     status = run_server(AsyncLLMEngine.from_engine_args(args), config, ns.host, ns.port, ns.log_level)
     if status:

