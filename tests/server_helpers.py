@@ -12,6 +12,23 @@ import time
 import httpx
 
 
+# The engine of every tiny-checkpoint server test: starts in seconds, holds 4 streams of up to 128 tokens.
+TINY_ENGINE_ARGS = {"num_gpu_blocks_override": 64, "block_size": 8, "max_model_len": 128, "max_num_seqs": 4,
+                    "max_num_batched_tokens": 64}
+
+
+def cli_flags(**options) -> list[str]:
+    """`jax-engine serve` flags for keyword options: max_model_len=128 -> --max-model-len 128, False -> --no-..."""
+    flags = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True or value is False:
+            flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

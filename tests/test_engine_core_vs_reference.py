@@ -14,9 +14,8 @@ from jax_engine.sequence import Sequence
 from reference import BlockManager
 from reference import Request as ReferenceRequest
 from reference import Scheduler as ReferenceScheduler
-from reference import SchedulerConfig
+from tests.strategies import prompts, scheduler_traces
 
-tokens = st.lists(st.integers(0, 2), min_size=1, max_size=12)
 
 
 class SameDecisions(RuleBasedStateMachine):
@@ -34,7 +33,7 @@ class SameDecisions(RuleBasedStateMachine):
         seqs = [s for s in self.tokens if (s not in self.ref.swapped_out) == resident]
         return data.draw(st.sampled_from(seqs)) if seqs else None
 
-    @rule(prompt=tokens)
+    @rule(prompt=prompts)
     def allocate(self, prompt):
         seq = f"s{self.next_id}"  # a fresh id per attempt: the engine never reuses a request id
         self.next_id += 1
@@ -122,26 +121,11 @@ def _sampled(token: int) -> SampledToken:
     return SampledToken(token, 0.0, 1, np.zeros(0, np.int32), np.zeros(0, np.float32))
 
 
-@st.composite
-def traces(draw):
-    chunked = draw(st.booleans())
-    max_model_len = draw(st.integers(4, 24))
-    config = SchedulerConfig(
-        max_num_seqs=draw(st.integers(1, 4)), max_model_len=max_model_len,
-        max_num_batched_tokens=draw(st.integers(1, 24)) if chunked else draw(st.integers(max_model_len, 40)),
-        enable_chunked_prefill=chunked, preemption_mode=draw(st.sampled_from(["recompute", "swap"])))
-    blocks = (draw(st.integers(1, 10)), draw(st.sampled_from([1, 2, 4])), draw(st.integers(0, 8)), draw(st.booleans()))
-    requests = draw(st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 2), min_size=1, max_size=12),
-                                       st.integers(1, 8)), min_size=1, max_size=8))
-    sampled = draw(st.lists(st.sampled_from([0, 1, 99]), min_size=1, max_size=20))
-    return config, blocks, requests, sampled
-
-
-@given(traces())
+@given(scheduler_traces(eos=99))
 def test_engine_scheduler_decides_like_the_reference(trace):
     config, blocks, requests, sampled = trace
-    ref = ReferenceScheduler(config, BlockManager(*blocks))
-    fast = Scheduler(config, KVCacheManager(*blocks))
+    ref = ReferenceScheduler(config, BlockManager(**blocks))
+    fast = Scheduler(config, KVCacheManager(**blocks))
     fast_requests = {}
     pending = sorted(enumerate(requests), key=lambda r: r[1][0])
     step = 0

@@ -2,9 +2,9 @@
 
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
 from reference import BlockManager, Request, RequestStatus, SamplingParams, Scheduler, SchedulerConfig
+from tests.strategies import scheduler_traces
 
 EOS = 99
 
@@ -129,28 +129,6 @@ def test_prefix_cache_hit_skips_prefill_work():
 
 
 # --------------------------------------------------------------------------- properties on traces
-@st.composite
-def traces(draw):
-    block_size = draw(st.sampled_from([1, 2, 4]))
-    chunked = draw(st.booleans())
-    max_model_len = draw(st.integers(4, 24))
-    config = dict(
-        max_num_seqs=draw(st.integers(1, 4)),
-        max_model_len=max_model_len,
-        max_num_batched_tokens=draw(st.integers(1, 24)) if chunked else draw(st.integers(max_model_len, 40)),
-        enable_chunked_prefill=chunked,
-        preemption_mode=draw(st.sampled_from(["recompute", "swap"])),
-    )
-    blocks = dict(num_blocks=draw(st.integers(1, 10)), block_size=block_size,
-                  num_host_blocks=draw(st.integers(0, 8)), caching=draw(st.booleans()))
-    requests = draw(st.lists(st.tuples(st.integers(0, 3),  # arrival step
-                                       st.lists(st.integers(0, 2), min_size=1, max_size=12),  # prompt
-                                       st.integers(1, 8)),  # max_tokens
-                             min_size=1, max_size=8))
-    tokens = draw(st.lists(st.sampled_from([0, 1, EOS]), min_size=1, max_size=20))
-    return config, blocks, requests, tokens
-
-
 def _check_step(s: Scheduler, out, admitted_before: set[str]):
     config, bm = s.config, s.block_manager
     assert out.num_batched_tokens <= config.max_num_batched_tokens
@@ -175,16 +153,16 @@ def _check_step(s: Scheduler, out, admitted_before: set[str]):
         assert not out.preempted and not s.swapped
 
 
-@given(traces())
+@given(scheduler_traces(eos=EOS))
 def test_random_traces_respect_budgets_and_every_request_that_fits_finishes(trace):
     config, blocks, requests, tokens = trace
-    s = make_scheduler(**blocks, **config)
+    s = Scheduler(config, BlockManager(**blocks))
     pending = sorted(enumerate(requests), key=lambda r: r[1][0])
     accepted, ever_running, step_no = [], set(), 0
     while pending or s.has_unfinished_requests():
         while pending and pending[0][1][0] <= step_no:
             i, (_, prompt, max_tokens) = pending.pop(0)
-            fits = (len(prompt) + max_tokens <= config["max_model_len"]
+            fits = (len(prompt) + max_tokens <= config.max_model_len
                     and s.block_manager.num_blocks_for(len(prompt) + max_tokens) <= blocks["num_blocks"])
             try:
                 add(s, f"r{i}", prompt, max_tokens, arrival=i + 100 * step_no)

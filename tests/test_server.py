@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server_helpers import metric, start_server_process, stop_server_process, wait_for
+from tests.server_helpers import cli_flags, metric, start_server_process, stop_server_process, wait_for
 
 API_KEY = "sk-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -21,8 +21,8 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     process, url = start_server_process(
-        "--api-key", API_KEY, "--max-model-len", "256", "--num-gpu-blocks-override", "256", "--max-num-seqs", "8",
-        "--max-num-batched-tokens", "256", "--max-waiting-requests", "64", log_path=str(log))
+        *cli_flags(api_key=API_KEY, max_model_len=256, num_gpu_blocks_override=256, max_num_seqs=8,
+                   max_num_batched_tokens=256, max_waiting_requests=64), log_path=str(log))
     yield url
     stop_server_process(process)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from tests.server_helpers import start_server_process, stop_server_process
+from tests.server_helpers import TINY_ENGINE_ARGS, cli_flags, start_server_process, stop_server_process
 
 MAX_BODY = 1 << 20  # 1 MiB for these tests (the default is 4 MiB)
 HEADER_TIMEOUT = 1.0
@@ -21,9 +21,8 @@ MAX_CONNECTIONS = 6
 def server(tiny_checkpoint_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("limits") / "server.log"
     process, url = start_server_process(
-        tiny_checkpoint_dir, "--max-model-len", "128", "--num-gpu-blocks-override", "64", "--block-size", "8",
-        "--max-num-seqs", "4", "--max-body-bytes", str(MAX_BODY), "--header-timeout", str(HEADER_TIMEOUT),
-        "--max-connections", str(MAX_CONNECTIONS), log_path=str(log))
+        tiny_checkpoint_dir, *cli_flags(**TINY_ENGINE_ARGS, max_body_bytes=MAX_BODY, header_timeout=HEADER_TIMEOUT,
+                                        max_connections=MAX_CONNECTIONS), log_path=str(log))
     yield url
     stop_server_process(process)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]

@@ -21,9 +21,9 @@ from schemathesis.checks import not_a_server_error
 from jax_engine import EngineArgs, LLMEngine
 from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.server.state import ServerConfig
-from tests.server_helpers import ThreadedServer, metric, start_server_process, wait_for
+from tests.server_helpers import TINY_ENGINE_ARGS, ThreadedServer, cli_flags, metric, start_server_process, wait_for
 
-ARGS = dict(num_gpu_blocks_override=64, block_size=8, max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64)
+ARGS = TINY_ENGINE_ARGS
 LONG = {"prompt": "hello there", "max_tokens": 100, "ignore_eos": True, "stream": True}
 
 
@@ -122,7 +122,7 @@ main(["serve", *sys.argv[2:]])
 def test_jax_engine_serve_exits_non_zero_when_the_engine_dies(tiny_checkpoint_dir, tmp_path):
     """So that a supervisor restarts it, as vLLM's server does."""
     trigger = tmp_path / "fault"
-    process, url = start_server_process(tiny_checkpoint_dir, "--max-model-len", "128", log_path=str(tmp_path / "log"),
+    process, url = start_server_process(tiny_checkpoint_dir, *cli_flags(**ARGS), log_path=str(tmp_path / "log"),
                                         command=("-c", FAULTY_SERVE, str(trigger)))
     try:
         with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60) as response:
@@ -234,8 +234,8 @@ def test_no_generated_request_gets_a_server_error(shared_tiny_server):
 
 
 def test_sigterm_lets_in_flight_requests_finish(tmp_path):
-    process, url = start_server_process("--max-model-len", "256", "--num-gpu-blocks-override", "64",
-                                        "--max-num-seqs", "2", log_path=str(tmp_path / "server.log"))
+    process, url = start_server_process(*cli_flags(max_model_len=256, num_gpu_blocks_override=64, max_num_seqs=2),
+                                        log_path=str(tmp_path / "server.log"))
     try:
         body = {"prompt": "Once upon a time", "max_tokens": 120, "ignore_eos": True, "temperature": 0,
                 "stream": True}

@@ -15,10 +15,10 @@ import sys
 import tempfile
 
 from jax_engine.bench.soak import soak
-from tests.server_helpers import start_server_process, stop_server_process
+from tests.server_helpers import cli_flags, start_server_process, stop_server_process
 
-SERVER_ARGS = ("--max-model-len", "256", "--num-gpu-blocks-override", "128", "--block-size", "8",
-               "--max-num-seqs", "16", "--max-waiting-requests", "64", "--log-level", "warning")
+SERVER_ARGS = cli_flags(max_model_len=256, num_gpu_blocks_override=128, block_size=8, max_num_seqs=16,
+                        max_waiting_requests=64, log_level="warning")
 # Measured from the middle of the run: until then new step shapes compile, each adding a few MB of code
 # (a 1,500-request run read 694, 930, 945, 967, 967, 986, 986, 989, 992, 992 MB at each tenth). A leak of
 # per-request state grows with the request count instead; `make soak` shows it over 10,000 requests.
