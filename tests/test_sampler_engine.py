@@ -87,7 +87,7 @@ def test_greedy_rows_take_the_argmax_beside_sampled_rows():
 def test_greedy_logprobs_and_ranks():
     logits = np.array([[1.0, 3.0, 2.0, 0.0]], np.float32)
     tokens, logprobs, ranks, top_ids, top_logprobs = run([make_request(SamplingParams(temperature=0, logprobs=2))], logits)
-    expected = logits[0] - np.log(np.exp(logits[0]).sum())
+    expected = logits[0] - np.log(np.exp(logits[0]).sum())  # float64; the sampler's log-softmax is float32
     assert tokens[0] == 1 and ranks[0] == 1 and logprobs[0] == pytest.approx(expected[1], abs=1e-6)
     assert list(top_ids[0][:2]) == [1, 2] and top_logprobs[0][:2] == pytest.approx(expected[[1, 2]], abs=1e-6)
 
