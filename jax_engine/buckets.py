@@ -1,5 +1,7 @@
 """Shape buckets: round sizes up to a few rungs (powers of two and between) so only a few shapes ever compile."""
 
+from reference.block_manager import cdiv
+
 
 def bucket(n: int, minimum: int = 1) -> int:
     """The smallest power of two >= max(n, minimum); 0 stays 0 (an empty part of the batch)."""
@@ -29,4 +31,4 @@ def bucket_eighths(n: int, minimum: int = 8) -> int:
     if n == 0:
         return 0
     step = max((1 << (n.bit_length() - 1)) // 8, minimum)
-    return -(-n // step) * step
+    return cdiv(n, step) * step

@@ -20,6 +20,7 @@ from jax_engine.buckets import bucket, bucket_eighths, bucket_fine
 from jax_engine.core.scheduler import SchedulerOutput
 from jax_engine.models.llama import LlamaForCausalLM
 from jax_engine.sampler import SampledToken, sample, sampling_batch
+from reference.block_manager import cdiv
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class ModelRunner:
         self.block_size = block_size
         self.num_slots = num_blocks * block_size
         self.backend = backend
-        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        self.max_blocks_per_seq = cdiv(max_model_len, block_size)
         shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k_cache = jnp.zeros(shape, dtype)
         self.v_cache = jnp.zeros(shape, dtype)
@@ -156,7 +157,7 @@ class ModelRunner:
             token_ids[row : row + n] = seq.all_token_ids[first : first + n]
             positions[row : row + n] = pos
             slot_mapping[row : row + n] = np.asarray(table)[pos // bs] * bs + pos % bs
-            used = -(-(first + n) // bs)  # the table may run further (blocks for later chunks)
+            used = cdiv(first + n, bs)  # the table may run further (blocks for later chunks)
             tables[slot, :used] = table[:used]
             seq_lens[slot] = first + n
             q_lens[slot] = n
@@ -188,7 +189,7 @@ class ModelRunner:
         # batch drains (1, 2, 4 would each compile the whole model once more).
         num_decode = bucket(len(decode), 8)
         seq_slots = list(range(len(decode))) + [num_decode + j for j in range(len(prefill))]
-        max_blocks = max(-(-(s.seq.num_computed_tokens + s.num_new_tokens) // self.block_size)
+        max_blocks = max(cdiv(s.seq.num_computed_tokens + s.num_new_tokens, self.block_size)
                          for s in decode + prefill)
         num_cols = min(bucket_fine(max_blocks, 8), self.max_blocks_per_seq)
         return seq_slots, num_decode + bucket(len(prefill)), num_cols

@@ -18,19 +18,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-MIN_ROWS = 16  # tl.dot needs at least 16 rows: query heads of a group are padded up to this
-_NEG = float(jnp.finfo(jnp.float32).min)
-
-
-def _online_softmax_step(q, k, v, visible, carry, scale):
-    """One block of keys: update (acc, running max, running sum). q [M, D], k/v [N, D], visible [M, N]."""
-    acc, m_prev, l_prev = carry
-    logits = jnp.where(visible, plgpu.dot(q, k.T) * scale, _NEG)
-    m_next = jnp.maximum(m_prev, logits.max(axis=-1))
-    correction = jnp.exp(m_prev - m_next)
-    p = jnp.where(visible, jnp.exp(logits - m_next[:, None]), 0.0)
-    acc = acc * correction[:, None] + plgpu.dot(p.astype(v.dtype), v)
-    return acc, m_next, l_prev * correction + p.sum(axis=-1)
+from pallas_kernels._common import MIN_ROWS, NEG, check_query_fits_cache, online_softmax_step
 
 
 def _decode_kernel(layer_ref, lens_ref, tables_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *,
@@ -53,9 +41,9 @@ def _decode_kernel(layer_ref, lens_ref, tables_ref, q_ref, k_ref, v_ref, o_ref, 
         v = v_ref[layer, ids, :, head, :].reshape(keys_per_step, head_dim).astype(jnp.float32)
         key_pos = start * block_size + jnp.arange(keys_per_step)
         visible = jnp.broadcast_to(key_pos[None, :] < seq_len, (rows, keys_per_step))
-        return _online_softmax_step(q, k, v, visible, carry, scale)
+        return online_softmax_step(q, k, v, visible, carry, scale)
 
-    init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), _NEG, jnp.float32), jnp.zeros((rows,), jnp.float32))
+    init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), NEG, jnp.float32), jnp.zeros((rows,), jnp.float32))
     steps = pl.cdiv(jnp.maximum(last_block - first_block, 0), blocks_per_step)
     acc, m, l = lax.fori_loop(0, steps, body, init)
     o_ref[...] = acc.astype(o_ref.dtype)
@@ -93,12 +81,8 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         [B, N, D] attention outputs, in q's dtype.
     """
     batch, num_heads, head_dim = q.shape
-    num_layers, num_blocks, block_size, num_kv_heads, head_dim_k = k_cache.shape
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} must have the same shape")
-    if head_dim_k != head_dim or num_heads % num_kv_heads:
-        raise ValueError(f"q {q.shape} does not fit the cache {k_cache.shape}: head_dim must match and "
-                         f"num_heads must be a multiple of num_kv_heads")
+    num_layers, num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    check_query_fits_cache(q, k_cache, v_cache)
     if block_tables.shape[0] != batch or seq_lens.shape != (batch,):
         raise ValueError(f"block_tables {block_tables.shape} and seq_lens {seq_lens.shape} must have batch {batch}")
     group = num_heads // num_kv_heads

@@ -15,7 +15,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels.paged_decode_attention import MIN_ROWS, _NEG, _online_softmax_step
+from pallas_kernels._common import MIN_ROWS, NEG, check_query_fits_cache, online_softmax_step
 
 
 def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, q_ref, k_ref, v_ref, o_ref, *, block_size: int,
@@ -43,9 +43,9 @@ def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, q_ref, k_ref, v_
             k = k_ref[layer, ids, :, head, :].reshape(keys_per_step, head_dim).astype(jnp.float32)
             v = v_ref[layer, ids, :, head, :].reshape(keys_per_step, head_dim).astype(jnp.float32)
             key_pos = i * keys_per_step + jnp.arange(keys_per_step)
-            return _online_softmax_step(q, k, v, key_pos[None, :] <= q_pos[:, None], carry, scale)
+            return online_softmax_step(q, k, v, key_pos[None, :] <= q_pos[:, None], carry, scale)
 
-        init = (jnp.zeros((block_q * group, head_dim), jnp.float32), jnp.full((block_q * group,), _NEG, jnp.float32),
+        init = (jnp.zeros((block_q * group, head_dim), jnp.float32), jnp.full((block_q * group,), NEG, jnp.float32),
                 jnp.zeros((block_q * group,), jnp.float32))
         acc, _, l = lax.fori_loop(0, pl.cdiv(last_key, keys_per_step), body, init)
         out = (acc / jnp.maximum(l, 1e-30)[:, None]).reshape(block_q, group, head_dim)
@@ -80,13 +80,9 @@ def ragged_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         [T, N, D] attention outputs (rows not covered by any sequence are zero).
     """
     num_tokens, num_heads, head_dim = q.shape
-    num_layers, num_blocks, block_size, num_kv_heads, head_dim_k = k_cache.shape
+    num_layers, num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     batch = block_tables.shape[0]
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"k_cache {k_cache.shape} and v_cache {v_cache.shape} must have the same shape")
-    if head_dim_k != head_dim or num_heads % num_kv_heads:
-        raise ValueError(f"q {q.shape} does not fit the cache {k_cache.shape}: head_dim must match and "
-                         f"num_heads must be a multiple of num_kv_heads")
+    check_query_fits_cache(q, k_cache, v_cache)
     if seq_lens.shape != (batch,) or query_start_loc.shape != (batch + 1,):
         raise ValueError(f"seq_lens {seq_lens.shape} must be ({batch},) and query_start_loc "
                          f"{query_start_loc.shape} must be ({batch + 1},) for block_tables {block_tables.shape}")

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
+from reference.block_manager import cdiv
 from reference.kv_cache import KVCache
 from reference.paged_attention import AttentionMetadata, paged_attention, write_kv
 
@@ -122,7 +123,7 @@ class LlamaModel:
     def last_logits(self, token_ids: list[int], block_size: int = 16) -> np.ndarray:
         """Next-token logits after `token_ids`, computed from scratch in a private cache (for oracles)."""
         cfg = self.config
-        num_blocks = -(-len(token_ids) // block_size)
+        num_blocks = cdiv(len(token_ids), block_size)
         cache = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         positions = np.arange(len(token_ids))
         metadata = AttentionMetadata(positions, np.array([0, len(token_ids)]), np.array([len(token_ids)]),

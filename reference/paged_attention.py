@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from reference.block_manager import cdiv
+
 
 @dataclass
 class AttentionMetadata:
@@ -63,7 +65,7 @@ def _attend_sequence(q, k_cache, v_cache, block_table, seq_len, scale):
     q = q.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)  # heads grouped by KV head
     query_pos = np.arange(seq_len - n, seq_len)
     partials = []
-    for j in range(-(-seq_len // block_size)):
+    for j in range(cdiv(seq_len, block_size)):
         valid = min(block_size, seq_len - j * block_size)
         key_pos = j * block_size + np.arange(valid)
         block = block_table[j]

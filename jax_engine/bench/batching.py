@@ -29,6 +29,7 @@ import numpy as np
 
 from jax_engine.bench import roofline
 from jax_engine.config import EngineArgs
+from reference.block_manager import cdiv
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # Set by the experiment (room for the largest batch, no prefix sharing between prompts), not by flags.
@@ -43,7 +44,7 @@ def output_len(batch_size: int, prompt_len: int, decode_steps: int) -> int:
     The prompts are prefilled over several steps (the first prefilled start decoding before the last), and a
     few steps compile; eight spare steps cover those.
     """
-    return decode_steps + -(-batch_size * prompt_len // TOKEN_BUDGET) + 8
+    return decode_steps + cdiv(batch_size * prompt_len, TOKEN_BUDGET) + 8
 
 
 def _machine() -> str:

@@ -20,6 +20,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+from reference.block_manager import cdiv
+
 # Peak HBM bandwidth in GB/s by device kind (vendor figures).
 PEAK_GBPS = {"H100": 3350, "H200": 4800, "A100": 2039, "L4": 300, "A10": 600}
 
@@ -93,7 +95,7 @@ def cpu_main(args: argparse.Namespace) -> None:
     B, T, K, G, D, bs, L = (args.batch, args.context, args.num_kv_heads, args.group, args.head_dim, args.block_size,
                             args.layers)
     dtype = jnp.dtype(args.dtype)
-    blocks_per_seq = -(-T // bs)
+    blocks_per_seq = cdiv(T, bs)
     num_blocks = max(int(args.cache_gb * 1e9) // (2 * L * bs * K * D * dtype.itemsize), B * blocks_per_seq)
     k_cache = jnp.full((L, num_blocks * bs, K, D), 0.01, dtype)
     v_cache = jnp.full((L, num_blocks * bs, K, D), 0.02, dtype)

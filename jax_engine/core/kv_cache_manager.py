@@ -7,11 +7,8 @@ block hashes are computed once per full block and remembered per request, and ta
 from collections.abc import Sequence
 
 from jax_engine.core.block_pool import BlockPool
+from reference.block_manager import cdiv
 from reference.block_pool import BlockHash, hash_block_tokens, salt_hash
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 class KVCacheManager:
