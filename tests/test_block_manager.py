@@ -2,6 +2,7 @@
 
 import pytest
 
+from jax_engine.core.block_pool import BlockPool as EngineBlockPool
 from reference import BlockManager, BlockPool, hash_block_tokens
 
 
@@ -16,12 +17,18 @@ def test_pool_hands_out_blocks_in_order_and_frees_to_the_tail():
     assert pool.allocate().block_id == 1
 
 
-def test_double_free_is_caught():
-    pool = BlockPool(1)
+@pytest.mark.parametrize("pool_class", [BlockPool, EngineBlockPool], ids=["reference", "engine"])
+def test_misuse_of_a_pool_is_caught(pool_class):
+    """Both layers' pools keep the same state asserts: a bookkeeping bug stops at once, not blocks later."""
+    pool = pool_class(1)
     block = pool.allocate()
+    with pytest.raises(AssertionError, match="no free block"):
+        pool.allocate()
     pool.free(block)
     with pytest.raises(AssertionError, match="double free"):
         pool.free(block)
+    with pytest.raises(AssertionError, match="caching unheld block"):
+        pool.cache(block, hash_block_tokens(None, (1, 2)))
 
 
 def test_chained_hash_depends_on_the_whole_prefix():

@@ -64,7 +64,7 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
         k: [T, K, D] their keys; v: [T, K, D] their values.
         k_cache: [L, num_slots, K, D] every layer's keys.
         v_cache: [L, num_slots, K, D] every layer's values.
-        layer: the layer to attend in (a traced scalar inside the scan over layers).
+        layer: the layer to attend in (a scalar array, so every layer shares one compiled attention).
         metadata: the batch layout (see AttentionMetadata).
         block_size: tokens per block.
         scale: softmax scale.

@@ -21,7 +21,9 @@ class BlockPool:
         return len(self.free_queue)
 
     def allocate(self) -> int:
+        assert self.free_queue, "allocate() called with no free block: check num_free_blocks first"
         block, _ = self.free_queue.popitem(last=False)
+        assert self.ref_cnt[block] == 0, f"block {block} is in the free queue with ref_cnt {self.ref_cnt[block]}"
         if self.block_hash[block] is not None:  # evict the least recently freed cached block
             del self.cached_blocks[self.block_hash[block]]
             self.block_hash[block] = None
@@ -40,6 +42,7 @@ class BlockPool:
             self.free_queue[block] = None
 
     def cache(self, block: int, block_hash: BlockHash) -> None:
+        assert self.ref_cnt[block] > 0, f"caching unheld block {block}"
         if self.block_hash[block] is None and block_hash not in self.cached_blocks:
             self.block_hash[block] = block_hash
             self.cached_blocks[block_hash] = block

@@ -10,7 +10,6 @@ by the caller and updated in place by every layer in turn.
 Dimension names: T tokens, H hidden, N query heads, K KV heads, D head dim, I MLP width, V vocab, L layers.
 """
 
-from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +41,7 @@ def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.
 
 # HF parameter name (per layer) -> (our name, how to reshape the HF array).
 def _layer_weight_map(cfg: ModelConfig) -> dict[str, tuple[str, callable]]:
-    H, N, K, D = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    N, K, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     m = {
         "input_layernorm.weight": ("attn_norm", lambda w: w),
         "post_attention_layernorm.weight": ("mlp_norm", lambda w: w),
@@ -65,15 +64,6 @@ def _layer_weight_map(cfg: ModelConfig) -> dict[str, tuple[str, callable]]:
     if cfg.qk_norm:
         m |= {"self_attn.q_norm.weight": ("q_norm", lambda w: w), "self_attn.k_norm.weight": ("k_norm", lambda w: w)}
     return m
-
-
-@dataclass(frozen=True)
-class _LayerStatics:
-    """Hashable per-model constants the layer body closes over."""
-
-    cfg: ModelConfig
-    block_size: int
-    attention: AttentionFn
 
 
 class LlamaForCausalLM(nnx.Module):
@@ -130,12 +120,11 @@ class LlamaForCausalLM(nnx.Module):
         k_flat = k_cache.reshape(L, num_blocks * block_size, *k_cache.shape[3:])  # [L, S, K, D]
         v_flat = v_cache.reshape(k_flat.shape)
         cos, sin = rope_tables(metadata.positions, cfg.head_dim, cfg.rope_theta)
-        statics = _LayerStatics(cfg, block_size, attention)
         x = self.embed[...][token_ids]  # [T, H]
         for index, layer in enumerate(self.layers):
             weights = {name: p[...] for name, p in layer.items()}
-            x, k_flat, v_flat = _decoder_layer(statics, weights, jnp.int32(index), x, k_flat, v_flat, cos, sin,
-                                               metadata)
+            x, k_flat, v_flat = _decoder_layer(cfg, weights, jnp.int32(index), x, k_flat, v_flat, cos, sin,
+                                               metadata, attention, block_size)
         hidden = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         return hidden, k_flat.reshape(k_cache.shape), v_flat.reshape(v_cache.shape)
 
@@ -145,9 +134,8 @@ class LlamaForCausalLM(nnx.Module):
         return jnp.einsum("sh,hv->sv", hidden, head, preferred_element_type=jnp.float32)
 
 
-def _decoder_layer(statics: _LayerStatics, w: dict, layer: jax.Array, x, k_flat, v_flat, cos, sin,
-                   metadata: AttentionMetadata):
-    cfg = statics.cfg
+def _decoder_layer(cfg: ModelConfig, w: dict, layer: jax.Array, x, k_flat, v_flat, cos, sin,
+                   metadata: AttentionMetadata, attention: AttentionFn, block_size: int):
     h = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
     tokens, D = x.shape[0], cfg.head_dim
     q = (h @ w["wq"]).reshape(tokens, -1, D)  # [T, N, D]
@@ -160,8 +148,7 @@ def _decoder_layer(statics: _LayerStatics, w: dict, layer: jax.Array, x, k_flat,
     q, k = rope(q, cos, sin), rope(k, cos, sin)
     # The backend writes this step's K/V into the cache, then attends over it. It reads the stacked
     # cache directly: slicing out k_flat[layer] would copy it.
-    attn, k_flat, v_flat = statics.attention(q, k, v, k_flat, v_flat, layer, metadata, statics.block_size,
-                                             cfg.head_dim**-0.5)
+    attn, k_flat, v_flat = attention(q, k, v, k_flat, v_flat, layer, metadata, block_size, cfg.head_dim**-0.5)
     x = x + attn.reshape(tokens, -1) @ w["wo"]
     h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
     gate = jnp.einsum("th,hi->ti", h, w["w_gate"])
