@@ -137,13 +137,16 @@ def main(args: argparse.Namespace) -> None:
         print("bench kernels needs a CUDA GPU or a CPU; this machine has neither "
               f"(jax backend: {jax.default_backend()}).")
         return
+    gpu_main(args)
 
+
+def gpu_main(args: argparse.Namespace) -> None:
+    """The Pallas decode kernel against the jnp path and jax's own Pallas kernel; then the ragged kernel."""
     from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention as jax_paged_attention
 
     from jax_engine.attention.metadata import AttentionMetadata
     from jax_engine.attention.xla import paged_attention as xla_attention
     from pallas_kernels.paged_decode_attention import paged_decode_attention
-    from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 
     dtype = jnp.dtype(args.dtype)
     B, T, K, G, D, bs = args.batch, args.context, args.num_kv_heads, args.group, args.head_dim, args.block_size
@@ -180,8 +183,15 @@ def main(args: argparse.Namespace) -> None:
         gbps = kv_bytes / seconds / 1e9
         print(f"{name:<30}{seconds * 1e6:>12.1f}{gbps:>10.0f}{(gbps / peak if peak else float('nan')):>10.1%}")
 
-    chunk = args.chunk
-    q_ragged = jax.random.normal(key, (B * chunk, K * G, D), dtype)
+    _time_ragged_kernel(args, k_cache, v_cache, tables, lens)
+
+
+def _time_ragged_kernel(args: argparse.Namespace, k_cache, v_cache, tables, lens) -> None:
+    """A prefill chunk of --chunk tokens per sequence, over the whole context of each."""
+    from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+
+    B, T, K, G, D, chunk = args.batch, args.context, args.num_kv_heads, args.group, args.head_dim, args.chunk
+    q_ragged = jax.random.normal(jax.random.key(0), (B * chunk, K * G, D), k_cache.dtype)
     starts = jnp.arange(B + 1, dtype=jnp.int32) * chunk
     ragged = jax.jit(lambda q, k, v: ragged_paged_attention(q, k, v, tables, lens, starts, 0, max_q_len=chunk))
     seconds = timed(ragged, q_ragged, k_cache, v_cache)

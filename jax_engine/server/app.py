@@ -43,8 +43,6 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     """The server's ASGI app. The engine loop starts with the app and stops when it shuts down."""
     state = ServerState(engine, config)
     engine.max_waiting_requests = config.max_waiting_requests
-    metrics = ServingMetrics(engine, config.model_name)
-    completions, chat = Completions(state), ChatCompletions(state)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -58,22 +56,35 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
     if config.api_keys:  # added last, so it runs first: nothing is read for a client without a key
         app.add_middleware(APIKeyMiddleware, api_keys=config.api_keys)
+    _add_service_routes(app, state, ServingMetrics(engine, config.model_name))
+    _add_openai_routes(app, state)
+    _add_vllm_routes(app, state)
+    return app
+
+
+def _add_service_routes(app: FastAPI, state: ServerState, metrics: ServingMetrics) -> None:
+    """/health, /v1/models and /metrics: what load balancers, clients and Prometheus poll."""
+    model_name = state.config.model_name
 
     @app.get("/health")
     async def health():
-        if engine.dead_error is not None:
+        if state.engine.dead_error is not None:
             return error_response(503, "the engine loop died", code="engine_dead")
         return Response(status_code=200)
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": config.model_name, "object": "model", "created": int(time.time()), "owned_by": "jax-engine",
-                "root": config.model_name, "max_model_len": state.max_model_len}
+        card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "jax-engine",
+                "root": model_name, "max_model_len": state.max_model_len}
         return {"object": "list", "data": [card]}
 
     @app.get("/metrics")
     async def prometheus_metrics():
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
+    completions, chat = Completions(state), ChatCompletions(state)
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, raw_request: Request):
@@ -84,6 +95,10 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request):
         salt = state.cache_salt(raw_request, body.cache_salt)
         return _respond(await until_disconnect(raw_request, chat.create(body, salt)))
+
+
+def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:
+    """vLLM's extras: /tokenize, /detokenize, and the demo endpoint /generate."""
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
@@ -108,32 +123,34 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
 
     @app.post("/generate")
     async def generate(body: GenerateRequest, raw_request: Request):
-        """vLLM's demo endpoint: {"prompt", "stream", **SamplingParams} -> {"text": [prompt + completion, ...]}."""
-        fields = body.model_extra or {}
-        unknown = sorted(set(fields) - SAMPLING_FIELDS)
-        if unknown:
-            raise APIError(400, f"unknown sampling parameters: {', '.join(unknown)[:200]}", unknown[0])
-        try:
-            params = SamplingParams(**fields)
-        except ValueError as error:
-            raise bad_request(error) from None
-        state.check_n(params.n)
-        streams = await add_streams(state, f"generate-{uuid.uuid4().hex}", [body.prompt], params,
-                                    state.cache_salt(raw_request, None))
+        return await _demo_generate(state, body, raw_request)
 
-        def texts(output) -> dict:
-            return {"text": [body.prompt + c.text for c in output.outputs]}
 
-        async def lines():  # one JSON object per output, each ended by a NUL byte
-            async for _, output in merge(streams):
-                yield json.dumps(texts(output)).encode() + b"\0"
+async def _demo_generate(state: ServerState, body: GenerateRequest, raw_request: Request):
+    """vLLM's demo endpoint: {"prompt", "stream", **SamplingParams} -> {"text": [prompt + completion, ...]}."""
+    fields = body.model_extra or {}
+    unknown = sorted(set(fields) - SAMPLING_FIELDS)
+    if unknown:
+        raise APIError(400, f"unknown sampling parameters: {', '.join(unknown)[:200]}", unknown[0])
+    try:
+        params = SamplingParams(**fields)
+    except ValueError as error:
+        raise bad_request(error) from None
+    state.check_n(params.n)
+    streams = await add_streams(state, f"generate-{uuid.uuid4().hex}", [body.prompt], params,
+                                state.cache_salt(raw_request, None))
 
-        async def answer():
-            [final] = await collect(streams)
-            return texts(final)
+    def texts(output) -> dict:
+        return {"text": [body.prompt + c.text for c in output.outputs]}
 
-        if body.stream:
-            return StreamingResponse(lines(), media_type="application/octet-stream")
-        return await until_disconnect(raw_request, answer())
+    async def lines():  # one JSON object per output, each ended by a NUL byte
+        async for _, output in merge(streams):
+            yield json.dumps(texts(output)).encode() + b"\0"
 
-    return app
+    async def answer():
+        [final] = await collect(streams)
+        return texts(final)
+
+    if body.stream:
+        return StreamingResponse(lines(), media_type="application/octet-stream")
+    return await until_disconnect(raw_request, answer())
