@@ -85,12 +85,7 @@ class LLMEngine:
         room = self.scheduler_config.max_model_len - len(token_ids)
         group = SequenceGroup.create(request_id, text, token_ids, params, self._arrivals, room,
                                      RequestMetrics(arrival_time or time.time()), self._new_sequence)
-        first = group.seqs[0]
-        if getattr(params, "prompt_logprobs", None) is not None:  # every prompt position must be scored
-            self.kv_cache_manager.uncached.add(first.seq_id)
-        if (salt := cache_salt(prompt)) is not None:
-            self.kv_cache_manager.cache_salts[first.seq_id] = salt
-        self.scheduler.add_request(first)
+        self.scheduler.add_request(group.seqs[0], cache_salt(prompt))
         self._groups[request_id] = group
         self._arrivals += 1
 

@@ -48,6 +48,11 @@ class Sequence:
         self.cumulative_logprob = parent.cumulative_logprob
 
     @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """Prompt logprobs need every prompt position computed: no prefix-cache hits (the reference's field)."""
+        return getattr(self.sampling_params, "prompt_logprobs", None) is not None
+
+    @property
     def token_ids(self) -> list[int]:
         return self.all_token_ids
 

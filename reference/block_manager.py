@@ -83,7 +83,7 @@ class BlockManager:
             hashes.append(hash_block_tokens(hashes[-1] if hashes else None, chunk))
         return hashes
 
-    def find_cached_prefix(self, token_ids: Sequence[int]) -> list[Block]:
+    def find_cached_prefix(self, token_ids: Sequence[int], *, read_cache: bool = True) -> list[Block]:
         """The longest run of leading full blocks already in the prefix cache.
 
         NOTE: the last token is never taken from the cache: its logits are needed to sample the next
@@ -91,12 +91,14 @@ class BlockManager:
 
         Args:
             token_ids: a prompt (or a preempted sequence's prompt and output so far).
+            read_cache: False for a request that must compute every token (one asking for prompt
+                logprobs): it gets no hits, though its own full blocks are still cached for others.
 
         Returns:
             The cached device blocks that hold its first tokens, in order; empty when prefix caching
             is off. Nothing is reserved: `allocate` takes them.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not read_cache:
             return []
         hits = []
         for block_hash in self._full_block_hashes(token_ids, (len(token_ids) - 1) // self.block_size):
@@ -107,33 +109,35 @@ class BlockManager:
         return hits
 
     # -------------------------------------------------------------------- allocation and growth
-    def can_allocate(self, token_ids: Sequence[int]) -> bool:
+    def can_allocate(self, token_ids: Sequence[int], *, read_cache: bool = True) -> bool:
         """Whether `allocate` would find enough free device blocks for a new sequence of these tokens.
 
         Args:
             token_ids: the tokens the new sequence starts with.
+            read_cache: see `find_cached_prefix`.
 
         Returns:
             True if its blocks, less those found in the prefix cache, fit in the free device blocks.
         """
-        hits = self.find_cached_prefix(token_ids)
+        hits = self.find_cached_prefix(token_ids, read_cache=read_cache)
         # A hit on a free cached block takes it out of the free queue, so it costs a free block too.
         needed = self.num_blocks_for(len(token_ids)) - len(hits) + sum(b.ref_cnt == 0 for b in hits)
         return needed <= self.device.num_free_blocks
 
-    def allocate(self, seq_id: str, token_ids: Sequence[int]) -> int:
+    def allocate(self, seq_id: str, token_ids: Sequence[int], *, read_cache: bool = True) -> int:
         """Give a new sequence blocks for all `token_ids`, reusing cached prefix blocks.
 
         Args:
             seq_id: the new sequence; it must not hold blocks yet.
             token_ids: its tokens; `can_allocate(token_ids)` must be true.
+            read_cache: see `find_cached_prefix`.
 
         Returns:
             The number of leading tokens whose K/V are already in the cache (num_cached_tokens).
         """
         assert seq_id not in self.block_tables, f"sequence {seq_id!r} already has blocks"
-        assert self.can_allocate(token_ids), f"not enough free blocks for sequence {seq_id!r}"
-        hits = self.find_cached_prefix(token_ids)
+        assert self.can_allocate(token_ids, read_cache=read_cache), f"not enough free blocks for sequence {seq_id!r}"
+        hits = self.find_cached_prefix(token_ids, read_cache=read_cache)
         for block in hits:
             self.device.share(block)
         fresh = [self.device.allocate() for _ in range(self.num_blocks_for(len(token_ids)) - len(hits))]

@@ -149,6 +149,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache
     num_cached_tokens: int | None = None  # prefix-cache hit on first admission
+    # vLLM's name: a request asking for prompt logprobs needs every prompt position computed, so it takes no
+    # prefix-cache hits (the engine sets this from SamplingParams.prompt_logprobs).
+    skip_reading_prefix_cache: bool = False
 
     @property
     def token_ids(self) -> list[int]:

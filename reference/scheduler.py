@@ -205,12 +205,13 @@ class Scheduler:
         bm = self.block_manager
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
-            num_cached = len(bm.find_cached_prefix(request.token_ids)) * bm.block_size
+            read_cache = not request.skip_reading_prefix_cache
+            num_cached = len(bm.find_cached_prefix(request.token_ids, read_cache=read_cache)) * bm.block_size
             n = self._chunk(request.num_tokens - num_cached, budget)
-            if n == 0 or not bm.can_allocate(request.token_ids):
+            if n == 0 or not bm.can_allocate(request.token_ids, read_cache=read_cache):
                 break
             self.waiting.pop(0)
-            request.num_computed_tokens = bm.allocate(request.request_id, request.token_ids)
+            request.num_computed_tokens = bm.allocate(request.request_id, request.token_ids, read_cache=read_cache)
             if request.num_cached_tokens is None:
                 request.num_cached_tokens = request.num_computed_tokens
             self._enqueue(self.running, request, RequestStatus.RUNNING)

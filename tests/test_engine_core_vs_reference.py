@@ -33,17 +33,22 @@ class SameDecisions(RuleBasedStateMachine):
         seqs = [s for s in self.tokens if (s not in self.ref.swapped_out) == resident]
         return data.draw(st.sampled_from(seqs)) if seqs else None
 
-    @rule(prompt=prompts)
-    def allocate(self, prompt):
+    @rule(prompt=prompts, read_cache=st.booleans())
+    def allocate(self, prompt, read_cache):
+        """read_cache=False: a request asking for prompt logprobs (the engine marks it `uncached`)."""
         seq = f"s{self.next_id}"  # a fresh id per attempt: the engine never reuses a request id
         self.next_id += 1
-        ok = self.ref.can_allocate(prompt)
+        if not read_cache:
+            self.fast.uncached.add(seq)
+        ok = self.ref.can_allocate(prompt, read_cache=read_cache)
         assert self.fast.can_allocate(seq, prompt) == ok
         if ok:
-            assert self.fast.allocate(seq, prompt) == self.ref.allocate(seq, prompt)
+            assert self.fast.allocate(seq, prompt) == self.ref.allocate(seq, prompt, read_cache=read_cache)
             self.tokens[seq] = list(prompt)
             self.ref.cache_full_blocks(seq, prompt, len(prompt))
             self.fast.cache_full_blocks(seq, prompt, len(prompt))
+        else:
+            self.fast.forget(seq)  # given up, as an aborted waiting request is
 
     @rule(data=st.data(), token=st.integers(0, 2), num_new=st.integers(1, 3))
     def append(self, data, token, num_new):
@@ -75,6 +80,7 @@ class SameDecisions(RuleBasedStateMachine):
         if seq is not None:
             self.ref.free(seq)
             self.fast.free(seq)
+            self.fast.forget(seq)  # as the scheduler's finish does
             del self.tokens[seq]
 
     @rule(data=st.data())
@@ -105,14 +111,16 @@ class SameDecisions(RuleBasedStateMachine):
         assert self.ref.device.cached_blocks == self.fast.device.cached_blocks
         assert (self.ref.prefix_cache_hits, self.ref.prefix_cache_queries) == (
             self.fast.prefix_cache_hits, self.fast.prefix_cache_queries)
+        # What the engine remembers per sequence (hashes, the uncached mark) goes when the sequence does.
+        assert self.fast.uncached | self.fast.block_hashes.keys() <= self.tokens.keys()
 
 
 TestSameDecisions = SameDecisions.TestCase
 
 
 # ------------------------------------------------------------------------------- scheduler traces
-def _engine_sequence(request_id, prompt, max_tokens, arrival):
-    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+def _engine_sequence(request_id, prompt, max_tokens, arrival, prompt_logprobs):
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
     return Sequence(request_id, request_id, 0, list(prompt), params, arrival, 0, max_tokens, (99,), None,
                     RequestMetrics(0.0))
 
@@ -121,8 +129,9 @@ def _sampled(token: int) -> SampledToken:
     return SampledToken(token, 0.0, 1, np.zeros(0, np.int32), np.zeros(0, np.float32))
 
 
-@given(scheduler_traces(eos=99))
-def test_engine_scheduler_decides_like_the_reference(trace):
+@given(scheduler_traces(eos=99), st.lists(st.booleans(), min_size=8, max_size=8))
+def test_engine_scheduler_decides_like_the_reference(trace, prompt_logprobs):
+    """Request i asks for prompt logprobs when prompt_logprobs[i]: it computes every prompt token."""
     config, blocks, requests, sampled = trace
     ref = ReferenceScheduler(config, BlockManager(**blocks))
     fast = Scheduler(config, KVCacheManager(**blocks))
@@ -132,12 +141,13 @@ def test_engine_scheduler_decides_like_the_reference(trace):
     while pending or ref.has_unfinished_requests():
         while pending and pending[0][1][0] <= step:
             i, (_, prompt, max_tokens) = pending.pop(0)
-            request = ReferenceRequest(f"r{i}", list(prompt), SamplingParams(temperature=0, max_tokens=max_tokens), i)
+            request = ReferenceRequest(f"r{i}", list(prompt), SamplingParams(temperature=0, max_tokens=max_tokens), i,
+                                       skip_reading_prefix_cache=prompt_logprobs[i])
             try:
                 ref.add_request(request)
             except ValueError:
                 continue  # the engine refuses the same requests before they reach its scheduler
-            fast_requests[f"r{i}"] = _engine_sequence(f"r{i}", prompt, max_tokens, i)
+            fast_requests[f"r{i}"] = _engine_sequence(f"r{i}", prompt, max_tokens, i, 1 if prompt_logprobs[i] else None)
             fast.add_request(fast_requests[f"r{i}"])
         ref_out, fast_out = ref.schedule(), fast.schedule()
         assert [(s.seq.seq_id, s.num_new_tokens, fast.kv.block_tables[s.seq.seq_id])
@@ -155,3 +165,4 @@ def test_engine_scheduler_decides_like_the_reference(trace):
         step += 1
         assert step < 2000
     assert not fast.has_unfinished_requests()
+    assert not fast.kv.uncached and not fast.kv.block_hashes  # finished requests are forgotten

@@ -75,7 +75,12 @@ class Scheduler:
         self.waiting, self.running, self.swapped = _ArrivalQueue(), _ArrivalQueue(), _ArrivalQueue()
         self.num_preemptions = 0
 
-    def add_request(self, seq: Sequence) -> None:
+    def add_request(self, seq: Sequence, cache_salt: str | None = None) -> None:
+        """Queue a request's first sequence; `cache_salt` roots its prefix-cache hashes (vLLM's field)."""
+        if seq.skip_reading_prefix_cache:
+            self.kv.uncached.add(seq.seq_id)
+        if cache_salt is not None:
+            self.kv.cache_salts[seq.seq_id] = cache_salt
         self._enqueue(self.waiting, seq, RequestStatus.WAITING)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
