@@ -80,6 +80,20 @@ def test_prefix_cache_hit_reuses_blocks_and_keeps_one_token_to_compute():
     assert bm.prefix_cache_hits == 12 and bm.prefix_cache_queries == 10 + 11 + 8
 
 
+def test_a_request_that_skips_reading_the_cache_computes_all_and_still_fills_it():
+    """prompt_logprobs needs every prompt position computed: no hits, but its blocks serve later requests."""
+    bm = BlockManager(num_blocks=8, block_size=4)
+    prompt = list(range(100, 110))
+    bm.allocate("a", prompt)
+    bm.cache_full_blocks("a", prompt, num_computed_tokens=10)
+    assert bm.find_cached_prefix(prompt + [7], read_cache=False) == []
+    assert bm.allocate("scored", prompt + [7], read_cache=False) == 0
+    assert bm.block_table("scored")[:2] != bm.block_table("a")[:2]  # fresh blocks, not the cached ones
+    bm.free("a")
+    bm.cache_full_blocks("scored", prompt + [7], num_computed_tokens=11)
+    assert bm.allocate("b", prompt + [8]) == 8  # "a"'s blocks, still indexed, or "scored"'s: a hit either way
+
+
 def test_freed_cached_blocks_stay_reusable_until_evicted_tail_first():
     bm = BlockManager(num_blocks=4, block_size=2)
     prompt = [1, 2, 3, 4, 5, 6, 7]  # blocks 0, 1, 2 full; block 3 partial
