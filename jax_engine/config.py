@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.attention import ATTENTION_BACKENDS, AttentionBackend
+from jax_engine.linear import QUANTIZATIONS
 from jax_engine.model_config import ModelConfig
 from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
 
@@ -44,6 +45,11 @@ class EngineArgs:
         swap_space: GiB of host memory for swapped-out blocks.
         attention_backend: "auto", "xla", "cpu" (a C++ paged-attention kernel, ragged) or "pallas".
         seed: seed for requests that do not set their own.
+        quantization: weight-only quantization of the matmul weights: "bf16", "int8" (one scale per output
+            feature), or None to keep them in dtype.
+        enforce_eager: compile each step shape on first use instead of all at start-up.
+        compilation_cache_dir: where compiled steps are kept between runs; "auto" is
+            $JAX_ENGINE_CACHE_DIR/xla (~/.cache/jax_engine/xla), "" turns the cache off.
     """
 
     model: str | None = None
@@ -61,6 +67,9 @@ class EngineArgs:
     swap_space: float = 4.0
     attention_backend: str = "auto"
     seed: int = 0
+    quantization: str | None = None
+    enforce_eager: bool = False
+    compilation_cache_dir: str = "auto"
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, limit: str) -> None:
@@ -80,6 +89,8 @@ class EngineArgs:
         check(self.swap_space >= 0, "swap_space", ">= 0 (GiB)")
         check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend", f"one of {ATTENTION_BACKENDS}")
         check(isinstance(self.seed, int), "seed", "an int")
+        check(self.quantization is None or self.quantization in QUANTIZATIONS, "quantization",
+              f"None or one of {list(QUANTIZATIONS)}")
 
     @classmethod
     def field_names(cls) -> set[str]:

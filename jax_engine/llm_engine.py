@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from jax_engine.attention import get_attention_backend
 from jax_engine.beam_search import BeamSearchParams
+from jax_engine.compile_shapes import compile_step_shapes, use_compilation_cache
 from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_dtype, resolve_scheduler_config
 from jax_engine.core.kv_cache_manager import KVCacheManager
 from jax_engine.core.scheduler import Scheduler, SchedulerOutput
@@ -41,19 +42,20 @@ class LLMEngine:
         """Load the model (or take an already loaded `checkpoint`), size the KV cache, build the loop."""
         started = time.perf_counter()
         self.args = args
+        use_compilation_cache(args.compilation_cache_dir)
         checkpoint = checkpoint or load_checkpoint(args.model)
         self.model_config = cfg = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.dtype = resolve_dtype(args.dtype)
         self.scheduler_config = resolve_scheduler_config(args, cfg)
-        model = LlamaForCausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype)
+        model = LlamaForCausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype, args.quantization)
         self.attention_backend = get_attention_backend(args.attention_backend, platform())
         block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, self.dtype, self.attention_backend,
                                                                 self.scheduler_config.max_model_len)
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
         self.runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, self.scheduler_config.max_model_len,
-                                  self.attention_backend, self.dtype)
+                                  self.scheduler_config.max_num_seqs, self.attention_backend, self.dtype)
         self.eos_token_ids = checkpoint.eos_token_ids
         self.input_processor = InputProcessor(self.tokenizer, cfg, self.scheduler_config)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
@@ -63,6 +65,8 @@ class LLMEngine:
         self._arrivals = 0
         self.trace: list[StepTrace] | None = None
         self._stats = EngineStats()
+        self.startup_compile_seconds = 0.0 if args.enforce_eager else compile_step_shapes(
+            self.runner, self.scheduler_config.max_num_batched_tokens)
         logger.info("engine ready in %.1f s (attention backend %r)", time.perf_counter() - started,
                     self.attention_backend.name)
 
@@ -125,10 +129,10 @@ class LLMEngine:
         self._stats.record(out, self.kv_cache_manager)
         self.runner.apply_block_moves(out)
         inputs = self.runner.prepare(out, self.kv_cache_manager.block_tables)
-        logits, hidden = self.runner.execute(inputs)
+        sampling_hidden, hidden = self.runner.execute(inputs)
         self.output_processor.score_prompts(out, inputs.row_of, hidden, self.runner.token_logprobs,
                                             self._failing_alone)
-        tokens = [(seq, token) for seq, token in self._sample(logits, inputs.sampling_seqs)
+        tokens = [(seq, token) for seq, token in self._sample(sampling_hidden, inputs.sampling_seqs)
                   if not self._groups[seq.request_id].propose(seq, token)]
         self.scheduler.update_from_output(out, tokens)
         for seq, token in tokens:
@@ -151,7 +155,7 @@ class LLMEngine:
                 del self._groups[request_id]
         return outputs
 
-    def _sample(self, logits, seqs: list[Sequence]) -> list[tuple[Sequence, SampledToken]]:
+    def _sample(self, sampling_hidden, seqs: list[Sequence]) -> list[tuple[Sequence, SampledToken]]:
         """A token for every sequence that samples this step; parallel samples read their parent's row."""
         rows, samplers = [], []
         for row, seq in enumerate(seqs):
@@ -159,14 +163,14 @@ class LLMEngine:
                 rows.append(row)
                 samplers.append(sampler)
         try:
-            return list(zip(samplers, self.runner.sample(logits, rows, samplers)))
+            return list(zip(samplers, self.runner.sample(sampling_hidden, rows, samplers)))
         except Exception:  # some sequence's values do not pack into the sampler's arrays: it fails alone
             for seq in samplers:
                 with self._failing_alone(seq):
                     sampling_batch([seq], 1, self.model_config.vocab_size)
             if not any(seq.status.is_finished for seq in samplers):
                 raise  # not a packing fault: the step itself failed
-            return self._sample(logits, seqs)
+            return self._sample(sampling_hidden, seqs)
 
     @contextlib.contextmanager
     def _failing_alone(self, seq: Sequence) -> Iterator[None]:

@@ -1,8 +1,10 @@
 """The model runner: turns a SchedulerOutput into padded device arrays and runs the jitted step.
 
 Every shape is rounded up to a bucket (powers of two; eighths of a power of two for the token count, and for
-the sequence count on the ragged layout; 1.5 x powers of two for the context length on the padded layout), so
-the number of compilations stays small and a steady state (same buckets) never recompiles. The KV cache is
+the rows sampled; 1.5 x powers of two for the context length on the padded layout), so the number of
+compilations stays small and a steady state (same buckets) never recompiles. On the ragged layout every
+shape of the model step follows from the token bucket alone, so start-up can compile them all
+(jax_engine/compile_shapes.py). The KV cache is
 donated to each step and updated in place.
 """
 
@@ -16,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
-from jax_engine.buckets import bucket, bucket_eighths, bucket_fine
+from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
 from jax_engine.core.scheduler import SchedulerOutput
 from jax_engine.models.llama import LlamaForCausalLM
 from jax_engine.sampler import SampledToken, sample, sampling_batch
@@ -25,12 +27,21 @@ from reference.block_manager import cdiv
 logger = logging.getLogger(__name__)
 
 
-@functools.partial(jax.jit, static_argnames=("attention",), donate_argnames=("k_cache", "v_cache", "logits_buffer"))
-def _forward(model, k_cache, v_cache, logits_buffer, token_ids, metadata, logits_indices, attention):
+@functools.partial(jax.jit, static_argnames=("attention",), donate_argnames=("k_cache", "v_cache"))
+def _forward(model, k_cache, v_cache, token_ids, metadata, logits_indices, attention):
+    """The model over the step's tokens; returns the hidden states of the sampling rows too.
+
+    logits_indices has one entry per possible sequence (max_num_seqs), whatever the step's size, so this
+    function, the costly one to compile, has one shape per token bucket and the logits one per row bucket.
+    """
     hidden, k_cache, v_cache = model(token_ids, k_cache, v_cache, metadata, attention)
+    return hidden[logits_indices], hidden, k_cache, v_cache
+
+
+@functools.partial(jax.jit, donate_argnames=("logits_buffer",))
+def _logits(model, sampling_hidden, rows, logits_buffer):
     # Overwriting the whole donated buffer makes XLA compute the logits straight into its memory.
-    logits = jax.lax.dynamic_update_slice(logits_buffer, model.logits(hidden[logits_indices]), (0, 0))
-    return logits, hidden, k_cache, v_cache
+    return jax.lax.dynamic_update_slice(logits_buffer, model.logits(sampling_hidden[rows]), (0, 0))
 
 
 @jax.jit
@@ -50,7 +61,9 @@ def _token_logprobs(model, hidden, rows, targets, num_top):
 
 @functools.partial(jax.jit, donate_argnames=("k_cache", "v_cache"))
 def _copy_blocks(k_cache, v_cache, src, dst):
-    return k_cache.at[:, dst].set(k_cache[:, src]), v_cache.at[:, dst].set(v_cache[:, src])
+    """Copy blocks src[i] -> dst[i]; a dst past the cache (padding) is dropped."""
+    return (k_cache.at[:, dst].set(k_cache[:, src], mode="drop"),
+            v_cache.at[:, dst].set(v_cache[:, src], mode="drop"))
 
 
 class RecycledBuffers:
@@ -69,7 +82,7 @@ class RecycledBuffers:
     def take(self, shape: tuple) -> jax.Array:
         if self.shape == shape and self.free:
             return self.free.pop()
-        return jnp.zeros(shape, jnp.float32)
+        return jax.device_put(np.zeros(shape, np.float32))  # a transfer: jnp.zeros would compile per shape
 
     def give(self, buffer: jax.Array) -> None:
         if buffer.shape != self.shape:
@@ -84,7 +97,7 @@ class StepInputs:
 
     token_ids: np.ndarray
     metadata: AttentionMetadata
-    logits_indices: np.ndarray  # rows whose next-token logits are sampled (padded)
+    logits_indices: np.ndarray  # [max_num_seqs] rows whose next-token logits are sampled (padded)
     sampling_seqs: list  # the Sequence of each real row of logits_indices, in order
     row_of: dict[str, int]  # first row of each scheduled sequence's tokens
 
@@ -93,10 +106,11 @@ class ModelRunner:
     """Owns the model weights and the device KV cache; executes one scheduled step at a time."""
 
     def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
-                 max_model_len: int, backend: AttentionBackend, dtype) -> None:
+                 max_model_len: int, max_num_seqs: int, backend: AttentionBackend, dtype) -> None:
         cfg = model.cfg
         self.model = model
         self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
         self.num_slots = num_blocks * block_size
         self.backend = backend
         self.max_blocks_per_seq = cdiv(max_model_len, block_size)
@@ -123,8 +137,10 @@ class ModelRunner:
             dst_idx = jnp.array(dst)
             self.k_cache = self.k_cache.at[:, dst_idx].set(jnp.asarray(self.host_k[:, src]))
             self.v_cache = self.v_cache.at[:, dst_idx].set(jnp.asarray(self.host_v[:, src]))
-        if out.copies:
-            src, dst = (jnp.array(x) for x in zip(*out.copies))
+        if out.copies:  # padded to a bucket so that copy counts do not each compile
+            src, dst = (np.array(x, np.int32) for x in zip(*out.copies))
+            padding = bucket(len(src), 8) - len(src)
+            src, dst = np.pad(src, (0, padding)), np.pad(dst, (0, padding), constant_values=self.k_cache.shape[1])
             self.k_cache, self.v_cache = _copy_blocks(self.k_cache, self.v_cache, src, dst)
 
     # ------------------------------------------------------------------------------- inputs
@@ -137,8 +153,8 @@ class ModelRunner:
         # through every layer, and a full decode batch plus one short prompt (257 tokens) would run as 384
         # in steps of 1.5x (288 here). The logits rows follow from the sequence buckets, one less
         # independent size to compile combinations of.
-        padded_tokens = bucket_eighths(sum(s.num_new_tokens for s in out.scheduled))
-        seq_slots, num_rows, num_cols = self._sequence_layout(decode, prefill)
+        padded_tokens = bucket_tokens(sum(s.num_new_tokens for s in out.scheduled))
+        seq_slots, num_rows, num_cols = self._sequence_layout(decode, prefill, padded_tokens)
 
         token_ids = np.zeros(padded_tokens, np.int32)
         positions = np.zeros(padded_tokens, np.int32)
@@ -167,7 +183,7 @@ class ModelRunner:
                 sampling_seqs.append(seq)
             row += n
         decode_rows, prefill_rows = self._kind_rows(decode, prefill, row_of, padded_tokens)
-        logits_indices = np.zeros(num_rows, np.int32)
+        logits_indices = np.zeros(self.max_num_seqs, np.int32)
         logits_indices[: len(logits_rows)] = logits_rows
         starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)  # rows are laid out in this order
         max_query_len = 0 if self.backend.ragged else max(prefill_rows.shape[1], 1)
@@ -175,16 +191,14 @@ class ModelRunner:
                                      max_query_len)
         return StepInputs(token_ids, metadata, logits_indices, sampling_seqs, row_of)
 
-    def _sequence_layout(self, decode: list, prefill: list) -> tuple[list[int], int, int]:
+    def _sequence_layout(self, decode: list, prefill: list, padded_tokens: int) -> tuple[list[int], int, int]:
         """(table row of each scheduled sequence, decode then prefill; rows; table columns), bucketed."""
         if self.backend.ragged:
             # The backend finds each token's sequence through query_start_loc and reads a table only up to
-            # the token's position: no padding between the kinds, and one table width (padding columns
-            # cost a few bytes to copy, a distinct width costs a compile). Rows are bucketed as finely as
-            # tokens: each is a row of logits (a 576 x 49152 matmul for SmolLM2) and of the sampler, and
-            # in a decode-only step the two buckets coincide, so no new shape combination compiles.
+            # the token's position: no padding between the kinds, and one table width and one row count per
+            # token bucket (padding rows and columns cost a few bytes to copy, a distinct shape a compile).
             count = len(decode) + len(prefill)
-            return list(range(count)), bucket_eighths(count), self.max_blocks_per_seq
+            return list(range(count)), min(padded_tokens, self.max_num_seqs), self.max_blocks_per_seq
         # At least 8 decode rows: padding a few rows costs far less than a compile per batch size as a
         # batch drains (1, 2, 4 would each compile the whole model once more).
         num_decode = bucket(len(decode), 8)
@@ -213,40 +227,33 @@ class ModelRunner:
 
     # -------------------------------------------------------------------------------- execute
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
-        """Run the step. Returns (logits [rows, V] of the sampling rows, hidden states [T, H]).
-
-        The logits live in a recycled buffer: `sample` hands it back.
-        """
+        """Run the step. Returns (hidden states of the sampling rows [max_num_seqs, H], all of them [T, H])."""
         shapes = (inputs.token_ids.shape, inputs.metadata.block_tables.shape,
-                  inputs.metadata.decode_token_index.shape, inputs.metadata.prefill_token_index.shape,
-                  inputs.logits_indices.shape)
+                  inputs.metadata.decode_token_index.shape, inputs.metadata.prefill_token_index.shape)
         started = time.perf_counter()
         token_ids, metadata, logits_indices = jax.device_put((inputs.token_ids, inputs.metadata, inputs.logits_indices))
-        buffer = self.recycled.take((len(inputs.logits_indices), self.model.cfg.vocab_size))
-        logits, hidden, self.k_cache, self.v_cache = _forward(self.model, self.k_cache, self.v_cache, buffer,
-                                                              token_ids, metadata, logits_indices, self.backend.attend)
-        if shapes not in self.compiled_shapes:  # first use of these buckets: this call compiled
-            logits.block_until_ready()
+        sampling_hidden, hidden, self.k_cache, self.v_cache = _forward(
+            self.model, self.k_cache, self.v_cache, token_ids, metadata, logits_indices, self.backend.attend)
+        if shapes not in self.compiled_shapes:  # first use of these buckets: this call compiled (or loaded)
+            sampling_hidden.block_until_ready()
             self.compiled_shapes.add(shapes)
             self.compile_seconds += time.perf_counter() - started
             logger.info("compiled step #%d for tokens=%d seqs=%s ctx_blocks=%d in %.1f s",
                         len(self.compiled_shapes), shapes[0][0], shapes[1][0], shapes[1][1],
                         time.perf_counter() - started)
-        return logits, hidden
+        return sampling_hidden, hidden
 
-    def sample(self, logits: jax.Array, rows: list[int], seqs: list) -> list[SampledToken]:
-        """A token for each of `seqs`, sampled from `logits[rows]` (parallel samples share their parent's row).
-
-        Gives the step's logits buffer back, and lends the sampler a recycled scratch buffer.
-        """
+    def sample(self, sampling_hidden: jax.Array, rows: list[int], seqs: list) -> list[SampledToken]:
+        """A token for each of `seqs`, from the logits of `sampling_hidden[rows]` (parallel samples share their
+        parent's row). The logits and the sampler's scratch live in recycled buffers."""
         if not seqs:
-            self.recycled.give(logits)
             return []
-        picked = logits
-        if rows != list(range(len(rows))):
-            picked = logits[np.array(rows + [0] * (bucket(len(rows), 8) - len(rows)), np.int32)]
-        batch = sampling_batch(seqs, picked.shape[0], self.model.cfg.vocab_size)
-        result, scratch = sample(picked, batch, scratch=self.recycled.take(picked.shape))
+        padded = np.zeros(bucket_tokens(len(rows)), np.int32)
+        padded[: len(rows)] = rows
+        vocab = self.model.cfg.vocab_size
+        logits = _logits(self.model, sampling_hidden, padded, self.recycled.take((len(padded), vocab)))
+        result, scratch = sample(logits, sampling_batch(seqs, len(padded), vocab),
+                                 scratch=self.recycled.take(logits.shape))
         self.recycled.give(scratch)
         self.recycled.give(logits)
         return result.rows(len(seqs))

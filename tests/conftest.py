@@ -41,8 +41,10 @@ def tiny_checkpoint(tiny_checkpoint_dir):
 
 
 # One engine per model for the whole session: every LLM compiles its own step shapes, and compiles are the
-# suite's main cost. Tests that need other engine arguments build their own, small ones.
-LLM_ARGS = dict(num_gpu_blocks_override=256, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=256)
+# suite's main cost. Tests that need other engine arguments build their own, small ones. They compile each
+# shape on first use (enforce_eager): compiling every shape at start-up is tested in test_compile_shapes.py.
+LLM_ARGS = dict(num_gpu_blocks_override=256, max_model_len=256, max_num_seqs=8, max_num_batched_tokens=256,
+                enforce_eager=True)
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +61,7 @@ def make_llm(default_checkpoint):
     from jax_engine import LLM, EngineArgs, LLMEngine
 
     def make(**kwargs):
+        kwargs.setdefault("enforce_eager", True)
         return LLM.from_engine(LLMEngine(EngineArgs(**kwargs), checkpoint=default_checkpoint))
 
     return make

@@ -13,11 +13,11 @@ from jax_engine.sequence import Sequence
 
 
 def engine_logits(checkpoint, token_ids: list[int], chunk_sizes: list[int], block_size: int = 4,
-                  backend: str = "xla", dtype=jnp.float32) -> np.ndarray:
+                  backend: str = "xla", dtype=jnp.float32, quantization: str | None = None) -> np.ndarray:
     """Logits at every position, computed chunk by chunk through ModelRunner.prepare/execute."""
-    model = LlamaForCausalLM.from_hf_weights(checkpoint.config, checkpoint.weights, dtype)
+    model = LlamaForCausalLM.from_hf_weights(checkpoint.config, checkpoint.weights, dtype, quantization)
     num_blocks = -(-len(token_ids) // block_size) + 2
-    runner = ModelRunner(model, num_blocks, block_size, 0, len(token_ids) + 8, get_attention_backend(backend, "cpu"),
+    runner = ModelRunner(model, num_blocks, block_size, 0, len(token_ids) + 8, 1, get_attention_backend(backend, "cpu"),
                          dtype)
     table = [int(b) for b in np.random.default_rng(0).permutation(num_blocks)]
     seq = Sequence("r", "r", 0, list(token_ids), SamplingParams(), 0, 0, 1, (), None, RequestMetrics(0.0))

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jax_engine.buckets import bucket, bucket_eighths, bucket_fine
+from jax_engine.buckets import all_buckets, bucket, bucket_eighths, bucket_fine, bucket_tokens
 
 
 def _ladder(fine: bool) -> list[int]:
@@ -32,3 +32,12 @@ def test_eighths_pad_less_than_an_eighth(n, minimum):
     step = max((1 << (n.bit_length() - 1)) // 8, minimum)  # rungs between the powers of two around n
     assert got >= n and got % step == 0 and got - n < step
     assert got - n < max(n / 8, minimum)
+
+
+@given(st.integers(1, 5000))
+def test_token_buckets_are_listed_by_all_buckets(limit):
+    listed = all_buckets(bucket_tokens, limit)
+    assert listed == sorted(set(listed)) and listed[0] == 1
+    # Every size up to the limit falls into a listed bucket, and the list has nothing more.
+    assert {bucket_tokens(n) for n in range(1, limit + 1)} == set(listed)
+    assert [bucket_tokens(n) for n in (1, 2, 3, 5, 8, 9, 17, 100)] == [1, 2, 4, 8, 8, 16, 24, 104]

@@ -247,15 +247,16 @@ def test_how_prompts_split_a_token_bucket_compiles_nothing_new(llm):
 
 @ON_THE_CPU_DEFAULT
 def test_sequence_rows_are_bucketed_as_finely_as_tokens(make_llm):
-    """72 one-token prompts run as 72 rows of logits and sampling, not the next power of two (128)."""
+    """72 one-token prompts run as 72 table rows, not the next power of two (128); the step's shapes follow
+    from its token bucket alone (one compile per bucket), the sampling rows are picked from max_num_seqs."""
     engine = make_llm(num_gpu_blocks_override=80, max_model_len=128, max_num_seqs=80).llm_engine
     assert engine.attention_backend.ragged
     for i in range(72):
         engine.add_request(str(i), [1000 + i], SamplingParams(max_tokens=1))
     out = engine.scheduler.schedule()
     inputs = engine.runner.prepare(out, engine.kv_cache_manager.block_tables)
-    assert inputs.token_ids.shape == inputs.logits_indices.shape == (72,)
-    assert inputs.metadata.block_tables.shape[0] == 72
+    assert inputs.token_ids.shape == (72,) and inputs.logits_indices.shape == (80,)
+    assert inputs.metadata.block_tables.shape[0] == 72 and list(inputs.logits_indices[:72]) == list(range(72))
     engine.abort_request([str(i) for i in range(72)])
     assert engine.kv_cache_manager.device.num_free_blocks == 80
 
@@ -275,8 +276,6 @@ def test_decode_steps_reuse_the_memory_of_their_logits(llm):
 def test_a_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     """No weight is copied out before its matmul reads it. A `lax.scan` over stacked layer weights made XLA
     dynamic-slice every layer's weights into fresh buffers, every step (7% of a 256-token step)."""
-    import jax.numpy as jnp
-
     from jax_engine.model_runner import _forward
 
     runner = llm.llm_engine.runner
@@ -285,8 +284,7 @@ def test_a_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     monkeypatch.setattr(runner, "execute", lambda inputs: seen.append(inputs) or execute(inputs))
     llm.generate(PROMPTS[0], SamplingParams(max_tokens=1), use_tqdm=False)
     inputs = seen[0]
-    buffer = jax.ShapeDtypeStruct((len(inputs.logits_indices), runner.model.cfg.vocab_size), jnp.float32)
-    step = _forward.lower(runner.model, runner.k_cache, runner.v_cache, buffer, inputs.token_ids, inputs.metadata,
+    step = _forward.lower(runner.model, runner.k_cache, runner.v_cache, inputs.token_ids, inputs.metadata,
                           inputs.logits_indices, runner.backend.attend).compile().as_text()
     assert "ENTRY" in step and "dynamic-slice" not in step
 

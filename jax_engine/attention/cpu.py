@@ -7,24 +7,19 @@ that padding, not the arithmetic, are most of the attention's cost. The kernel
 reads each row's keys and values through its sequence's block table up to the row's own position:
 decode and prefill tokens alike, causal by construction, nothing padded.
 
-The kernel is compiled with the system C++ compiler on first use and cached per source, jaxlib and CPU;
-without a compiler the "auto" backend falls back to "xla" (and says why in the log).
+The kernel is compiled with the system C++ compiler on first use (jax_engine/native.py); without a
+compiler the "auto" backend falls back to "xla" (and says why in the log).
 """
 
-import ctypes
 import functools
-import hashlib
 import logging
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import jaxlib
 import numpy as np
 
+from jax_engine import native
 from jax_engine.attention import xla
 from jax_engine.attention.metadata import AttentionMetadata
 
@@ -32,54 +27,12 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "cpu_kernel" / "paged_attention.cc"
 _TARGET = "jax_engine_paged_attention"
-# -ffast-math lets the dot products vectorize; it is a compile flag only: linking with it would add
-# crtfastmath.o, which flushes denormals to zero for the whole process the moment the library loads.
-_COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-std=c++17", "-fPIC")
-
-
-def _cpu_signature() -> str:
-    """-march=native code must not run on another CPU: the cache key includes this one's feature flags."""
-    try:
-        flags = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")]
-        return flags[0] if flags else ""
-    except OSError:
-        return ""
-
-
-def _library_path() -> Path:
-    cache = Path(os.environ.get("JAX_ENGINE_CACHE_DIR") or Path.home() / ".cache" / "jax_engine")
-    parts = [_SOURCE.read_bytes(), " ".join(_COMPILE_FLAGS).encode(), jaxlib.__version__.encode(),
-             _cpu_signature().encode()]
-    key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
-    return cache / f"paged_attention-{key}.so"
-
-
-def _compile(library: Path) -> None:
-    library.parent.mkdir(parents=True, exist_ok=True)
-    compiler = os.environ.get("CXX", "c++")
-    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:  # build aside, then rename: atomic for others
-        built, obj = Path(tmp) / library.name, Path(tmp) / "paged_attention.o"
-        for command in ([compiler, *_COMPILE_FLAGS, "-I", jax.ffi.include_dir(), "-c", str(_SOURCE), "-o", str(obj)],
-                        [compiler, "-shared", str(obj), "-o", str(built)]):
-            result = subprocess.run(command, capture_output=True, text=True)
-            if result.returncode:
-                raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
-        os.replace(built, library)
 
 
 @functools.cache
 def kernel_unavailable_reason() -> str | None:
     """Build (once per machine) and register the kernel. None when it is ready, else why it is not."""
-    try:
-        library = _library_path()
-        if not library.exists():
-            logger.info("compiling the CPU paged-attention kernel into %s", library)
-            _compile(library)
-        handler = ctypes.cdll.LoadLibrary(str(library)).PagedAttention
-        jax.ffi.register_ffi_target(_TARGET, jax.ffi.pycapsule(handler), platform="cpu")
-    except (OSError, RuntimeError) as error:
-        return f"{type(error).__name__}: {error}"
-    return None
+    return native.register_kernel(_SOURCE, "PagedAttention", _TARGET, logger)
 
 
 def attend_rows(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array, tables: jax.Array,

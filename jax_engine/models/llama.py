@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from jax_engine.attention.metadata import AttentionFn, AttentionMetadata
+from jax_engine.linear import dequantize, linear, quantize
 from jax_engine.model_config import ModelConfig
 
 
@@ -39,22 +40,21 @@ def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.
     return jnp.cos(angles), jnp.sin(angles)
 
 
-# HF parameter name (per layer) -> (our name, how to reshape the HF array).
+# HF projection (per layer) -> our name. Projections stay 2-D [out, in] matrices, the checkpoint's own layout,
+# with the heads split after the matmul: each output feature's weights lie together, which is how the
+# few-rows matmul kernel streams them, and how int8 weights keep one scale per output feature.
+PROJECTIONS = {"self_attn.q_proj": "wq", "self_attn.k_proj": "wk", "self_attn.v_proj": "wv", "self_attn.o_proj": "wo",
+               "mlp.gate_proj": "w_gate", "mlp.up_proj": "w_up", "mlp.down_proj": "w_down"}
+
+
+# HF parameter name (per layer) -> (our name, how to reshape the HF array; None for a projection).
 def _layer_weight_map(cfg: ModelConfig) -> dict[str, tuple[str, callable]]:
     N, K, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     m = {
         "input_layernorm.weight": ("attn_norm", lambda w: w),
         "post_attention_layernorm.weight": ("mlp_norm", lambda w: w),
-        # Projections stay 2-D matrices (heads split after the matmul): a dot contracting two dimensions at
-        # once (heads and head dim) made XLA transpose the weight into a fresh copy every step.
-        "self_attn.q_proj.weight": ("wq", lambda w: w.T),  # [N*D, H] -> [H, N*D]
-        "self_attn.k_proj.weight": ("wk", lambda w: w.T),
-        "self_attn.v_proj.weight": ("wv", lambda w: w.T),
-        "self_attn.o_proj.weight": ("wo", lambda w: w.T),  # [H, N*D] -> [N*D, H]
-        "mlp.gate_proj.weight": ("w_gate", lambda w: w.T),  # [I, H] -> [H, I]
-        "mlp.up_proj.weight": ("w_up", lambda w: w.T),
-        "mlp.down_proj.weight": ("w_down", lambda w: w.T),  # [H, I] -> [I, H]
     }
+    m |= {f"{hf}.weight": (name, None) for hf, name in PROJECTIONS.items()}  # kept [out, in]: see linear/
     if cfg.attention_bias:
         m |= {
             "self_attn.q_proj.bias": ("bq", lambda w: w.reshape(N, D)),
@@ -74,8 +74,8 @@ class LlamaForCausalLM(nnx.Module):
         L, H, N, K, D, I, V = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                cfg.intermediate_size, cfg.vocab_size)
         init = nnx.initializers.normal(0.02)
-        shapes = {"attn_norm": (H,), "mlp_norm": (H,), "wq": (H, N * D), "wk": (H, K * D), "wv": (H, K * D),
-                  "wo": (N * D, H), "w_gate": (H, I), "w_up": (H, I), "w_down": (I, H)}
+        shapes = {"attn_norm": (H,), "mlp_norm": (H,), "wq": (N * D, H), "wk": (K * D, H), "wv": (K * D, H),
+                  "wo": (H, N * D), "w_gate": (I, H), "w_up": (I, H), "w_down": (H, I)}
         if cfg.attention_bias:
             shapes |= {"bq": (N, D), "bk": (K, D), "bv": (K, D)}
         if cfg.qk_norm:
@@ -84,20 +84,31 @@ class LlamaForCausalLM(nnx.Module):
                                           for name, shape in shapes.items()}) for _ in range(L)])
         self.embed = nnx.Param(init(rngs.params(), (V, H), dtype))  # [V, H]
         self.final_norm = nnx.Param(jnp.ones((H,), dtype))
-        self.lm_head = None if cfg.tie_word_embeddings else nnx.Param(init(rngs.params(), (H, V), dtype))
+        self.lm_head = None if cfg.tie_word_embeddings else nnx.Param(init(rngs.params(), (V, H), dtype))
+        # Scales of int8 weights (see linear/quantization.py), by the weight's name; empty in float.
+        self.embed_scale = self.lm_head_scale = None
 
     # ---------------------------------------------------------------------------------- weights
     @classmethod
-    def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, np.ndarray], dtype=jnp.float32) -> "LlamaForCausalLM":
-        """Build the model directly from HF-named NumPy weights (no random initialisation)."""
+    def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, np.ndarray], dtype=jnp.float32,
+                        quantization: str | None = None) -> "LlamaForCausalLM":
+        """Build the model directly from HF-named NumPy weights (no random initialisation).
+
+        `quantization` ("bf16", "int8" or None) is how the projections, the embedding and the LM head are
+        stored; norms and biases keep `dtype`.
+        """
         model = nnx.eval_shape(lambda: cls(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
         for i, layer in enumerate(model.layers):
             for hf_name, (name, reshape) in _layer_weight_map(cfg).items():
-                layer[name] = nnx.Param(jnp.asarray(reshape(weights[f"model.layers.{i}.{hf_name}"]), dtype))
-        model.embed = nnx.Param(jnp.asarray(weights["model.embed_tokens.weight"], dtype))
+                w = weights[f"model.layers.{i}.{hf_name}"]
+                if reshape is None:
+                    _set_matrix(layer, name, w, quantization, dtype)
+                else:
+                    layer[name] = nnx.Param(jnp.asarray(reshape(w), dtype))
+        model.embed, model.embed_scale = _stored(weights["model.embed_tokens.weight"], quantization, dtype)
         model.final_norm = nnx.Param(jnp.asarray(weights["model.norm.weight"], dtype))
         if not cfg.tie_word_embeddings:
-            model.lm_head = nnx.Param(jnp.asarray(weights["lm_head.weight"].T, dtype))
+            model.lm_head, model.lm_head_scale = _stored(weights["lm_head.weight"], quantization, dtype)
         return model
 
     # ---------------------------------------------------------------------------------- forward
@@ -120,7 +131,8 @@ class LlamaForCausalLM(nnx.Module):
         k_flat = k_cache.reshape(L, num_blocks * block_size, *k_cache.shape[3:])  # [L, S, K, D]
         v_flat = v_cache.reshape(k_flat.shape)
         cos, sin = rope_tables(metadata.positions, cfg.head_dim, cfg.rope_theta)
-        x = self.embed[...][token_ids]  # [T, H]
+        scale = None if self.embed_scale is None else self.embed_scale[...][token_ids]
+        x = dequantize(self.embed[...][token_ids], scale, self.final_norm[...].dtype)  # [T, H]
         for index, layer in enumerate(self.layers):
             weights = {name: p[...] for name, p in layer.items()}
             x, k_flat, v_flat = _decoder_layer(cfg, weights, jnp.int32(index), x, k_flat, v_flat, cos, sin,
@@ -130,17 +142,17 @@ class LlamaForCausalLM(nnx.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[S, H] -> [S, V] float32 logits."""
-        head = self.embed[...].T if self.lm_head is None else self.lm_head[...]
-        return jnp.einsum("sh,hv->sv", hidden, head, preferred_element_type=jnp.float32)
+        head, scale = (self.embed, self.embed_scale) if self.lm_head is None else (self.lm_head, self.lm_head_scale)
+        return linear(hidden, head[...], None if scale is None else scale[...], out_dtype=jnp.float32)
 
 
 def _decoder_layer(cfg: ModelConfig, w: dict, layer: jax.Array, x, k_flat, v_flat, cos, sin,
                    metadata: AttentionMetadata, attention: AttentionFn, block_size: int):
     h = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
     tokens, D = x.shape[0], cfg.head_dim
-    q = (h @ w["wq"]).reshape(tokens, -1, D)  # [T, N, D]
-    k = (h @ w["wk"]).reshape(tokens, -1, D)  # [T, K, D]
-    v = (h @ w["wv"]).reshape(tokens, -1, D)
+    q = _project(h, w, "wq").reshape(tokens, -1, D)  # [T, N, D]
+    k = _project(h, w, "wk").reshape(tokens, -1, D)  # [T, K, D]
+    v = _project(h, w, "wv").reshape(tokens, -1, D)
     if cfg.attention_bias:
         q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
     if cfg.qk_norm:
@@ -149,9 +161,24 @@ def _decoder_layer(cfg: ModelConfig, w: dict, layer: jax.Array, x, k_flat, v_fla
     # The backend writes this step's K/V into the cache, then attends over it. It reads the stacked
     # cache directly: slicing out k_flat[layer] would copy it.
     attn, k_flat, v_flat = attention(q, k, v, k_flat, v_flat, layer, metadata, block_size, cfg.head_dim**-0.5)
-    x = x + attn.reshape(tokens, -1) @ w["wo"]
+    x = x + _project(attn.reshape(tokens, -1), w, "wo")
     h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
-    gate = jnp.einsum("th,hi->ti", h, w["w_gate"])
-    up = jnp.einsum("th,hi->ti", h, w["w_up"])
-    x = x + jnp.einsum("ti,ih->th", jax.nn.silu(gate) * up, w["w_down"])
+    x = x + _project(jax.nn.silu(_project(h, w, "w_gate")) * _project(h, w, "w_up"), w, "w_down")
     return x, k_flat, v_flat
+
+
+def _project(x: jax.Array, w: dict, name: str) -> jax.Array:
+    """x @ the projection `name`.T, scaled when its weights are int8."""
+    return linear(x, w[name], w.get(f"{name}_scale"))
+
+
+def _stored(w: np.ndarray, quantization: str | None, dtype) -> tuple[nnx.Param, nnx.Param | None]:
+    """A weight matrix as the model keeps it: (weight, scale per output feature or None)."""
+    stored, scale = quantize(w, quantization, dtype)
+    return nnx.Param(stored), None if scale is None else nnx.Param(scale)
+
+
+def _set_matrix(layer: nnx.Dict, name: str, w: np.ndarray, quantization: str | None, dtype) -> None:
+    layer[name], scale = _stored(w, quantization, dtype)
+    if scale is not None:
+        layer[f"{name}_scale"] = scale

@@ -1,0 +1,244 @@
+// y = x W^T for a few rows of x, as an XLA FFI custom call: each weight is read from memory once for all rows.
+//
+// Why a kernel: with a handful of rows (decode steps of small batches) a matmul's cost is reading the weights,
+// and XLA's CPU dot (Eigen) first copies ("packs") the whole weight matrix into its own blocked layout on every
+// call, so the weights cross memory three times. Here each output feature's weight row, stored contiguously
+// ([out, in], the checkpoint's own layout), streams once from memory and is multiplied into every row of x
+// while it sits in L1. The rows of x stay in L1/L2 for the whole call.
+//
+// Weights may be float32, bfloat16, float16 or int8; int8 rows are scaled by a float32 scale per output
+// feature after the dot product (weight-only quantization: x stays float32).
+//
+// Shapes:
+//   x      [M, K]  float32, K a multiple of 8
+//   w      [N, K]  float32, bfloat16, float16 or int8
+//   scale  [N] float32 (int8 weights) or [0] (none)
+//   y      [M, N]  float32
+//
+// Work items are ranges of output features, shared out over XLA's intra-op thread pool.
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+struct BFloat16 {
+  uint16_t bits;
+};
+struct Half {
+  uint16_t bits;
+};
+
+inline float from_bits(uint32_t bits) {
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+inline float to_float(float x) { return x; }
+inline float to_float(int8_t x) { return static_cast<float>(x); }
+inline float to_float(BFloat16 x) { return from_bits(static_cast<uint32_t>(x.bits) << 16); }  // float32's high half
+inline float to_float(Half x) {
+  const uint32_t sign = static_cast<uint32_t>(x.bits & 0x8000u) << 16;
+  const uint32_t exponent = (x.bits >> 10) & 0x1fu, mantissa = x.bits & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: mantissa x 2^-24
+    const float magnitude = static_cast<float>(mantissa) * (1.0f / 16777216.0f);
+    return sign ? -magnitude : magnitude;
+  }
+  const uint32_t biased = exponent == 0x1fu ? 0xffu : exponent + 112;  // infinity and NaN keep all ones
+  return from_bits(sign | biased << 23 | mantissa << 13);
+}
+
+// Eight float32 lanes (one AVX2 register) as a GCC/Clang vector: explicit SIMD that still compiles anywhere.
+typedef float Vec __attribute__((vector_size(32)));
+typedef int32_t IntVec __attribute__((vector_size(32)));
+typedef uint16_t Bits16x8 __attribute__((vector_size(16)));
+typedef int8_t Int8x8 __attribute__((vector_size(8)));
+typedef uint32_t Bits32x8 __attribute__((vector_size(32)));
+constexpr int kLanes = 8;
+
+inline Vec load8(const float* w) {
+  Vec v;
+  std::memcpy(&v, w, sizeof v);
+  return v;
+}
+#if defined(__AVX2__)
+// GCC 12 widens int8 and uint16 vectors lane by lane; the AVX2 widening loads do it in one instruction.
+inline Vec load8(const int8_t* w) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w))));
+}
+inline Vec load8(const BFloat16* w) {  // bfloat16 is float32's high half
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+#else
+inline Vec load8(const int8_t* w) {
+  Int8x8 v;
+  std::memcpy(&v, w, sizeof v);
+  return __builtin_convertvector(v, Vec);
+}
+inline Vec load8(const BFloat16* w) {
+  Bits16x8 v;
+  std::memcpy(&v, w, sizeof v);
+  const Bits32x8 wide = __builtin_convertvector(v, Bits32x8) << 16;  // bfloat16 is float32's high half
+  Vec out;
+  std::memcpy(&out, &wide, sizeof out);
+  return out;
+}
+#endif
+inline Vec load8(const Half* w) {
+  Vec v;
+  for (int j = 0; j < kLanes; ++j) v[j] = to_float(w[j]);
+  return v;
+}
+inline float sum(Vec v) {
+  float total = 0.0f;
+  for (int j = 0; j < kLanes; ++j) total += v[j];
+  return total;
+}
+
+// Register blocking: ROWS rows of x times FEATURES weight rows, ROWS x FEATURES accumulators (at most 8 of the
+// 16 AVX2 registers). Per 8 inputs it loads FEATURES weight vectors and ROWS x vectors for ROWS x FEATURES
+// multiply-adds, so with 4 rows it is bound by arithmetic, and with 1 row by memory as it should be.
+constexpr int kMaxRows = 4;
+// Weight rows are short (576 values for SmolLM2's hidden size) and read a few at a time, too short a stream
+// for the hardware prefetcher to get ahead: a single thread then reads 6 GB/s from memory. Each row is read
+// together with a software prefetch this far ahead of it (rows lie back to back, so this reaches rows later
+// in the same or the next block), which keeps enough lines in flight.
+constexpr int64_t kAhead = 16384;
+constexpr int64_t kFeaturesPerItem = 16;
+
+struct Problem {
+  const float* x;
+  const void* w;
+  const float* scale;  // nullptr: unscaled
+  float* y;
+  int64_t rows, in_features, out_features;
+};
+
+// y[m, n + f] for ROWS rows of x (from `x`) and FEATURES consecutive output features (weight rows from `w`).
+template <typename T, int ROWS, int FEATURES>
+inline void block(const float* x, int64_t K, const T* w, float* y, int64_t N, const float* scale) {
+  Vec acc[ROWS][FEATURES] = {};
+  for (int64_t k = 0; k < K; k += kLanes) {
+    Vec wk[FEATURES];
+    if (k % (64 / sizeof(T)) == 0) {  // once per cache line of each weight row
+      for (int f = 0; f < FEATURES; ++f) __builtin_prefetch(reinterpret_cast<const char*>(w + f * K + k) + kAhead);
+    }
+    for (int f = 0; f < FEATURES; ++f) wk[f] = load8(w + f * K + k);
+    for (int m = 0; m < ROWS; ++m) {
+      const Vec xm = load8(x + m * K + k);
+      for (int f = 0; f < FEATURES; ++f) acc[m][f] += xm * wk[f];
+    }
+  }
+  for (int m = 0; m < ROWS; ++m) {
+    for (int f = 0; f < FEATURES; ++f) y[m * N + f] = sum(acc[m][f]) * (scale ? scale[f] : 1.0f);
+  }
+}
+
+// Rows m .. m + ROWS - 1 of x times the FEATURES output features from n, in register blocks.
+template <typename T, int ROWS, int FEATURES>
+inline void pass(const Problem& p, int64_t m, int64_t n) {
+  constexpr int kPerBlock = std::min(FEATURES, ROWS <= 2 ? 4 : 2);
+  const int64_t K = p.in_features, N = p.out_features;
+  for (int f = 0; f < FEATURES; f += kPerBlock) {
+    block<T, ROWS, kPerBlock>(p.x + m * K, K, static_cast<const T*>(p.w) + (n + f) * K, p.y + m * N + n + f, N,
+                              p.scale ? p.scale + n + f : nullptr);
+  }
+}
+
+// Every row of x for FEATURES output features from n on: passes of kMaxRows rows while their weights stay in L1.
+template <typename T, int FEATURES>
+void features(const Problem& p, int64_t n) {
+  int64_t m = 0;
+  for (; m + kMaxRows <= p.rows; m += kMaxRows) pass<T, kMaxRows, FEATURES>(p, m, n);
+  switch (p.rows - m) {  // the last, partial pass: one instantiation per row count keeps accumulators in registers
+    case 1: pass<T, 1, FEATURES>(p, m, n); break;
+    case 2: pass<T, 2, FEATURES>(p, m, n); break;
+    case 3: pass<T, 3, FEATURES>(p, m, n); break;
+    default: break;
+  }
+}
+
+// Work shared by the calling thread and pool threads. Held by shared_ptr: a pool task that starts after
+// the call has returned finds no item left and touches nothing else.
+struct WorkQueue {
+  Problem problem;
+  ffi::DataType dtype;
+  int64_t num_items;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  template <typename T>
+  void item_features(int64_t item) {
+    const int64_t end = std::min(problem.out_features, (item + 1) * kFeaturesPerItem);
+    int64_t n = item * kFeaturesPerItem;
+    for (; n + 4 <= end; n += 4) features<T, 4>(problem, n);
+    for (; n < end; ++n) features<T, 1>(problem, n);
+  }
+
+  void run() {
+    for (int64_t item; (item = next.fetch_add(1)) < num_items;) {
+      switch (dtype) {
+        case ffi::DataType::BF16: item_features<BFloat16>(item); break;
+        case ffi::DataType::F16: item_features<Half>(item); break;
+        case ffi::DataType::S8: item_features<int8_t>(item); break;
+        default: item_features<float>(item); break;
+      }
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
+                             ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
+  const auto x_dims = x.dimensions();
+  const auto w_dims = w.dimensions();
+  if (x_dims.size() != 2 || w_dims.size() != 2 || x_dims[1] != w_dims[1] || x_dims[1] % kLanes) {
+    return ffi::Error::InvalidArgument("few_rows_matmul: expected x [M, K], w [N, K], K a multiple of 8");
+  }
+  const ffi::DataType dtype = w.element_type();
+  if (dtype != ffi::DataType::F32 && dtype != ffi::DataType::BF16 && dtype != ffi::DataType::F16 &&
+      dtype != ffi::DataType::S8) {
+    return ffi::Error::InvalidArgument("few_rows_matmul: w must be float32, bfloat16, float16 or int8");
+  }
+  const int64_t N = w_dims[0];
+  const bool scaled = scale.element_count() != 0;
+  if (scaled && scale.element_count() != static_cast<size_t>(N)) {
+    return ffi::Error::InvalidArgument("few_rows_matmul: scale must have one value per output feature, or none");
+  }
+  auto work = std::make_shared<WorkQueue>();
+  work->problem = Problem{x.typed_data(), w.untyped_data(), scaled ? scale.typed_data() : nullptr,
+                          y->typed_data(), x_dims[0], x_dims[1], N};
+  work->dtype = dtype;
+  work->num_items = (N + kFeaturesPerItem - 1) / kFeaturesPerItem;
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
+  work->run();
+  // Items taken by helpers are being worked on right now; wait for those only (never for a task that has
+  // not started, so a busy pool cannot deadlock this call).
+  while (work->done.load(std::memory_order_acquire) < work->num_items) std::this_thread::yield();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(FewRowsMatmul, FewRowsMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // x
+                                  .Arg<ffi::AnyBuffer>()         // w
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // scale
+                                  .Ret<ffi::Buffer<ffi::F32>>());  // y

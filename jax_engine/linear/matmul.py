@@ -1,0 +1,56 @@
+"""y = x W^T (times a scale per output feature for int8 weights): XLA's dot for many rows, a C++ kernel for few.
+
+Weights keep the checkpoint's [out, in] layout. A decode step of a small batch multiplies a handful of rows by
+every weight of the model, so its cost is reading the weights from memory; XLA's CPU dot copies each weight
+matrix into a blocked layout on every call before multiplying, about three times the memory traffic, and
+padding the rows changes nothing. The few-rows kernel (cpu_kernel/few_rows_matmul.cc) streams each weight row
+once for all rows. Past FEW_ROWS rows (more for narrower weights) the matmul is bound by arithmetic, not memory, and XLA's dot is faster.
+"""
+
+import functools
+import logging
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from jax_engine import native
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).parent / "cpu_kernel" / "few_rows_matmul.cc"
+_TARGET = "jax_engine_few_rows_matmul"
+# Most rows the kernel takes, by bytes per weight: narrower weights stay memory-bound for more rows (a chain of
+# SmolLM2's 30 layers of matmuls, 2 cores: float32 kernel/XLA 41/70 ms at 8 rows, 70/85 at 16, 210/133 at 32;
+# int8 97 ms at 32 rows, where XLA would first widen every weight to float32).
+FEW_ROWS = {4: 16, 2: 32, 1: 64}
+
+
+@functools.cache
+def kernel_unavailable_reason() -> str | None:
+    """Build (once per machine) and register the kernel. None when it is ready, else why it is not."""
+    return native.register_kernel(_SOURCE, "FewRowsMatmul", _TARGET, logger)
+
+
+def few_rows_matmul(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Array:
+    """x [M, K] float, w [N, K] (float32, bfloat16, float16 or int8), scale [N] or None -> [M, N] float32."""
+    scale = jnp.zeros((0,), jnp.float32) if scale is None else scale.astype(jnp.float32)
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32))
+    return call(x.astype(jnp.float32), w, scale)
+
+
+def uses_few_rows_kernel(rows: int, w: jax.Array) -> bool:
+    """Whether `linear` runs the kernel for this many rows of x times w (on this platform)."""
+    return (rows <= FEW_ROWS.get(w.dtype.itemsize, 0) and w.shape[1] % 8 == 0 and jax.default_backend() == "cpu"
+            and kernel_unavailable_reason() is None)
+
+
+def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, out_dtype=None) -> jax.Array:
+    """x [T, in] @ w[out, in].T -> [T, out], times `scale` per output feature when given (int8 weights).
+
+    The result has x's dtype unless `out_dtype` is given; the sums are float32 either way.
+    """
+    out_dtype = out_dtype or x.dtype
+    if uses_few_rows_kernel(x.shape[0], w):
+        return few_rows_matmul(x, w, scale).astype(out_dtype)
+    y = jnp.einsum("tk,nk->tn", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    return (y if scale is None else y * scale).astype(out_dtype)

@@ -1,0 +1,34 @@
+"""Weight-only quantization: how a checkpoint's float weights are stored for the engine's matmuls.
+
+float32 stays the reference. "bf16" keeps each weight's top 16 bits (half the bytes, ~3 significant digits);
+"int8" stores each output feature's row as int8 with one float32 scale (the row's largest magnitude / 127),
+a quarter of the bytes. Activations, the KV cache and the arithmetic keep the engine's dtype: a weight is
+widened as it is read. At small batch a decode step's time is the time to read the weights (see matmul.py),
+so fewer bytes per weight is proportionally faster there.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+QUANTIZATIONS = ("bf16", "int8")  # and None: the weights keep the engine's dtype
+
+
+def quantize(w: np.ndarray, quantization: str | None, dtype) -> tuple[jax.Array, jax.Array | None]:
+    """A float [out, in] (or [vocab, hidden]) matrix -> (stored weight, scale per row or None)."""
+    if quantization is None:
+        return jnp.asarray(w, dtype), None
+    if quantization == "bf16":
+        return jnp.asarray(w, jnp.bfloat16), None
+    if quantization == "int8":
+        w = np.asarray(w, np.float32)
+        peak = np.abs(w).max(axis=1)
+        scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)  # an all-zero row keeps scale 1
+        q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+        return jnp.asarray(q), jnp.asarray(scale)
+    raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
+
+
+def dequantize(w: jax.Array, scale: jax.Array | None, dtype) -> jax.Array:
+    """The float matrix a stored weight stands for (the embedding lookup reads rows of it)."""
+    return w.astype(dtype) if scale is None else (w.astype(jnp.float32) * scale[:, None]).astype(dtype)
