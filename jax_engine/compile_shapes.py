@@ -85,7 +85,8 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, use_tq
             tqdm(total=len(programs), desc="Compiling step shapes", disable=not use_tqdm) as bar:
         for _ in pool.map(lambda program: program.compile(), programs):
             bar.update()
-    runner.compiled_shapes |= {((t,), (min(t, runner.max_num_seqs), runner.max_blocks_per_seq), (0,), (0, 0))
+    runner.compiled_shapes |= {((t,), (min(t, runner.max_num_seqs), runner.max_blocks_per_seq), (0,), (0, 0),
+                                (runner.max_num_seqs,))
                                for t in all_buckets(bucket_tokens, max_num_batched_tokens)}
     seconds = time.perf_counter() - started
     logger.info("compiled %d programs for every step shape in %.1f s", len(programs), seconds)

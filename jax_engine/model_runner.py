@@ -97,7 +97,7 @@ class StepInputs:
 
     token_ids: np.ndarray
     metadata: AttentionMetadata
-    logits_indices: np.ndarray  # [max_num_seqs] rows whose next-token logits are sampled (padded)
+    logits_indices: np.ndarray  # [max_num_seqs or more] rows whose next-token logits are sampled (padded)
     sampling_seqs: list  # the Sequence of each real row of logits_indices, in order
     row_of: dict[str, int]  # first row of each scheduled sequence's tokens
 
@@ -154,7 +154,10 @@ class ModelRunner:
         # in steps of 1.5x (288 here). The logits rows follow from the sequence buckets, one less
         # independent size to compile combinations of.
         padded_tokens = bucket_tokens(sum(s.num_new_tokens for s in out.scheduled))
-        seq_slots, num_rows, num_cols = self._sequence_layout(decode, prefill, padded_tokens)
+        # Rows for sequences: max_num_seqs, the shape start-up compiles; more when forks of parallel samples
+        # or beams outnumber it (those steps compile their own shape on first use).
+        capacity = max(self.max_num_seqs, bucket_tokens(len(out.scheduled)))
+        seq_slots, num_rows, num_cols = self._sequence_layout(decode, prefill, min(padded_tokens, capacity))
 
         token_ids = np.zeros(padded_tokens, np.int32)
         positions = np.zeros(padded_tokens, np.int32)
@@ -183,7 +186,7 @@ class ModelRunner:
                 sampling_seqs.append(seq)
             row += n
         decode_rows, prefill_rows = self._kind_rows(decode, prefill, row_of, padded_tokens)
-        logits_indices = np.zeros(self.max_num_seqs, np.int32)
+        logits_indices = np.zeros(capacity, np.int32)
         logits_indices[: len(logits_rows)] = logits_rows
         starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)  # rows are laid out in this order
         max_query_len = 0 if self.backend.ragged else max(prefill_rows.shape[1], 1)
@@ -191,14 +194,14 @@ class ModelRunner:
                                      max_query_len)
         return StepInputs(token_ids, metadata, logits_indices, sampling_seqs, row_of)
 
-    def _sequence_layout(self, decode: list, prefill: list, padded_tokens: int) -> tuple[list[int], int, int]:
+    def _sequence_layout(self, decode: list, prefill: list, ragged_rows: int) -> tuple[list[int], int, int]:
         """(table row of each scheduled sequence, decode then prefill; rows; table columns), bucketed."""
         if self.backend.ragged:
             # The backend finds each token's sequence through query_start_loc and reads a table only up to
             # the token's position: no padding between the kinds, and one table width and one row count per
             # token bucket (padding rows and columns cost a few bytes to copy, a distinct shape a compile).
             count = len(decode) + len(prefill)
-            return list(range(count)), min(padded_tokens, self.max_num_seqs), self.max_blocks_per_seq
+            return list(range(count)), ragged_rows, self.max_blocks_per_seq
         # At least 8 decode rows: padding a few rows costs far less than a compile per batch size as a
         # batch drains (1, 2, 4 would each compile the whole model once more).
         num_decode = bucket(len(decode), 8)
@@ -229,7 +232,8 @@ class ModelRunner:
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
         """Run the step. Returns (hidden states of the sampling rows [max_num_seqs, H], all of them [T, H])."""
         shapes = (inputs.token_ids.shape, inputs.metadata.block_tables.shape,
-                  inputs.metadata.decode_token_index.shape, inputs.metadata.prefill_token_index.shape)
+                  inputs.metadata.decode_token_index.shape, inputs.metadata.prefill_token_index.shape,
+                  inputs.logits_indices.shape)
         started = time.perf_counter()
         token_ids, metadata, logits_indices = jax.device_put((inputs.token_ids, inputs.metadata, inputs.logits_indices))
         sampling_hidden, hidden, self.k_cache, self.v_cache = _forward(

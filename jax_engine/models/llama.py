@@ -86,7 +86,7 @@ class LlamaForCausalLM(nnx.Module):
         self.final_norm = nnx.Param(jnp.ones((H,), dtype))
         self.lm_head = None if cfg.tie_word_embeddings else nnx.Param(init(rngs.params(), (V, H), dtype))
         # Scales of int8 weights (see linear/quantization.py), by the weight's name; empty in float.
-        self.embed_scale = self.lm_head_scale = None
+        self.embed_scale, self.lm_head_scale = nnx.data(None), nnx.data(None)
 
     # ---------------------------------------------------------------------------------- weights
     @classmethod
