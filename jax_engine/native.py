@@ -16,6 +16,8 @@ from pathlib import Path
 import jax
 import jaxlib
 
+INCLUDE_DIR = Path(__file__).parent / "native_include"  # headers the kernels share (float16.h)
+
 # -ffast-math lets the dot products vectorize; it is a compile flag only: linking with it would add
 # crtfastmath.o, which flushes denormals to zero for the whole process the moment the library loads.
 COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-std=c++17", "-fPIC")
@@ -35,7 +37,8 @@ def _cpu_signature() -> str:
 
 
 def library_path(source: Path) -> Path:
-    parts = [source.read_bytes(), " ".join(COMPILE_FLAGS).encode(), jaxlib.__version__.encode(),
+    headers = [h.read_bytes() for h in sorted(INCLUDE_DIR.glob("*.h"))]
+    parts = [source.read_bytes(), *headers, " ".join(COMPILE_FLAGS).encode(), jaxlib.__version__.encode(),
              _cpu_signature().encode()]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     return cache_dir() / f"{source.stem}-{key}.so"
@@ -46,7 +49,7 @@ def _compile(source: Path, library: Path) -> None:
     compiler = os.environ.get("CXX", "c++")
     with tempfile.TemporaryDirectory(dir=library.parent) as tmp:  # build aside, then rename: atomic for others
         built, obj = Path(tmp) / library.name, Path(tmp) / f"{source.stem}.o"
-        for command in ([compiler, *COMPILE_FLAGS, "-I", jax.ffi.include_dir(), "-c", str(source), "-o", str(obj)],
+        for command in ([compiler, *COMPILE_FLAGS, "-I", jax.ffi.include_dir(), "-I", str(INCLUDE_DIR), "-c", str(source), "-o", str(obj)],
                         [compiler, "-shared", str(obj), "-o", str(built)]):
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode:
