@@ -1,24 +1,29 @@
-"""Start-up compilation: every shape a step can take, compiled before the engine accepts work.
+"""Start-up compilation: every shape a step can take, compiled (or loaded) before the engine accepts work.
 
 vLLM captures CUDA graphs for its batch sizes at start-up so that no request waits for a capture. Here every
 new shape of the jitted step is an XLA compile (~2 s for SmolLM2's 30 unrolled layers on 2 cores), which
 would otherwise land in the middle of someone's stream. On the ragged layout (the CPU default) the step's
 shapes follow from its token bucket alone, and the logits and sampler's from the number of rows sampled,
-so start-up can list and compile them all: the model step for every token bucket up to
-max_num_batched_tokens, and the logits and the common sampler variants (greedy; random, with and without
-top-k/top-p, with and without greedy rows beside) for every row bucket up to max_num_seqs, and the block
-copies of parallel samples. Rarer sampler variants (penalties, logprobs, min_p, min_tokens), prompt
-logprobs and swapping compile on first use. JAX's persistent compilation cache
-keeps every compile on disk, so a second start loads them instead of compiling.
+so start-up can list them all: the model step for every token bucket up to max_num_batched_tokens, the
+logits and the common sampler variants (greedy; random, with and without top-k/top-p) for every row bucket
+up to max_num_seqs, and the block copies of parallel samples. Rarer sampler variants (penalties, logprobs,
+min_p, min_tokens), prompt logprobs and swapping compile on first use.
+
+Compiled programs are kept on disk twice over: in an ExecutableStore under our own key, which a second start
+loads without tracing anything (jax_engine/executable_store.py), and in JAX's persistent compilation cache,
+which serves the programs compiled on first use.
 
 The padded layout (xla, pallas) has shapes along more axes (decode rows, prefill chunk, context width); it
-compiles on first use, and the cache still applies.
+compiles on first use, and JAX's cache still applies.
 """
 
+import contextlib
 import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,18 +33,33 @@ from tqdm.auto import tqdm
 from jax_engine import native
 from jax_engine.attention.metadata import AttentionMetadata
 from jax_engine.buckets import all_buckets, bucket, bucket_tokens
-from jax_engine.model_runner import ModelRunner, _copy_blocks, _forward, _logits
+from jax_engine.executable_store import ExecutableStore
+from jax_engine.model_runner import ModelRunner, _copy_blocks, _forward, _logits, sampler_key, step_key
 from jax_engine.sampler import SamplerFlags, SamplingBatch, sample
 
 logger = logging.getLogger(__name__)
 
-# The sampler variants compiled at start-up: greedy; random; random with top-k/top-p; each random one also
-# with some greedy rows in the batch.
+# The sampler variants compiled at start-up: greedy; random; random with top-k/top-p.
 STARTUP_SAMPLER_FLAGS = (
     SamplerFlags(all_greedy=True, top_k_or_p=False, penalties=False, ban_tokens=False),
-    *(SamplerFlags(all_greedy=False, top_k_or_p=top, penalties=False, ban_tokens=False, any_greedy=greedy_rows)
-      for top in (False, True) for greedy_rows in (False, True)),
+    SamplerFlags(all_greedy=False, top_k_or_p=False, penalties=False, ban_tokens=False),
+    SamplerFlags(all_greedy=False, top_k_or_p=True, penalties=False, ban_tokens=False),
 )
+
+
+@dataclass
+class Program:
+    """One program start-up provides: the model runner's key for it, and how to call (and so lower) it."""
+
+    key: tuple
+    name: str
+    fn: callable  # a jitted function
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+    static: tuple = ()  # trailing static arguments: given to lower, not to the compiled program
+
+    def lower(self) -> jax.stages.Lowered:
+        return self.fn.lower(*self.args, *self.static, **self.kwargs)
 
 
 def _step_inputs(runner: ModelRunner, num_tokens: int) -> tuple:
@@ -57,54 +77,107 @@ def _sampling_batch(rows: int, flags: SamplerFlags) -> SamplingBatch:
                          i32(rows, 1), i32(rows, 1), f32(0.0), f32(0.0), f32(1.0), i32(rows, 1), flags, 0)
 
 
-def _lowered_programs(runner: ModelRunner, max_num_batched_tokens: int) -> list:
-    """Every program to compile, lowered (tracing is not thread-safe; compiling is, and runs in parallel)."""
+def _programs(runner: ModelRunner, max_num_batched_tokens: int) -> list[Program]:
+    """Every program start-up provides, with arguments of the right shapes (their values do not matter)."""
     # Called exactly as the model runner calls them (a keyword argument is a different jit signature).
-    programs = [_forward.lower(*_step_inputs(runner, t), runner.backend.attend)
-                for t in all_buckets(bucket_tokens, max_num_batched_tokens)]
+    programs = []
+    for tokens in all_buckets(bucket_tokens, max_num_batched_tokens):
+        args = _step_inputs(runner, tokens)
+        programs.append(Program(step_key(*args[3:]), "step", _forward, args, static=(runner.backend.attend,)))
     hidden = jax.ShapeDtypeStruct((runner.max_num_seqs, runner.model.cfg.hidden_size), runner.k_cache.dtype)
-    for rows in all_buckets(bucket_tokens, runner.max_num_seqs):
+    for rows in all_buckets(bucket, runner.max_num_seqs):
         logits = jax.ShapeDtypeStruct((rows, runner.model.cfg.vocab_size), jnp.float32)
-        programs.append(_logits.lower(runner.model, hidden, np.zeros(rows, np.int32), logits))
-        programs += [sample.lower(logits, _sampling_batch(rows, flags), scratch=logits)
-                     for flags in STARTUP_SAMPLER_FLAGS]
+        programs.append(Program(("logits", rows), "logits", _logits,
+                                (runner.model, hidden, np.zeros(rows, np.int32), logits)))
+        for flags in STARTUP_SAMPLER_FLAGS:
+            batch = _sampling_batch(rows, flags)
+            programs.append(Program(sampler_key(batch), "sample", sample, (logits, batch), {"scratch": logits}))
     for copies in all_buckets(lambda n: bucket(n, 8), runner.max_num_seqs):  # copy-on-write of forked blocks
         indices = np.zeros(copies, np.int32)
-        programs.append(_copy_blocks.lower(runner.k_cache, runner.v_cache, indices, indices))
+        programs.append(Program(("copy", copies), "copy", _copy_blocks,
+                                (runner.k_cache, runner.v_cache, indices, indices)))
     return programs
 
 
-def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, use_tqdm: bool = True) -> float:
-    """Compile (or load from the persistent cache) every step shape; returns the seconds it took."""
+def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_dir: str = "auto",
+                        use_tqdm: bool = True) -> float:
+    """Load or compile every program of `_programs` into runner.programs; returns the seconds it took."""
     if not runner.backend.ragged:
         logger.info("attention backend %r pads its layout: step shapes compile on first use", runner.backend.name)
         return 0.0
     started = time.perf_counter()
-    programs = _lowered_programs(runner, max_num_batched_tokens)
+    programs = _programs(runner, max_num_batched_tokens)
+    root = compilation_cache_path(cache_dir)
+    store = ExecutableStore(root / "programs") if root else None
+    paths = [store.path(p.name, p.args, p.kwargs, p.static) if store else None for p in programs]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool, \
             tqdm(total=len(programs), desc="Compiling step shapes", disable=not use_tqdm) as bar:
-        for _ in pool.map(lambda program: program.compile(), programs):
+        def load(path):
+            compiled = store.load(path) if store else None
+            bar.update(compiled is not None)
+            return compiled
+
+        loaded = list(pool.map(load, paths))
+        missing = [i for i, compiled in enumerate(loaded) if compiled is None]
+        bar.set_description("Compiling step shapes" if missing else "Loading step shapes")
+        lowered = {i: programs[i].lower() for i in missing}  # tracing is not thread-safe; compiling is
+
+        def compile_one(i):
+            compiled = lowered[i].compile()
+            if store:
+                store.save(paths[i], compiled)
             bar.update()
-    runner.compiled_shapes |= {((t,), (min(t, runner.max_num_seqs), runner.max_blocks_per_seq), (0,), (0, 0),
-                                (runner.max_num_seqs,))
-                               for t in all_buckets(bucket_tokens, max_num_batched_tokens)}
+            return compiled
+
+        with _bypassing_jax_cache(store is not None):
+            for i, compiled in zip(missing, pool.map(compile_one, missing)):
+                loaded[i] = compiled
+    runner.programs |= {p.key: compiled for p, compiled in zip(programs, loaded)}
     seconds = time.perf_counter() - started
-    logger.info("compiled %d programs for every step shape in %.1f s", len(programs), seconds)
+    logger.info("start-up: %d programs (%d loaded, %d compiled) in %.1f s", len(programs),
+                len(programs) - len(missing), len(missing), seconds)
     return seconds
 
 
+@contextlib.contextmanager
+def _bypassing_jax_cache(bypass: bool):
+    """Compile for real, not from JAX's persistent cache: an executable JAX loaded from its cache serializes
+    without its machine code on XLA:CPU (running it after loading fails with "Function ... not found")."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    enabled = jax.config.jax_enable_compilation_cache
+    if not (bypass and enabled):
+        yield
+        return
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # JAX decides once per process whether to use its cache; ask it again
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation_cache.reset_cache()
+
+
+def compilation_cache_path(directory: str) -> Path | None:
+    """Where compiled programs are kept: "auto" is $JAX_ENGINE_CACHE_DIR/compiled; "" is nowhere."""
+    if directory == "":
+        return None
+    return native.cache_dir() / "compiled" if directory == "auto" else Path(directory).expanduser()
+
+
 def use_compilation_cache(directory: str) -> None:
-    """Keep compiled programs in `directory` ("auto": under JAX_ENGINE_CACHE_DIR; "": no cache), process-wide.
+    """Keep the programs JAX compiles in its persistent cache under `directory`, process-wide.
 
     Every program is cached, however quick to compile: JAX's default skips those under a second, which would
-    leave the sampler's and the logits' programs to compile again on every start.
+    leave the rarer sampler variants to compile again on every start.
     """
     from jax.experimental.compilation_cache import compilation_cache
 
-    if directory == "":
+    root = compilation_cache_path(directory)
+    if root is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return
-    path = str(native.cache_dir() / "xla") if directory == "auto" else os.path.expanduser(directory)
+    path = str(root / "xla")
     if jax.config.jax_compilation_cache_dir not in (None, path):
         compilation_cache.reset_cache()  # another engine in this process used another directory
     jax.config.update("jax_enable_compilation_cache", True)

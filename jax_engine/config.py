@@ -47,10 +47,10 @@ class EngineArgs:
         seed: seed for requests that do not set their own.
         quantization: weight-only quantization of the matmul weights: "bf16", "int8" (one scale per output
             feature), or None to keep them in dtype.
-        enforce_eager: compile each step shape on first use; False compiles them all at start-up (not yet
-            the default: with 2048 batched tokens that is 213 programs, ~4 min the first time).
-        compilation_cache_dir: where compiled steps are kept between runs; "auto" is
-            $JAX_ENGINE_CACHE_DIR/xla (~/.cache/jax_engine/xla), "" turns the cache off.
+        enforce_eager: compile each step shape on first use (a stall mid-stream) instead of compiling or
+            loading every one at start-up (jax_engine/compile_shapes.py), as vLLM's flag skips CUDA graphs.
+        compilation_cache_dir: where compiled programs are kept between runs; "auto" is
+            $JAX_ENGINE_CACHE_DIR/compiled (~/.cache/jax_engine/compiled), "" keeps nothing.
     """
 
     model: str | None = None
@@ -69,7 +69,7 @@ class EngineArgs:
     attention_backend: str = "auto"
     seed: int = 0
     quantization: str | None = None
-    enforce_eager: bool = True
+    enforce_eager: bool = False
     compilation_cache_dir: str = "auto"
 
     def __post_init__(self) -> None:

@@ -66,7 +66,7 @@ class LLMEngine:
         self.trace: list[StepTrace] | None = None
         self._stats = EngineStats()
         self.startup_compile_seconds = 0.0 if args.enforce_eager else compile_step_shapes(
-            self.runner, self.scheduler_config.max_num_batched_tokens)
+            self.runner, self.scheduler_config.max_num_batched_tokens, args.compilation_cache_dir)
         logger.info("engine ready in %.1f s (attention backend %r)", time.perf_counter() - started,
                     self.attention_backend.name)
 

@@ -4,8 +4,8 @@ Every shape is rounded up to a bucket (powers of two; eighths of a power of two 
 the rows sampled; 1.5 x powers of two for the context length on the padded layout), so the number of
 compilations stays small and a steady state (same buckets) never recompiles. On the ragged layout every
 shape of the model step follows from the token bucket alone, so start-up can compile them all
-(jax_engine/compile_shapes.py). The KV cache is
-donated to each step and updated in place.
+(jax_engine/compile_shapes.py) into `programs`, which the runner calls instead of the jitted functions.
+The KV cache is donated to each step and updated in place.
 """
 
 import functools
@@ -36,6 +36,18 @@ def _forward(model, k_cache, v_cache, token_ids, metadata, logits_indices, atten
     """
     hidden, k_cache, v_cache = model(token_ids, k_cache, v_cache, metadata, attention)
     return hidden[logits_indices], hidden, k_cache, v_cache
+
+
+def step_key(token_ids: np.ndarray, metadata: AttentionMetadata, logits_indices: np.ndarray) -> tuple:
+    """Everything that sets the shapes of a step's program (ModelRunner.programs key)."""
+    return ("step", token_ids.shape, metadata.block_tables.shape, metadata.decode_token_index.shape,
+            metadata.prefill_token_index.shape, logits_indices.shape)
+
+
+def sampler_key(batch) -> tuple:
+    """The sampler's program for `batch`: its flags, logprob count and array shapes."""
+    leaves, tree = jax.tree.flatten(batch)
+    return ("sample", tree, tuple(np.shape(x) for x in leaves))
 
 
 @functools.partial(jax.jit, donate_argnames=("logits_buffer",))
@@ -121,6 +133,9 @@ class ModelRunner:
         host_shape = (cfg.num_layers, num_host_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.host_k = np.zeros(host_shape, np.dtype(dtype))
         self.host_v = np.zeros(host_shape, np.dtype(dtype))
+        # Programs compiled or loaded at start-up, by step_key, sampler_key, ("logits", rows), ("copy", n);
+        # anything else runs through jit and compiles on first use (then counted in compiled_shapes).
+        self.programs: dict[tuple, jax.stages.Compiled] = {}
         self.compiled_shapes: set[tuple] = set()
         self.compile_seconds = 0.0
         self.recycled = RecycledBuffers()
@@ -141,7 +156,8 @@ class ModelRunner:
             src, dst = (np.array(x, np.int32) for x in zip(*out.copies))
             padding = bucket(len(src), 8) - len(src)
             src, dst = np.pad(src, (0, padding)), np.pad(dst, (0, padding), constant_values=self.k_cache.shape[1])
-            self.k_cache, self.v_cache = _copy_blocks(self.k_cache, self.v_cache, src, dst)
+            copy = self.programs.get(("copy", len(src)), _copy_blocks)
+            self.k_cache, self.v_cache = copy(self.k_cache, self.v_cache, src, dst)
 
     # ------------------------------------------------------------------------------- inputs
     def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> StepInputs:
@@ -231,20 +247,21 @@ class ModelRunner:
     # -------------------------------------------------------------------------------- execute
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
         """Run the step. Returns (hidden states of the sampling rows [max_num_seqs, H], all of them [T, H])."""
-        shapes = (inputs.token_ids.shape, inputs.metadata.block_tables.shape,
-                  inputs.metadata.decode_token_index.shape, inputs.metadata.prefill_token_index.shape,
-                  inputs.logits_indices.shape)
+        key = step_key(inputs.token_ids, inputs.metadata, inputs.logits_indices)
         started = time.perf_counter()
         token_ids, metadata, logits_indices = jax.device_put((inputs.token_ids, inputs.metadata, inputs.logits_indices))
-        sampling_hidden, hidden, self.k_cache, self.v_cache = _forward(
-            self.model, self.k_cache, self.v_cache, token_ids, metadata, logits_indices, self.backend.attend)
-        if shapes not in self.compiled_shapes:  # first use of these buckets: this call compiled (or loaded)
+        args = (self.model, self.k_cache, self.v_cache, token_ids, metadata, logits_indices)
+        program = self.programs.get(key)
+        if program is not None:
+            sampling_hidden, hidden, self.k_cache, self.v_cache = program(*args)
+            return sampling_hidden, hidden
+        sampling_hidden, hidden, self.k_cache, self.v_cache = _forward(*args, self.backend.attend)
+        if key not in self.compiled_shapes:  # first use of these buckets: this call compiled (or loaded)
             sampling_hidden.block_until_ready()
-            self.compiled_shapes.add(shapes)
+            self.compiled_shapes.add(key)
             self.compile_seconds += time.perf_counter() - started
             logger.info("compiled step #%d for tokens=%d seqs=%s ctx_blocks=%d in %.1f s",
-                        len(self.compiled_shapes), shapes[0][0], shapes[1][0], shapes[1][1],
-                        time.perf_counter() - started)
+                        len(self.compiled_shapes), key[1][0], key[2][0], key[2][1], time.perf_counter() - started)
         return sampling_hidden, hidden
 
     def sample(self, sampling_hidden: jax.Array, rows: list[int], seqs: list) -> list[SampledToken]:
@@ -252,12 +269,14 @@ class ModelRunner:
         parent's row). The logits and the sampler's scratch live in recycled buffers."""
         if not seqs:
             return []
-        padded = np.zeros(bucket_tokens(len(rows)), np.int32)
+        padded = np.zeros(bucket(len(rows)), np.int32)
         padded[: len(rows)] = rows
         vocab = self.model.cfg.vocab_size
-        logits = _logits(self.model, sampling_hidden, padded, self.recycled.take((len(padded), vocab)))
-        result, scratch = sample(logits, sampling_batch(seqs, len(padded), vocab),
-                                 scratch=self.recycled.take(logits.shape))
+        logits_program = self.programs.get(("logits", len(padded)), _logits)
+        logits = logits_program(self.model, sampling_hidden, padded, self.recycled.take((len(padded), vocab)))
+        batch = sampling_batch(seqs, len(padded), vocab)
+        sampler = self.programs.get(sampler_key(batch), sample)
+        result, scratch = sampler(logits, batch, scratch=self.recycled.take(logits.shape))
         self.recycled.give(scratch)
         self.recycled.give(logits)
         return result.rows(len(seqs))

@@ -27,7 +27,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("JAX_ENGINE_CACHE_DIR") or Path.home() / ".cache" / "jax_engine")
 
 
-def _cpu_signature() -> str:
+def cpu_signature() -> str:
     """-march=native code must not run on another CPU: the cache key includes this one's feature flags."""
     try:
         flags = [line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")]
@@ -39,7 +39,7 @@ def _cpu_signature() -> str:
 def library_path(source: Path) -> Path:
     headers = [h.read_bytes() for h in sorted(INCLUDE_DIR.glob("*.h"))]
     parts = [source.read_bytes(), *headers, " ".join(COMPILE_FLAGS).encode(), jaxlib.__version__.encode(),
-             _cpu_signature().encode()]
+             cpu_signature().encode()]
     key = hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
     return cache_dir() / f"{source.stem}-{key}.so"
 

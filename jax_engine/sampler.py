@@ -28,7 +28,6 @@ class SamplerFlags:
     ban_tokens: bool
     min_p: bool = False
     logprobs: bool = False  # compute the sampled tokens' logprobs and ranks (only when someone asks)
-    any_greedy: bool = True  # some rows take the argmax (an argmax over the vocabulary costs as much as the draw)
 
 
 @functools.partial(jax.tree_util.register_dataclass, meta_fields=("flags", "num_logprobs"),
@@ -178,8 +177,9 @@ def sample(logits, batch: SamplingBatch, scratch=None) -> tuple[SamplerOutput, j
         tokens = _draw(weights, seeds, positions).astype(jnp.int32)
         if scratch is not None:  # XLA then computes the weights straight into the scratch's memory
             spent = jax.lax.dynamic_update_slice(scratch, weights, (0, 0))
-        if flags.any_greedy:
-            tokens = jnp.where(temperature > 0, tokens, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+        # Greedy rows beside random ones take the argmax. Always computed: a flag for "some rows are greedy"
+        # would double the sampler programs start-up loads, for a few ms at 256 rows.
+        tokens = jnp.where(temperature > 0, tokens, jnp.argmax(logits, axis=-1).astype(jnp.int32))
     token_logprobs, ranks = jnp.zeros(rows), jnp.zeros(rows, jnp.int32)
     top_logprobs, top_ids = jnp.zeros((rows, 0)), jnp.zeros((rows, 0), jnp.int32)
     if flags.logprobs:
@@ -209,7 +209,6 @@ def sampling_batch(requests: list, num_rows: int, vocab_size: int) -> "SamplingB
 
     flags = SamplerFlags(
         all_greedy=all(p.greedy for p in params),
-        any_greedy=any(p.greedy for p in params),
         top_k_or_p=any(not p.greedy and (p.top_k > 0 or p.top_p < 1) for p in params),
         penalties=any(p.uses_penalties for p in params),
         ban_tokens=any(r.num_output_tokens < p.min_tokens for r, p in zip(requests, params)),

@@ -13,8 +13,10 @@ import httpx
 
 
 # The engine of every tiny-checkpoint server test: starts in seconds, holds 4 streams of up to 128 tokens.
+# Servers in tests compile on first use (enforce_eager): start-up compiles are tested in test_compile_shapes.py
+# and by the docs' openai_client example.
 TINY_ENGINE_ARGS = {"num_gpu_blocks_override": 64, "block_size": 8, "max_model_len": 128, "max_num_seqs": 4,
-                    "max_num_batched_tokens": 64}
+                    "max_num_batched_tokens": 64, "enforce_eager": True}
 
 
 def cli_flags(**options) -> list[str]:

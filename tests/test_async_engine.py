@@ -8,7 +8,8 @@ from jax_engine import EngineArgs, LLMEngine, SamplingParams
 from jax_engine.async_llm_engine import AsyncLLMEngine, EngineDeadError, QueueFullError
 from jax_engine.llm import LLM
 
-ARGS = dict(num_gpu_blocks_override=64, block_size=8, max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64)
+ARGS = dict(num_gpu_blocks_override=64, block_size=8, max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64,
+            enforce_eager=True)
 PROMPTS = [[5, 6, 7], [100, 101, 102, 103, 104, 105, 106, 107, 108, 109], [42] * 20, [7, 9], [200, 3, 4, 5, 6]]
 
 

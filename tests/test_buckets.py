@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jax_engine.buckets import all_buckets, bucket, bucket_eighths, bucket_fine, bucket_tokens
+from jax_engine.buckets import all_buckets, bucket, bucket_quarters, bucket_fine, bucket_tokens
 
 
 def _ladder(fine: bool) -> list[int]:
@@ -23,15 +23,15 @@ def test_buckets_are_the_smallest_rung_that_fits(n, minimum):
         assert got - need < got * (1 / 3 if fine and need > 2 else 1 / 2) + 1e-9
 
 
-@given(st.integers(0, 100_000), st.sampled_from([1, 8]))
-def test_eighths_pad_less_than_an_eighth(n, minimum):
-    got = bucket_eighths(n, minimum)
+@given(st.integers(0, 100_000))
+def test_quarters_pad_less_than_a_quarter(n):
+    got = bucket_quarters(n)
     if n == 0:
         assert got == 0
         return
-    step = max((1 << (n.bit_length() - 1)) // 8, minimum)  # rungs between the powers of two around n
+    step = max((1 << (n.bit_length() - 1)) // 4, 1)  # rungs between the powers of two around n
     assert got >= n and got % step == 0 and got - n < step
-    assert got - n < max(n / 8, minimum)
+    assert got - n < max(n / 4, 1)
 
 
 @given(st.integers(1, 5000))
@@ -40,4 +40,4 @@ def test_token_buckets_are_listed_by_all_buckets(limit):
     assert listed == sorted(set(listed)) and listed[0] == 1
     # Every size up to the limit falls into a listed bucket, and the list has nothing more.
     assert {bucket_tokens(n) for n in range(1, limit + 1)} == set(listed)
-    assert [bucket_tokens(n) for n in (1, 2, 3, 5, 8, 9, 17, 100)] == [1, 2, 4, 8, 8, 16, 24, 104]
+    assert [bucket_tokens(n) for n in (1, 2, 3, 5, 8, 9, 17, 100)] == [1, 2, 4, 8, 8, 16, 20, 112]

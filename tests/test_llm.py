@@ -1,5 +1,7 @@
 """LLM().generate on the real default model: the oracle, HF, invariance, and vLLM's API surface."""
 
+import re
+
 import jax
 import pytest
 
@@ -61,7 +63,8 @@ def test_tiny_checkpoints_greedy_equals_hf_generate(tmp_path, architecture):
     from tests.tiny_checkpoints import make_tiny_checkpoint
 
     hf = make_tiny_checkpoint(tmp_path, architecture)
-    llm = LLM(str(tmp_path), num_gpu_blocks_override=32, block_size=8, max_model_len=64, max_num_seqs=4)
+    llm = LLM(str(tmp_path), num_gpu_blocks_override=32, block_size=8, max_model_len=64, max_num_seqs=4,
+              enforce_eager=True)
     prompts = [[256, 5, 6, 7], [256, 100, 101, 102, 103, 104, 105, 106, 107, 108]]
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
     for prompt, output in zip(prompts, outputs):
@@ -287,6 +290,22 @@ def test_a_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     step = _forward.lower(runner.model, runner.k_cache, runner.v_cache, inputs.token_ids, inputs.metadata,
                           inputs.logits_indices, runner.backend.attend).compile().as_text()
     assert "ENTRY" in step and "dynamic-slice" not in step
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA:CPU's compiled HLO")
+@pytest.mark.parametrize("num_tokens", [1, 2])
+def test_a_step_updates_the_kv_cache_in_place(llm, num_tokens):
+    """No step copies the cache or rewrites it whole. A one-token step's scatter became a dynamic-update-slice
+    that XLA:CPU did not do in place: every layer rewrote the whole cache (2 s a step with a 1 GB cache)."""
+    from jax_engine.compile_shapes import _step_inputs
+    from jax_engine.model_runner import _forward
+
+    runner = llm.llm_engine.runner
+    cache = runner.k_cache
+    flat = f"f32[{cache.shape[0]},{cache.shape[1] * cache.shape[2]},{cache.shape[3]},{cache.shape[4]}]"
+    step = _forward.lower(*_step_inputs(runner, num_tokens), runner.backend.attend).compile().as_text()
+    whole_cache = re.compile(re.escape(flat) + r"\{[0-9,]*\} (copy|dynamic-update-slice)\(")
+    assert "ENTRY" in step and not whole_cache.search(step)
 
 
 def test_progress_bar_reports_speeds(llm, capsys):

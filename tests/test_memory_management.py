@@ -158,7 +158,7 @@ def test_beam_search_equals_the_reference_beam_search(tiny_checkpoint, length_pe
     from jax_engine import LLM, EngineArgs, LLMEngine
     from reference import LlamaModel, beam_search
 
-    llm = LLM.from_engine(LLMEngine(EngineArgs(num_gpu_blocks_override=64, block_size=4, max_model_len=64),
+    llm = LLM.from_engine(LLMEngine(EngineArgs(num_gpu_blocks_override=64, block_size=4, max_model_len=64, enforce_eager=True),
                                     checkpoint=tiny_checkpoint))
     prompt = [256, 10, 20, 30, 40, 50]
     [ours] = llm.beam_search([prompt], BeamSearchParams(beam_width=3, max_tokens=7, length_penalty=length_penalty))
@@ -182,7 +182,7 @@ def test_tiny_engine_output_is_invariant(tiny_checkpoint, block_size, spare_bloc
     from jax_engine import LLM, EngineArgs, LLMEngine
 
     def engine_output(**kwargs):
-        llm = LLM.from_engine(LLMEngine(EngineArgs(max_model_len=24, **kwargs), checkpoint=tiny_checkpoint))
+        llm = LLM.from_engine(LLMEngine(EngineArgs(max_model_len=24, enforce_eager=True, **kwargs), checkpoint=tiny_checkpoint))
         params = [SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
                   SamplingParams(temperature=1.0, seed=9, max_tokens=6, ignore_eos=True)]
         return run(llm, prompts, [params[i % 2] for i in range(len(prompts))])

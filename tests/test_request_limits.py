@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from jax_engine import EngineArgs, LLMEngine, SamplingParams
 from jax_engine.beam_search import BeamSearchParams
 
-ARGS = dict(num_gpu_blocks_override=32, block_size=8, max_model_len=48, max_num_seqs=4, max_num_batched_tokens=48)
+ARGS = dict(num_gpu_blocks_override=32, block_size=8, max_model_len=48, max_num_seqs=4, max_num_batched_tokens=48,
+            enforce_eager=True)
 PROMPT = [5, 6, 7, 8]
 NORMAL = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]

@@ -22,7 +22,7 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     process, url = start_server_process(
         *cli_flags(api_key=API_KEY, max_model_len=256, num_gpu_blocks_override=256, max_num_seqs=8,
-                   max_num_batched_tokens=256, max_waiting_requests=64), log_path=str(log))
+                   max_num_batched_tokens=256, max_waiting_requests=64, enforce_eager=True), log_path=str(log))
     yield url
     stop_server_process(process)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]

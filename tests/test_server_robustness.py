@@ -234,7 +234,8 @@ def test_no_generated_request_gets_a_server_error(shared_tiny_server):
 
 
 def test_sigterm_lets_in_flight_requests_finish(tmp_path):
-    process, url = start_server_process(*cli_flags(max_model_len=256, num_gpu_blocks_override=64, max_num_seqs=2),
+    process, url = start_server_process(*cli_flags(max_model_len=256, num_gpu_blocks_override=64, max_num_seqs=2,
+                                                  enforce_eager=True),
                                         log_path=str(tmp_path / "server.log"))
     try:
         body = {"prompt": "Once upon a time", "max_tokens": 120, "ignore_eos": True, "temperature": 0,

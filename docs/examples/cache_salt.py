@@ -2,7 +2,8 @@
 
 from jax_engine import LLM, SamplingParams
 
-llm = LLM(num_gpu_blocks_override=64, max_model_len=256, max_num_seqs=4, block_size=16)
+llm = LLM(num_gpu_blocks_override=64, max_model_len=256, max_num_seqs=4, block_size=16,
+          enforce_eager=True)  # a few short requests: compile on first use
 system = ("You are a terse assistant for Example Corp. Answer in one line. "
           "Never reveal the discount code.")
 params = SamplingParams(temperature=0, max_tokens=4)

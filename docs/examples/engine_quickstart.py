@@ -2,7 +2,7 @@
 
 from jax_engine import LLM, SamplingParams
 
-llm = LLM(num_gpu_blocks_override=64, max_model_len=256, max_num_seqs=4)
+llm = LLM(max_model_len=1024)  # compiles every step shape first (see below)
 
 greedy_params = SamplingParams(temperature=0, max_tokens=6)
 [greedy] = llm.generate("The capital of France is", greedy_params, use_tqdm=False)

@@ -2,7 +2,8 @@
 
 from jax_engine import LLM, BeamSearchParams, SamplingParams
 
-llm = LLM(num_gpu_blocks_override=64, max_model_len=256, max_num_seqs=8, block_size=16)
+llm = LLM(num_gpu_blocks_override=64, max_model_len=256, max_num_seqs=8, block_size=16,
+          enforce_eager=True)  # a few short requests: compile on first use
 engine = llm.llm_engine
 trace = engine.enable_trace()
 

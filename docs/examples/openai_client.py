@@ -11,10 +11,10 @@ URL = "http://127.0.0.1:8765"
 MODEL = "SmolLM2-135M-Instruct"
 # `jax-engine serve ...`, run with this Python so that it finds the same packages
 serve = [sys.executable, "-m", "jax_engine", "serve", "--port", "8765", "--api-key",
-         "sk-local", "--max-model-len", "512", "--log-level", "warning"]
+         "sk-local", "--max-model-len", "1024", "--log-level", "warning"]
 server = subprocess.Popen(serve)
 try:
-    while True:  # loading the model and starting the engine loop take a few seconds
+    while True:  # start-up compiles every step shape: a minute or two the first time, seconds after
         try:
             if httpx.get(f"{URL}/health").status_code == 200:
                 break

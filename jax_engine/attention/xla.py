@@ -49,6 +49,12 @@ def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale):
 def write_kv(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
              slot_mapping: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Store the step's keys and values at their slots of `layer`; padding slots (out of range) are dropped."""
+    if slot_mapping.shape[0] == 1:
+        # XLA turns a one-row scatter into a dynamic-update-slice that XLA:CPU does not update in place
+        # inside the model: every layer rewrote the whole cache (2 s a step with a 1 GB cache). A second,
+        # dropped row keeps it a scatter, which is done in place.
+        k, v = jnp.concatenate([k, k]), jnp.concatenate([v, v])
+        slot_mapping = jnp.concatenate([slot_mapping, jnp.full_like(slot_mapping, k_cache.shape[1])])
     k_cache = k_cache.at[layer, slot_mapping].set(k.astype(k_cache.dtype), mode="drop")
     v_cache = v_cache.at[layer, slot_mapping].set(v.astype(v_cache.dtype), mode="drop")
     return k_cache, v_cache

@@ -6,7 +6,6 @@ import os
 
 import numpy as np
 from safetensors.numpy import load_file
-from transformers import AutoTokenizer
 
 from jax_engine.loader.checkpoint import Checkpoint
 from jax_engine.model_config import ModelConfig
@@ -58,5 +57,9 @@ def load_hf_directory(path: str) -> Checkpoint:
     weights: dict[str, np.ndarray] = {}
     for shard in shards:
         weights.update({k: v.astype(np.float32) for k, v in load_file(shard).items()})
+    # Imported here: transformers' AutoTokenizer pulls in torch where it is installed (~2 s), which loading
+    # a GGUF file (the default model) never needs.
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return Checkpoint(config, weights, tokenizer)

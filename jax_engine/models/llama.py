@@ -69,22 +69,26 @@ def _layer_weight_map(cfg: ModelConfig) -> dict[str, tuple[str, callable]]:
 class LlamaForCausalLM(nnx.Module):
     """Decoder-only transformer; `__call__` runs a step's tokens through it over the paged cache."""
 
-    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs) -> None:
+    def __init__(self, cfg: ModelConfig, *, dtype=jnp.float32, rngs: nnx.Rngs | None) -> None:
+        """Random weights from `rngs`; with rngs=None, zeros to be replaced (see from_hf_weights)."""
         self.cfg = cfg
         L, H, N, K, D, I, V = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                cfg.intermediate_size, cfg.vocab_size)
-        init = nnx.initializers.normal(0.02)
+        if rngs is None:
+            new = lambda shape: jnp.zeros(shape, dtype)  # noqa: E731
+        else:
+            new = lambda shape: nnx.initializers.normal(0.02)(rngs.params(), shape, dtype)  # noqa: E731
         shapes = {"attn_norm": (H,), "mlp_norm": (H,), "wq": (N * D, H), "wk": (K * D, H), "wv": (K * D, H),
                   "wo": (H, N * D), "w_gate": (I, H), "w_up": (I, H), "w_down": (H, I)}
         if cfg.attention_bias:
             shapes |= {"bq": (N, D), "bk": (K, D), "bv": (K, D)}
         if cfg.qk_norm:
             shapes |= {"q_norm": (D,), "k_norm": (D,)}
-        self.layers = nnx.List([nnx.Dict({name: nnx.Param(init(rngs.params(), shape, dtype))
+        self.layers = nnx.List([nnx.Dict({name: nnx.Param(new(shape))
                                           for name, shape in shapes.items()}) for _ in range(L)])
-        self.embed = nnx.Param(init(rngs.params(), (V, H), dtype))  # [V, H]
+        self.embed = nnx.Param(new((V, H)))  # [V, H]
         self.final_norm = nnx.Param(jnp.ones((H,), dtype))
-        self.lm_head = None if cfg.tie_word_embeddings else nnx.Param(init(rngs.params(), (V, H), dtype))
+        self.lm_head = None if cfg.tie_word_embeddings else nnx.Param(new((V, H)))
         # Scales of int8 weights (see linear/quantization.py), by the weight's name; empty in float.
         self.embed_scale, self.lm_head_scale = nnx.data(None), nnx.data(None)
 
@@ -97,7 +101,8 @@ class LlamaForCausalLM(nnx.Module):
         `quantization` ("bf16", "int8" or None) is how the projections, the embedding and the LM head are
         stored; norms and biases keep `dtype`.
         """
-        model = nnx.eval_shape(lambda: cls(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+        # Shapes only, no values: tracing a random initialiser per weight took ~2 s.
+        model = nnx.eval_shape(lambda: cls(cfg, dtype=dtype, rngs=None))
         for i, layer in enumerate(model.layers):
             for hf_name, (name, reshape) in _layer_weight_map(cfg).items():
                 w = weights[f"model.layers.{i}.{hf_name}"]

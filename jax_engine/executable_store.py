@@ -1,0 +1,100 @@
+"""Compiled programs kept on disk under a key of our own, so that a later start loads them without tracing.
+
+JAX's persistent compilation cache keys a program by its lowered HLO, so even a warm start traces and lowers
+the whole model once per step shape (~0.7 s each for SmolLM2's 30 layers) just to find its key. This store
+keys a program by what determines it without tracing: the engine's source code, the jax and jaxlib versions,
+the device, which native kernels are available, and the program's name and argument shapes. A hit is a file
+read and a `deserialize_and_load` (~0.2 s for a step program, ~0.03 s for a sampler's). Programs that start-up
+does not list still compile on first use through jit and JAX's own cache.
+
+The files are executables: like JAX's cache directory, the store must only hold what this user compiled.
+"""
+
+import functools
+import hashlib
+import logging
+import os
+import pickle
+import platform
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jaxlib
+import numpy as np
+from jax.experimental import serialize_executable
+
+from jax_engine import native
+
+logger = logging.getLogger(__name__)
+
+SOURCE_ROOT = Path(__file__).parent
+SOURCE_SUFFIXES = (".py", ".cc", ".h")
+
+
+@functools.cache
+def source_digest() -> str:
+    """A hash of every source file of the engine: any edit makes every stored program stale."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in SOURCE_ROOT.rglob("*") if p.suffix in SOURCE_SUFFIXES):
+        digest.update(str(path.relative_to(SOURCE_ROOT)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def environment_key() -> str:
+    """What a program's code depends on besides its arguments: versions, device, kernels, flags."""
+    from jax_engine.attention import cpu as attention_kernel
+    from jax_engine.linear import matmul
+
+    device = jax.devices()[0]
+    kernels = (attention_kernel.kernel_unavailable_reason() is None, matmul.kernel_unavailable_reason() is None)
+    parts = (source_digest(), jax.__version__, jaxlib.__version__, device.platform, device.device_kind,
+             jax.device_count(), platform.machine(), native.cpu_signature(), kernels, os.environ.get("XLA_FLAGS"),
+             jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
+    return repr(parts)
+
+
+def signature(args: tuple, kwargs: dict) -> str:
+    """The pytree structure and every leaf's shape and dtype: all a compiled program knows of its inputs."""
+    leaves, tree = jax.tree.flatten((args, kwargs))
+    return f"{tree}|{[(tuple(np.shape(x)), str(x.dtype if hasattr(x, 'dtype') else np.result_type(x))) for x in leaves]}"
+
+
+class ExecutableStore:
+    """Compiled programs in `directory`, one file per program."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.environment = environment_key()
+        self.hits = self.misses = 0
+
+    def path(self, name: str, args: tuple, kwargs: dict, static: tuple) -> Path:
+        static_names = [getattr(x, "__qualname__", repr(x)) for x in static]  # a function's repr has its address
+        key = "\n".join((self.environment, name, repr(static_names), signature(args, kwargs)))
+        return self.directory / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:24]}.bin"
+
+    def load(self, path: Path) -> jax.stages.Compiled | None:
+        """The stored program, or None when there is none (or it cannot be read: it is then compiled anew)."""
+        if not path.exists():
+            return None
+        try:
+            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+            return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+        except Exception as error:  # a truncated or foreign file must not stop the engine
+            logger.warning("could not load %s (%s: %s); compiling it again", path, type(error).__name__, error)
+            return None
+
+    def save(self, path: Path, compiled: jax.stages.Compiled) -> None:
+        try:
+            payload = pickle.dumps(serialize_executable.serialize(compiled))
+            self.directory.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_bytes(payload)
+            os.replace(partial, path)  # atomic: another process never reads half a file
+        except Exception as error:  # a program that cannot be stored is compiled again next time, nothing worse
+            logger.warning("could not store %s (%s: %s)", path, type(error).__name__, error)
+
+    def compile(self, path: Path, lower: Callable[[], jax.stages.Lowered]) -> jax.stages.Compiled:
+        compiled = lower().compile()
+        self.save(path, compiled)
+        return compiled
