@@ -1,5 +1,6 @@
 """The benchmark scripts run (tiny settings), so the commands in docs/benchmarks.md keep working."""
 
+import re
 import subprocess
 import sys
 
@@ -9,7 +10,8 @@ from jax_engine.attention import cpu
 
 
 def test_sharing_benchmark_prints_the_table():
-    result = subprocess.run([sys.executable, "-m", "jax_engine", "bench", "sharing", "--num-prompts", "2", "--output-len", "4"],
+    result = subprocess.run([sys.executable, "-m", "jax_engine", "bench", "sharing", "--num-prompts", "2", "--output-len", "4",
+                             "--enforce-eager"],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith(("parallel sampling", "beam search"))]
@@ -74,6 +76,22 @@ def test_throughput_benchmark_compares_with_hf(tiny_checkpoint_dir):
         assert f"finished {row['backend']}: " in result.stderr  # reported as it finished, before the table
     assert report["workload"] == dict(length_mode="fixed", num_requests=3, mean_input_len=8.0, mean_output_len=4.0)
     assert report["roofline"]["compute_bound_tokens_per_s"] > 0
+
+
+def test_latency_benchmark_prints_each_engine_beside_the_bound(tiny_checkpoint_dir):
+    command = [sys.executable, "-m", "jax_engine", "bench", "latency", "--model", tiny_checkpoint_dir,
+               "--batch-sizes", "1", "2", "--input-len", "8", "--output-len", "4", "--quantizations", "none", "int8",
+               "--max-num-batched-tokens", "16", "--compare", "hf"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line for line in result.stdout.splitlines() if " batch " in line]
+    labels = [line[:22].strip() for line in rows]
+    assert labels == ["jax_engine float32"] * 2 + ["jax_engine int8"] * 2 + ["transformers float32"] * 2
+    for line in rows:
+        ttft, rate = (float(re.search(pattern, line).group(1)) for pattern in (r"TTFT\s+([\d.]+) ms", r"decode\s+([\d.]+)"))
+        assert ttft > 0 and rate > 0
+        assert ("bound" in line) == line.startswith("jax_engine")
+    assert "start-up" in result.stdout and "probe: memory" in result.stdout
 
 
 def test_a_run_is_set_against_the_best_probe_around_it():

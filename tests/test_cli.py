@@ -9,7 +9,7 @@ import pytest
 from jax_engine.cli import build_parser
 from jax_engine.config import EngineArgs
 
-SMALL = ["--num-gpu-blocks-override", "64", "--max-model-len", "256", "--max-num-seqs", "4"]
+SMALL = ["--num-gpu-blocks-override", "64", "--max-model-len", "256", "--max-num-seqs", "4", "--enforce-eager"]
 
 
 def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess:

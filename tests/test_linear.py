@@ -82,3 +82,28 @@ def test_quantized_weights_stay_close_to_float32(default_checkpoint, quantizatio
     top1 = (quantized.argmax(-1) == exact.argmax(-1)).mean()
     print(f"{quantization}: mean |diff| {mean_diff:.4f}, top-1 agreement {top1:.3f}")
     assert 0 < mean_diff < max_mean_diff and top1 >= min_top1
+
+
+@pytest.fixture(scope="module")
+def float32_quality(make_llm):
+    from jax_engine.bench.quality import greedy_tokens, perplexity
+
+    llm = make_llm(max_model_len=512, max_num_seqs=8)
+    return perplexity(llm), greedy_tokens(llm, 32)
+
+
+# Measured by `jax-engine bench quality` (docs/benchmarks.md): perplexity 29.498 float32, 29.472 bf16, 29.325
+# int8; leading greedy tokens equal to float32's over 8 prompts x 32 tokens, mean 28.4 bf16 and 20.1 int8.
+@pytest.mark.parametrize("quantization, max_perplexity_change, min_mean_agreement", [("bf16", 0.01, 24),
+                                                                                     ("int8", 0.05, 14)])
+def test_quantized_perplexity_and_greedy_agreement(make_llm, float32_quality, quantization, max_perplexity_change,
+                                                   min_mean_agreement):
+    """The quality benchmark's figures, bounded: a wrong scale or a lost row moves perplexity by far more than
+    5%, and breaks greedy agreement at the first token."""
+    from jax_engine.bench.quality import greedy_tokens, leading_agreement, perplexity
+
+    exact_perplexity, exact_greedy = float32_quality
+    llm = make_llm(max_model_len=512, max_num_seqs=8, quantization=quantization)
+    change = abs(perplexity(llm) / exact_perplexity - 1)
+    agreement = [leading_agreement(o, r) for o, r in zip(greedy_tokens(llm, 32), exact_greedy)]
+    assert change < max_perplexity_change and np.mean(agreement) >= min_mean_agreement, (change, agreement)

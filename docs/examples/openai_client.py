@@ -14,7 +14,7 @@ serve = [sys.executable, "-m", "jax_engine", "serve", "--port", "8765", "--api-k
          "sk-local", "--max-model-len", "1024", "--log-level", "warning"]
 server = subprocess.Popen(serve)
 try:
-    while True:  # start-up compiles every step shape: a minute or two the first time, seconds after
+    while True:  # start-up compiles (or, later, loads) every step shape first
         try:
             if httpx.get(f"{URL}/health").status_code == 200:
                 break
