@@ -120,18 +120,20 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_
         loaded = list(pool.map(load, paths))
         missing = [i for i, compiled in enumerate(loaded) if compiled is None]
         bar.set_description("Compiling step shapes" if missing else "Loading step shapes")
-        lowered = {i: programs[i].lower() for i in missing}  # tracing is not thread-safe; compiling is
 
-        def compile_one(i):
-            compiled = lowered[i].compile()
+        def compile_one(i, lowered):
+            compiled = lowered.compile()
             if store:
                 store.save(paths[i], compiled)
             bar.update()
             return compiled
 
         with _bypassing_jax_cache(store is not None):
-            for i, compiled in zip(missing, pool.map(compile_one, missing)):
-                loaded[i] = compiled
+            # Tracing is not thread-safe, compiling is: this thread traces each program while the pool
+            # compiles the ones before it.
+            compiling = {i: pool.submit(compile_one, i, programs[i].lower()) for i in missing}
+            for i, future in compiling.items():
+                loaded[i] = future.result()
     runner.programs |= {p.key: compiled for p, compiled in zip(programs, loaded)}
     seconds = time.perf_counter() - started
     logger.info("start-up: %d programs (%d loaded, %d compiled) in %.1f s", len(programs),

@@ -16,9 +16,12 @@ import logging
 import os
 import pickle
 import platform
+import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import flax
 import jax
 import jaxlib
 import numpy as np
@@ -30,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE_ROOT = Path(__file__).parent
 SOURCE_SUFFIXES = (".py", ".cc", ".h")
+STALE_AFTER_SECONDS = 7 * 24 * 3600  # programs of other source versions are deleted after a week unused
 
 
 @functools.cache
@@ -48,7 +52,7 @@ def environment_key() -> str:
 
     device = jax.devices()[0]
     kernels = (attention_kernel.kernel_unavailable_reason() is None, matmul.kernel_unavailable_reason() is None)
-    parts = (source_digest(), jax.__version__, jaxlib.__version__, device.platform, device.device_kind,
+    parts = (source_digest(), jax.__version__, jaxlib.__version__, flax.__version__, device.platform, device.device_kind,
              jax.device_count(), platform.machine(), native.cpu_signature(), kernels, os.environ.get("XLA_FLAGS"),
              jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
     return repr(parts)
@@ -61,12 +65,14 @@ def signature(args: tuple, kwargs: dict) -> str:
 
 
 class ExecutableStore:
-    """Compiled programs in `directory`, one file per program."""
+    """Compiled programs under `root`, one folder per environment (every edit of the engine makes a new one),
+    one file per program."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, root: Path) -> None:
         self.environment = environment_key()
-        self.hits = self.misses = 0
+        self.directory = root / hashlib.sha256(self.environment.encode()).hexdigest()[:16]
+        _prune(root, keep=self.directory)
+
 
     def path(self, name: str, args: tuple, kwargs: dict, static: tuple) -> Path:
         static_names = [getattr(x, "__qualname__", repr(x)) for x in static]  # a function's repr has its address
@@ -98,3 +104,12 @@ class ExecutableStore:
         compiled = lower().compile()
         self.save(path, compiled)
         return compiled
+
+
+def _prune(root: Path, keep: Path) -> None:
+    """Delete the folders of other environments unused for a week; mark `keep` as used now."""
+    if keep.exists():
+        os.utime(keep)
+    for folder in root.glob("*") if root.exists() else ():
+        if folder != keep and folder.is_dir() and time.time() - folder.stat().st_mtime > STALE_AFTER_SECONDS:
+            shutil.rmtree(folder, ignore_errors=True)

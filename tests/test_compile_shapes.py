@@ -3,9 +3,11 @@ loads the compiled programs from the executable store without tracing anything."
 
 import contextlib
 import logging
+import os
 import shutil
 import subprocess
 import sys
+import time
 
 import jax
 import pytest
@@ -17,7 +19,7 @@ from jax_engine.attention.cpu import kernel_unavailable_reason
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu" or kernel_unavailable_reason() is not None,
                                 reason="start-up compiles the ragged layout of the CPU default backend")
 
-SMALL = dict(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=256, num_gpu_blocks_override=64)
+SMALL = dict(max_num_batched_tokens=32, max_num_seqs=8, max_model_len=256, num_gpu_blocks_override=64)
 
 
 @contextlib.contextmanager
@@ -77,7 +79,7 @@ def test_a_second_start_loads_every_program_without_tracing(make_llm, store, cap
     traced = [r.getMessage() for r in caplog.records if any(f"jit({name})" in r.getMessage()
                                                              for name in STARTUP_FUNCTIONS)]
     programs = second.llm_engine.runner.programs
-    assert traced == [] and len(programs) == len(list((store / "programs").iterdir())) > 11
+    assert traced == [] and len(programs) == len(list((store / "programs").rglob("*.bin"))) >= 9 + 4 * 4 + 1
     # The loaded programs compute what the jitted functions compute.
     eager = make_llm(enforce_eager=True, **SMALL)
     loaded, jitted = (llm.generate(PROMPTS, GREEDY, use_tqdm=False) for llm in (second, eager))
@@ -96,13 +98,26 @@ def test_after_start_up_a_varied_workload_compiles_nothing(make_llm, store):
 
 def test_an_unreadable_stored_program_is_compiled_again(make_llm, store, tmp_path, caplog):
     shutil.copytree(store, tmp_path / "compiled")
-    broken = sorted((tmp_path / "compiled" / "programs").glob("sample-*.bin"))[0]
+    broken = sorted((tmp_path / "compiled" / "programs").rglob("sample-*.bin"))[0]
     broken.write_bytes(broken.read_bytes()[:100])
     with caplog.at_level(logging.WARNING, logger="jax_engine"):
         llm = make_llm(enforce_eager=False, compilation_cache_dir=str(tmp_path / "compiled"), **SMALL)
     assert any("could not load" in r.getMessage() for r in caplog.records)
     assert llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)[0].finished
     assert len(broken.read_bytes()) > 100  # stored again
+
+
+def test_programs_of_other_source_versions_are_deleted_after_a_week_unused(tmp_path):
+    from jax_engine.executable_store import ExecutableStore
+
+    old, recent = tmp_path / "0123456789abcdef", tmp_path / "fedcba9876543210"
+    for folder in (old, recent):
+        folder.mkdir()
+        (folder / "step-1.bin").write_bytes(b"x")
+    week_and_a_day_ago = time.time() - 8 * 24 * 3600
+    os.utime(old, (week_and_a_day_ago, week_and_a_day_ago))
+    store = ExecutableStore(tmp_path)
+    assert not old.exists() and recent.exists() and store.directory.parent == tmp_path
 
 
 def test_enforce_eager_compiles_nothing_at_start_up(make_llm):

@@ -250,16 +250,17 @@ def test_how_prompts_split_a_token_bucket_compiles_nothing_new(llm):
 
 @ON_THE_CPU_DEFAULT
 def test_sequence_rows_are_bucketed_as_finely_as_tokens(make_llm):
-    """72 one-token prompts run as 72 table rows, not the next power of two (128); the step's shapes follow
-    from its token bucket alone (one compile per bucket), the sampling rows are picked from max_num_seqs."""
+    """72 one-token prompts run as 80 tokens and table rows (quarters of a power of two), not the next power of
+    two (128); the step's shapes follow from its token bucket alone (one compile per bucket), the sampling rows
+    are picked from max_num_seqs."""
     engine = make_llm(num_gpu_blocks_override=80, max_model_len=128, max_num_seqs=80).llm_engine
     assert engine.attention_backend.ragged
     for i in range(72):
         engine.add_request(str(i), [1000 + i], SamplingParams(max_tokens=1))
     out = engine.scheduler.schedule()
     inputs = engine.runner.prepare(out, engine.kv_cache_manager.block_tables)
-    assert inputs.token_ids.shape == (72,) and inputs.logits_indices.shape == (80,)
-    assert inputs.metadata.block_tables.shape[0] == 72 and list(inputs.logits_indices[:72]) == list(range(72))
+    assert inputs.token_ids.shape == (80,) and inputs.logits_indices.shape == (80,)
+    assert inputs.metadata.block_tables.shape[0] == 80 and list(inputs.logits_indices[:72]) == list(range(72))
     engine.abort_request([str(i) for i in range(72)])
     assert engine.kv_cache_manager.device.num_free_blocks == 80
 

@@ -18,8 +18,8 @@ def test_batching_benchmark_writes_what_the_figure_reads(tiny_checkpoint_dir, tm
     assert [r["batch_size"] for r in report["results"]] == [1, 2]
     for r in report["results"]:
         assert r["timed_steps"] == 2 and r["tokens_per_s"] > 0 and r["median_step_s"] > 0
-    # The first batch size compiles its steps; that time is reported apart, not in the decode rate.
-    assert report["results"][0]["compile_s"] > 0
+    # Start-up compiled every step shape: a compile during the timed batches would be reported here.
+    assert all(r["compile_s"] == 0 for r in report["results"])
     assert report["weight_bytes"] > 0 and report["kv_bytes_per_token"] > 0
     assert {"bandwidth_gbps", "matmul_gflops", "compute_bound_tokens_per_s"} <= set(report["roofline"])
 
