@@ -51,8 +51,7 @@ STARTUP_SAMPLER_FLAGS = (
 class Program:
     """One program start-up provides: the model runner's key for it, and how to call (and so lower) it."""
 
-    key: tuple
-    name: str
+    key: tuple  # its first item names the program: "step", "logits", "sample" or "copy"
     fn: callable  # a jitted function
     args: tuple
     kwargs: dict = field(default_factory=dict)
@@ -83,18 +82,18 @@ def _programs(runner: ModelRunner, max_num_batched_tokens: int) -> list[Program]
     programs = []
     for tokens in all_buckets(bucket_tokens, max_num_batched_tokens):
         args = _step_inputs(runner, tokens)
-        programs.append(Program(step_key(*args[3:]), "step", _forward, args, static=(runner.backend.attend,)))
+        programs.append(Program(step_key(*args[3:]), _forward, args, static=(runner.backend.attend,)))
     hidden = jax.ShapeDtypeStruct((runner.max_num_seqs, runner.model.cfg.hidden_size), runner.k_cache.dtype)
     for rows in all_buckets(bucket, runner.max_num_seqs):
         logits = jax.ShapeDtypeStruct((rows, runner.model.cfg.vocab_size), jnp.float32)
-        programs.append(Program(("logits", rows), "logits", _logits,
+        programs.append(Program(("logits", rows), _logits,
                                 (runner.model, hidden, np.zeros(rows, np.int32), logits)))
         for flags in STARTUP_SAMPLER_FLAGS:
             batch = _sampling_batch(rows, flags)
-            programs.append(Program(sampler_key(batch), "sample", sample, (logits, batch), {"scratch": logits}))
+            programs.append(Program(sampler_key(batch), sample, (logits, batch), {"scratch": logits}))
     for copies in all_buckets(lambda n: bucket(n, 8), runner.max_num_seqs):  # copy-on-write of forked blocks
         indices = np.zeros(copies, np.int32)
-        programs.append(Program(("copy", copies), "copy", _copy_blocks,
+        programs.append(Program(("copy", copies), _copy_blocks,
                                 (runner.k_cache, runner.v_cache, indices, indices)))
     return programs
 
@@ -109,7 +108,7 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_
     programs = _programs(runner, max_num_batched_tokens)
     root = compilation_cache_path(cache_dir)
     store = ExecutableStore(root / "programs") if root else None
-    paths = [store.path(p.name, p.args, p.kwargs, p.static) if store else None for p in programs]
+    paths = [store.path(p.key[0], p.args, p.kwargs, p.static) if store else None for p in programs]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool, \
             tqdm(total=len(programs), desc="Compiling step shapes", disable=not use_tqdm) as bar:
         def load(path):

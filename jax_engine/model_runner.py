@@ -1,7 +1,7 @@
 """The model runner: turns a SchedulerOutput into padded device arrays and runs the jitted step.
 
-Every shape is rounded up to a bucket (powers of two; eighths of a power of two for the token count, and for
-the rows sampled; 1.5 x powers of two for the context length on the padded layout), so the number of
+Every shape is rounded up to a bucket (powers of two, the rows sampled among them; quarters of a power of two
+for the token count past 16; 1.5 x powers of two for the context length on the padded layout), so the number of
 compilations stays small and a steady state (same buckets) never recompiles. On the ragged layout every
 shape of the model step follows from the token bucket alone, so start-up can compile them all
 (jax_engine/compile_shapes.py) into `programs`, which the runner calls instead of the jitted functions.
@@ -165,9 +165,9 @@ class ModelRunner:
         bs = self.block_size
         decode = [s for s in out.scheduled if s.num_new_tokens == 1]
         prefill = [s for s in out.scheduled if s.num_new_tokens > 1]
-        # Tokens are bucketed on their own, finely (in eighths of a power of two): every padding token runs
+        # Tokens are bucketed on their own, finely (in quarters of a power of two): every padding token runs
         # through every layer, and a full decode batch plus one short prompt (257 tokens) would run as 384
-        # in steps of 1.5x (288 here). The logits rows follow from the sequence buckets, one less
+        # in steps of 1.5x (320 here). The logits rows follow from the sequence buckets, one less
         # independent size to compile combinations of.
         padded_tokens = bucket_tokens(sum(s.num_new_tokens for s in out.scheduled))
         # Rows for sequences: max_num_seqs, the shape start-up compiles; more when forks of parallel samples
