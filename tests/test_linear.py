@@ -28,16 +28,31 @@ def _weights(rng, n: int, k: int, kind: str) -> tuple[jax.Array, jax.Array | Non
 @needs_kernel
 @settings(max_examples=40)
 @given(rows=st.integers(1, 70), k=st.integers(1, 40).map(lambda i: 8 * i), n=st.integers(1, 70),
-       kind=st.sampled_from(WEIGHT_KINDS), seed=st.integers(0, 2**16))
-def test_kernel_matches_the_plain_matmul(rows, k, n, kind, seed):
-    """Any rows, input width (a multiple of 8), output width and weight type, tails of every block size."""
+       kind=st.sampled_from(WEIGHT_KINDS), layers=st.integers(0, 3), seed=st.integers(0, 2**16))
+def test_kernel_matches_the_plain_matmul(rows, k, n, kind, layers, seed):
+    """Any rows, input width (a multiple of 8), output width and weight type, tails of every block size; one
+    matrix (layers=0) or a layer of a stack of them, read in place."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, k)).astype(np.float32)
-    w, scale, exact = _weights(rng, n, k, kind)
-    got = np.asarray(jax.jit(few_rows_matmul)(x, w, scale))
+    stack = [_weights(rng, n, k, kind) for _ in range(max(layers, 1))]
+    layer = int(rng.integers(len(stack)))
+    if layers:
+        w = jnp.stack([s[0] for s in stack])
+        scale = None if kind != "int8" else jnp.stack([s[1] for s in stack])
+    else:
+        w, scale, _ = stack[0]
+    exact = stack[layer][2]
+    got = np.asarray(jax.jit(few_rows_matmul)(x, w, scale, layer))
     expected = x.astype(np.float64) @ exact.T
     # float32 sums of k products of unit-scale values: rounding grows like sqrt(k) x 2^-24 per term.
     np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.sqrt(k) * max(1.0, np.abs(exact).max()))
+
+
+@needs_kernel
+def test_kernel_refuses_a_layer_outside_the_stack():
+    w = jnp.zeros((2, 8, 16), jnp.float32)
+    with pytest.raises(Exception, match="layer 2 out of range"):
+        jax.block_until_ready(few_rows_matmul(jnp.zeros((1, 16)), w, None, 2))
 
 
 @needs_kernel

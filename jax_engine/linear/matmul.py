@@ -31,26 +31,32 @@ def kernel_unavailable_reason() -> str | None:
     return native.register_kernel(_SOURCE, "FewRowsMatmul", _TARGET, logger)
 
 
-def few_rows_matmul(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Array:
-    """x [M, K] float, w [N, K] (float32, bfloat16, float16 or int8), scale [N] or None -> [M, N] float32."""
+def few_rows_matmul(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, layer: jax.Array | int = 0) -> jax.Array:
+    """x [M, K] float, w [N, K] or stacked [L, N, K] (float32, bfloat16, float16 or int8), scale [N] / [L, N] or
+    None -> [M, N] float32, with the `layer`-th matrix of a stack."""
     scale = jnp.zeros((0,), jnp.float32) if scale is None else scale.astype(jnp.float32)
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((x.shape[0], w.shape[0]), jnp.float32))
-    return call(x.astype(jnp.float32), w, scale)
+    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((x.shape[0], w.shape[-2]), jnp.float32))
+    return call(x.astype(jnp.float32), w, scale, jnp.asarray(layer, jnp.int32))
 
 
 def uses_few_rows_kernel(rows: int, w: jax.Array) -> bool:
     """Whether `linear` runs the kernel for this many rows of x times w (on this platform)."""
-    return (rows <= FEW_ROWS.get(w.dtype.itemsize, 0) and w.shape[1] % 8 == 0 and jax.default_backend() == "cpu"
+    return (rows <= FEW_ROWS.get(w.dtype.itemsize, 0) and w.shape[-1] % 8 == 0 and jax.default_backend() == "cpu"
             and kernel_unavailable_reason() is None)
 
 
-def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, out_dtype=None) -> jax.Array:
+def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, out_dtype=None,
+           layer: jax.Array | None = None) -> jax.Array:
     """x [T, in] @ w[out, in].T -> [T, out], times `scale` per output feature when given (int8 weights).
 
-    The result has x's dtype unless `out_dtype` is given; the sums are float32 either way.
+    With `layer`, w [L, out, in] (and scale [L, out]) hold every layer's weights and w[layer] is used: the
+    kernel reads it in place, XLA's dot slices it out. The result has x's dtype unless `out_dtype` is given;
+    the sums are float32 either way.
     """
     out_dtype = out_dtype or x.dtype
     if uses_few_rows_kernel(x.shape[0], w):
-        return few_rows_matmul(x, w, scale).astype(out_dtype)
+        return few_rows_matmul(x, w, scale, 0 if layer is None else layer).astype(out_dtype)
+    if layer is not None:
+        w, scale = w[layer], None if scale is None else scale[layer]
     y = jnp.einsum("tk,nk->tn", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
     return (y if scale is None else y * scale).astype(out_dtype)

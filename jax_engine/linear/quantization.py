@@ -15,16 +15,16 @@ QUANTIZATIONS = ("bf16", "int8")  # and None: the weights keep the engine's dtyp
 
 
 def quantize(w: np.ndarray, quantization: str | None, dtype) -> tuple[jax.Array, jax.Array | None]:
-    """A float [out, in] (or [vocab, hidden]) matrix -> (stored weight, scale per row or None)."""
+    """A float [out, in] matrix (or a stack of them, [L, out, in]) -> (stored weight, scale per row or None)."""
     if quantization is None:
         return jnp.asarray(w, dtype), None
     if quantization == "bf16":
         return jnp.asarray(w, jnp.bfloat16), None
     if quantization == "int8":
         w = np.asarray(w, np.float32)
-        peak = np.abs(w).max(axis=1)
+        peak = np.abs(w).max(axis=-1)
         scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)  # an all-zero row keeps scale 1
-        q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+        q = np.clip(np.rint(w / scale[..., None]), -127, 127).astype(np.int8)
         return jnp.asarray(q), jnp.asarray(scale)
     raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
 

@@ -1,11 +1,13 @@
-"""Llama-family decoder in Flax NNX: one set of weights per layer, the layers unrolled in the step's graph.
+"""Llama-family decoder in Flax NNX: every layer's weights stacked, the layers a `lax.scan` in the step's graph.
 
-A `lax.scan` over stacked layer weights compiles one layer body instead of 30 (0.7 s per step shape instead of
-~2 s for SmolLM2), but on a CPU it pays for that every step: XLA copies each layer's weights out of the stacked
-arrays before its matmuls can read them. Measured on a 2-core CPU, a step of 256 tokens ran 1% faster
-unrolled and steps of 16-128 tokens 7-9% faster, where reading the weights is most of the work; a serving
-run spends its first and last minutes in such steps. The paged KV cache is one array for all layers, donated
-by the caller and updated in place by every layer in turn.
+The scan compiles one layer body instead of 30: 0.5 s per step shape instead of ~2.2 s for SmolLM2 on a
+2-core CPU, so a cold start compiles the default 33 step shapes in ~20 s instead of ~75 s. Unrolled layers
+also cost at run time, once per shape: XLA:CPU builds each matmul's YNNPACK pipeline on a program's first
+call, ~3 ms per matmul, so every unrolled step shape's first step ran ~0.8 s late (210 matmuls), in the
+middle of someone's stream. What the scan costs: XLA's dot reads a layer's weights through a copy sliced out
+of the stack, 10-20% on float32 steps of 20-128 tokens; the few-rows kernel (small decode batches) and
+16-bit and int8 weights (widened on the way anyway) read the stack in place. The paged KV cache is one array
+for all layers, donated by the caller and updated in place by every layer in turn.
 
 Dimension names: T tokens, H hidden, N query heads, K KV heads, D head dim, I MLP width, V vocab, L layers.
 """
@@ -84,8 +86,8 @@ class LlamaForCausalLM(nnx.Module):
             shapes |= {"bq": (N, D), "bk": (K, D), "bv": (K, D)}
         if cfg.qk_norm:
             shapes |= {"q_norm": (D,), "k_norm": (D,)}
-        self.layers = nnx.List([nnx.Dict({name: nnx.Param(new(shape))
-                                          for name, shape in shapes.items()}) for _ in range(L)])
+        # Every layer's weights stacked along a leading L axis, by name (the scan in __call__ walks it).
+        self.layers = nnx.Dict({name: nnx.Param(new((L, *shape))) for name, shape in shapes.items()})
         self.embed = nnx.Param(new((V, H)))  # [V, H]
         self.final_norm = nnx.Param(jnp.ones((H,), dtype))
         self.lm_head = None if cfg.tie_word_embeddings else nnx.Param(new((V, H)))
@@ -103,13 +105,13 @@ class LlamaForCausalLM(nnx.Module):
         """
         # Shapes only, no values: tracing a random initialiser per weight took ~2 s.
         model = nnx.eval_shape(lambda: cls(cfg, dtype=dtype, rngs=None))
-        for i, layer in enumerate(model.layers):
-            for hf_name, (name, reshape) in _layer_weight_map(cfg).items():
-                w = weights[f"model.layers.{i}.{hf_name}"]
-                if reshape is None:
-                    _set_matrix(layer, name, w, quantization, dtype)
-                else:
-                    layer[name] = nnx.Param(jnp.asarray(reshape(w), dtype))
+        for hf_name, (name, reshape) in _layer_weight_map(cfg).items():
+            stacked = np.stack([(reshape or np.asarray)(weights[f"model.layers.{i}.{hf_name}"])
+                                for i in range(cfg.num_layers)])
+            if reshape is None:
+                _set_matrix(model.layers, name, stacked, quantization, dtype)
+            else:
+                model.layers[name] = nnx.Param(jnp.asarray(stacked, dtype))
         model.embed, model.embed_scale = _stored(weights["model.embed_tokens.weight"], quantization, dtype)
         model.final_norm = nnx.Param(jnp.asarray(weights["model.norm.weight"], dtype))
         if not cfg.tie_word_embeddings:
@@ -138,10 +140,13 @@ class LlamaForCausalLM(nnx.Module):
         cos, sin = rope_tables(metadata.positions, cfg.head_dim, cfg.rope_theta)
         scale = None if self.embed_scale is None else self.embed_scale[...][token_ids]
         x = dequantize(self.embed[...][token_ids], scale, self.final_norm[...].dtype)  # [T, H]
-        for index, layer in enumerate(self.layers):
-            weights = {name: p[...] for name, p in layer.items()}
-            x, k_flat, v_flat = _decoder_layer(cfg, weights, jnp.int32(index), x, k_flat, v_flat, cos, sin,
-                                               metadata, attention, block_size)
+        layers = {name: p[...] for name, p in self.layers.items()}  # [L, ...] each
+
+        def layer_step(carry, layer):
+            x, k_flat, v_flat = _decoder_layer(cfg, layers, layer, *carry, cos, sin, metadata, attention, block_size)
+            return (x, k_flat, v_flat), None
+
+        (x, k_flat, v_flat), _ = jax.lax.scan(layer_step, (x, k_flat, v_flat), jnp.arange(L, dtype=jnp.int32))
         hidden = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         return hidden, k_flat.reshape(k_cache.shape), v_flat.reshape(v_cache.shape)
 
@@ -153,28 +158,30 @@ class LlamaForCausalLM(nnx.Module):
 
 def _decoder_layer(cfg: ModelConfig, w: dict, layer: jax.Array, x, k_flat, v_flat, cos, sin,
                    metadata: AttentionMetadata, attention: AttentionFn, block_size: int):
-    h = rms_norm(x, w["attn_norm"], cfg.rms_norm_eps)
+    """Layer `layer` of the stacked weights `w` over the step's hidden states x [T, H]."""
+    h = rms_norm(x, w["attn_norm"][layer], cfg.rms_norm_eps)
     tokens, D = x.shape[0], cfg.head_dim
-    q = _project(h, w, "wq").reshape(tokens, -1, D)  # [T, N, D]
-    k = _project(h, w, "wk").reshape(tokens, -1, D)  # [T, K, D]
-    v = _project(h, w, "wv").reshape(tokens, -1, D)
+    q = _project(h, w, "wq", layer).reshape(tokens, -1, D)  # [T, N, D]
+    k = _project(h, w, "wk", layer).reshape(tokens, -1, D)  # [T, K, D]
+    v = _project(h, w, "wv", layer).reshape(tokens, -1, D)
     if cfg.attention_bias:
-        q, k, v = q + w["bq"], k + w["bk"], v + w["bv"]
+        q, k, v = q + w["bq"][layer], k + w["bk"][layer], v + w["bv"][layer]
     if cfg.qk_norm:
-        q, k = rms_norm(q, w["q_norm"], cfg.rms_norm_eps), rms_norm(k, w["k_norm"], cfg.rms_norm_eps)
+        q = rms_norm(q, w["q_norm"][layer], cfg.rms_norm_eps)
+        k = rms_norm(k, w["k_norm"][layer], cfg.rms_norm_eps)
     q, k = rope(q, cos, sin), rope(k, cos, sin)
     # The backend writes this step's K/V into the cache, then attends over it. It reads the stacked
     # cache directly: slicing out k_flat[layer] would copy it.
     attn, k_flat, v_flat = attention(q, k, v, k_flat, v_flat, layer, metadata, block_size, cfg.head_dim**-0.5)
-    x = x + _project(attn.reshape(tokens, -1), w, "wo")
-    h = rms_norm(x, w["mlp_norm"], cfg.rms_norm_eps)
-    x = x + _project(jax.nn.silu(_project(h, w, "w_gate")) * _project(h, w, "w_up"), w, "w_down")
+    x = x + _project(attn.reshape(tokens, -1), w, "wo", layer)
+    h = rms_norm(x, w["mlp_norm"][layer], cfg.rms_norm_eps)
+    x = x + _project(jax.nn.silu(_project(h, w, "w_gate", layer)) * _project(h, w, "w_up", layer), w, "w_down", layer)
     return x, k_flat, v_flat
 
 
-def _project(x: jax.Array, w: dict, name: str) -> jax.Array:
-    """x @ the projection `name`.T, scaled when its weights are int8."""
-    return linear(x, w[name], w.get(f"{name}_scale"))
+def _project(x: jax.Array, w: dict, name: str, layer: jax.Array) -> jax.Array:
+    """x @ the projection `name` of `layer`, transposed; scaled when its weights are int8."""
+    return linear(x, w[name], w.get(f"{name}_scale"), layer=layer)
 
 
 def _stored(w: np.ndarray, quantization: str | None, dtype) -> tuple[nnx.Param, nnx.Param | None]:
@@ -183,7 +190,7 @@ def _stored(w: np.ndarray, quantization: str | None, dtype) -> tuple[nnx.Param, 
     return nnx.Param(stored), None if scale is None else nnx.Param(scale)
 
 
-def _set_matrix(layer: nnx.Dict, name: str, w: np.ndarray, quantization: str | None, dtype) -> None:
-    layer[name], scale = _stored(w, quantization, dtype)
+def _set_matrix(layers: nnx.Dict, name: str, w: np.ndarray, quantization: str | None, dtype) -> None:
+    layers[name], scale = _stored(w, quantization, dtype)
     if scale is not None:
-        layer[f"{name}_scale"] = scale
+        layers[f"{name}_scale"] = scale

@@ -11,8 +11,10 @@
 //
 // Shapes:
 //   x      [M, K]  float32, K a multiple of 8
-//   w      [N, K]  float32, bfloat16, float16 or int8
-//   scale  [N] float32 (int8 weights) or [0] (none)
+//   w      [N, K] or [L, N, K] (every layer's weights, stacked)  float32, bfloat16, float16 or int8
+//   scale  [N] or [L, N] float32 (int8 weights), or [0] (none)
+//   layer  [] int32: which of the L stacked matrices to use (0 for a single matrix). Taking the stack and an
+//          index, rather than a slice of it, saves XLA copying the layer's weights out before every call.
 //   y      [M, N]  float32
 //
 // Work items are ranges of output features, shared out over XLA's intra-op thread pool.
@@ -183,24 +185,36 @@ struct WorkQueue {
 };
 
 ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
-                             ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> y) {
+                             ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::S32> layer_index,
+                             ffi::ResultBuffer<ffi::F32> y) {
   const auto x_dims = x.dimensions();
   const auto w_dims = w.dimensions();
-  if (x_dims.size() != 2 || w_dims.size() != 2 || x_dims[1] != w_dims[1] || x_dims[1] % kLanes) {
-    return ffi::Error::InvalidArgument("few_rows_matmul: expected x [M, K], w [N, K], K a multiple of 8");
+  const bool stacked = w_dims.size() == 3;
+  const int64_t layers = stacked ? w_dims[0] : 1;
+  if (x_dims.size() != 2 || (w_dims.size() != 2 && !stacked) || x_dims[1] != w_dims[w_dims.size() - 1] ||
+      x_dims[1] % kLanes) {
+    return ffi::Error::InvalidArgument(
+        "few_rows_matmul: expected x [M, K], w [N, K] or [L, N, K], K a multiple of 8");
   }
   const ffi::DataType dtype = w.element_type();
   if (dtype != ffi::DataType::F32 && dtype != ffi::DataType::BF16 && dtype != ffi::DataType::F16 &&
       dtype != ffi::DataType::S8) {
     return ffi::Error::InvalidArgument("few_rows_matmul: w must be float32, bfloat16, float16 or int8");
   }
-  const int64_t N = w_dims[0];
+  const int64_t layer = layer_index.typed_data()[0];
+  if (layer < 0 || layer >= layers) {
+    return ffi::Error::InvalidArgument("few_rows_matmul: layer " + std::to_string(layer) + " out of range [0, " +
+                                       std::to_string(layers) + ")");
+  }
+  const int64_t N = w_dims[w_dims.size() - 2];
   const bool scaled = scale.element_count() != 0;
-  if (scaled && scale.element_count() != static_cast<size_t>(N)) {
+  if (scaled && scale.element_count() != static_cast<size_t>(layers * N)) {
     return ffi::Error::InvalidArgument("few_rows_matmul: scale must have one value per output feature, or none");
   }
+  const size_t matrix_bytes = static_cast<size_t>(N * x_dims[1]) * ffi::ByteWidth(dtype);
+  const void* weights = static_cast<const char*>(w.untyped_data()) + layer * matrix_bytes;
   auto work = std::make_shared<WorkQueue>();
-  work->problem = Problem{x.typed_data(), w.untyped_data(), scaled ? scale.typed_data() : nullptr,
+  work->problem = Problem{x.typed_data(), weights, scaled ? scale.typed_data() + layer * N : nullptr,
                           y->typed_data(), x_dims[0], x_dims[1], N};
   work->dtype = dtype;
   work->num_items = (N + kFeaturesPerItem - 1) / kFeaturesPerItem;
@@ -221,4 +235,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FewRowsMatmul, FewRowsMatmulImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x
                                   .Arg<ffi::AnyBuffer>()         // w
                                   .Arg<ffi::Buffer<ffi::F32>>()  // scale
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // layer
                                   .Ret<ffi::Buffer<ffi::F32>>());  // y
