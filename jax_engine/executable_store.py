@@ -1,7 +1,7 @@
 """Compiled programs kept on disk under a key of our own, so that a later start loads them without tracing.
 
 JAX's persistent compilation cache keys a program by its lowered HLO, so even a warm start traces and lowers
-the whole model once per step shape (~0.7 s each for SmolLM2's 30 layers) just to find its key. This store
+the whole model once per step shape (~0.7 s each when SmolLM2's layers were unrolled) for its key. This store
 keys a program by what determines it without tracing: the engine's source code, the jax and jaxlib versions,
 the device, which native kernels are available, and the program's name and argument shapes. A hit is a file
 read and a `deserialize_and_load` (~0.2 s for a step program, ~0.03 s for a sampler's). Programs that start-up

@@ -31,7 +31,8 @@ def kernel_unavailable_reason() -> str | None:
     return native.register_kernel(_SOURCE, "FewRowsMatmul", _TARGET, logger)
 
 
-def few_rows_matmul(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, layer: jax.Array | int = 0) -> jax.Array:
+def few_rows_matmul(x: jax.Array, w: jax.Array, scale: jax.Array | None = None,
+                    layer: jax.Array | int = 0) -> jax.Array:
     """x [M, K] float, w [N, K] or stacked [L, N, K] (float32, bfloat16, float16 or int8), scale [N] / [L, N] or
     None -> [M, N] float32, with the `layer`-th matrix of a stack."""
     scale = jnp.zeros((0,), jnp.float32) if scale is None else scale.astype(jnp.float32)
