@@ -2,8 +2,8 @@
 
 vLLM captures CUDA graphs for its batch sizes at start-up so that no request waits for a capture. Here every
 new shape of the jitted step is an XLA compile (~0.5 s for SmolLM2's step on 2 cores), which would otherwise
-land in the middle of someone's stream. On the ragged layout (the CPU default) the step's
-shapes follow from its token bucket alone, and the logits and sampler's from the number of rows sampled,
+land in the middle of someone's stream. On the ragged layout (the CPU default) the step's shapes follow from
+its token bucket alone, and the logits and sampler's from the number of rows sampled,
 so start-up can list them all: the model step for every token bucket up to max_num_batched_tokens, the
 logits and the common sampler variants (greedy; random, with and without top-k/top-p) for every row bucket
 up to max_num_seqs, and the block copies of parallel samples. Rarer sampler variants (penalties, logprobs,
