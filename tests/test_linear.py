@@ -25,13 +25,22 @@ def _weights(rng, n: int, k: int, kind: str) -> tuple[jax.Array, jax.Array | Non
     return stored, None, np.asarray(stored.astype(jnp.float32), np.float64)
 
 
+def _rows_rounded_to_int16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What int8 weights multiply: each row of x rounded to 16 bits (round_rows_to_int16, in NumPy), and the step."""
+    peak = np.abs(x).max(axis=1, keepdims=True)
+    inverse = np.where(peak > 0, np.float32(32767) / np.where(peak > 0, peak, 1), 1).astype(np.float32)
+    step = np.where(peak > 0, peak / np.float32(32767), 1).astype(np.float32)
+    return np.rint(x * inverse).astype(np.float64) * step, step.astype(np.float64)
+
+
 @needs_kernel
 @settings(max_examples=40)
 @given(rows=st.integers(1, 70), k=st.integers(1, 40).map(lambda i: 8 * i), n=st.integers(1, 70),
        kind=st.sampled_from(WEIGHT_KINDS), layers=st.integers(0, 3), seed=st.integers(0, 2**16))
 def test_kernel_matches_the_plain_matmul(rows, k, n, kind, layers, seed):
-    """Any rows, input width (a multiple of 8), output width and weight type, tails of every block size; one
-    matrix (layers=0) or a layer of a stack of them, read in place."""
+    """Any rows, input width (a multiple of 8; of 16 for int8), output width and weight type, tails of every
+    block size; one matrix (layers=0) or a layer of a stack of them, read in place."""
+    k += 8 * (kind == "int8" and k % 16 != 0)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, k)).astype(np.float32)
     stack = [_weights(rng, n, k, kind) for _ in range(max(layers, 1))]
@@ -43,9 +52,13 @@ def test_kernel_matches_the_plain_matmul(rows, k, n, kind, layers, seed):
         w, scale, _ = stack[0]
     exact = stack[layer][2]
     got = np.asarray(jax.jit(few_rows_matmul)(x, w, scale, layer))
-    expected = x.astype(np.float64) @ exact.T
+    multiplied, step = _rows_rounded_to_int16(x) if kind == "int8" else (x.astype(np.float64), 0.0)
     # float32 sums of k products of unit-scale values: rounding grows like sqrt(k) x 2^-24 per term.
-    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5 * np.sqrt(k) * max(1.0, np.abs(exact).max()))
+    float32_rounding = 1e-5 * np.sqrt(k) * max(1.0, np.abs(exact).max())
+    np.testing.assert_allclose(got, multiplied @ exact.T, rtol=0, atol=float32_rounding)
+    # And against x itself: rounding x moves each product by at most half a step times the weight.
+    off = np.abs(got - x.astype(np.float64) @ exact.T)
+    assert (off <= 0.5 * step * np.abs(exact).sum(axis=1) + float32_rounding).all()
 
 
 @needs_kernel
@@ -53,6 +66,18 @@ def test_kernel_refuses_a_layer_outside_the_stack():
     w = jnp.zeros((2, 8, 16), jnp.float32)
     with pytest.raises(Exception, match="layer 2 out of range"):
         jax.block_until_ready(few_rows_matmul(jnp.zeros((1, 16)), w, None, 2))
+
+
+@needs_kernel
+def test_int8_weights_of_a_width_the_kernel_refuses_take_xla_with_the_same_rounding():
+    rng = np.random.default_rng(1)
+    w, scale, exact = _weights(rng, 8, 24, "int8")  # 24 inputs: not a multiple of 16
+    with pytest.raises(Exception, match="K a multiple of 16"):
+        jax.block_until_ready(few_rows_matmul(jnp.zeros((1, 24)), w, scale))
+    assert not uses_few_rows_kernel(1, w)
+    x = rng.standard_normal((1, 24)).astype(np.float32)
+    multiplied, _ = _rows_rounded_to_int16(x)
+    np.testing.assert_allclose(np.asarray(jax.jit(linear)(x, w, scale)), multiplied @ exact.T, rtol=0, atol=1e-5)
 
 
 @needs_kernel

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax_engine import native
 
 logger = logging.getLogger(__name__)
@@ -23,6 +24,7 @@ _TARGET = "jax_engine_few_rows_matmul"
 # SmolLM2's 30 layers of matmuls, 2 cores: float32 kernel/XLA 41/70 ms at 8 rows, 70/85 at 16, 210/133 at 32;
 # int8 97 ms at 32 rows, where XLA would first widen every weight to float32).
 FEW_ROWS = {4: 16, 2: 32, 1: 64}
+INT16_MAX = np.float32(32767)
 
 
 @functools.cache
@@ -42,8 +44,20 @@ def few_rows_matmul(x: jax.Array, w: jax.Array, scale: jax.Array | None = None,
 
 def uses_few_rows_kernel(rows: int, w: jax.Array) -> bool:
     """Whether `linear` runs the kernel for this many rows of x times w (on this platform)."""
-    return (rows <= FEW_ROWS.get(w.dtype.itemsize, 0) and w.shape[-1] % 8 == 0 and jax.default_backend() == "cpu"
-            and kernel_unavailable_reason() is None)
+    return (rows <= FEW_ROWS.get(w.dtype.itemsize, 0) and w.shape[-1] % (16 if w.dtype == jnp.int8 else 8) == 0
+            and jax.default_backend() == "cpu" and kernel_unavailable_reason() is None)
+
+
+def round_rows_to_int16(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x [T, K] -> (integers in [-32767, 32767] as float32, step per row [T, 1]), x ~= integers * step.
+
+    int8 weights multiply x rounded this way, in the kernel (where it lets vpmaddwd do 16 multiply-adds an
+    instruction, see few_rows_matmul.cc) and here alike, so both paths compute the same sums.
+    """
+    peak = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
+    nonzero = peak > 0
+    inverse = jnp.where(nonzero, INT16_MAX / jnp.where(nonzero, peak, 1.0), 1.0)
+    return jnp.round(x * inverse), jnp.where(nonzero, peak / INT16_MAX, 1.0)
 
 
 def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, out_dtype=None,
@@ -51,13 +65,17 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, out_dtype
     """x [T, in] @ w[out, in].T -> [T, out], times `scale` per output feature when given (int8 weights).
 
     With `layer`, w [L, out, in] (and scale [L, out]) hold every layer's weights and w[layer] is used: the
-    kernel reads it in place, XLA's dot slices it out. The result has x's dtype unless `out_dtype` is given;
-    the sums are float32 either way.
+    kernel reads it in place, XLA's dot slices it out. int8 weights multiply x rounded to 16 bits per row
+    (round_rows_to_int16). The result has x's dtype unless `out_dtype` is given; the sums are float32 either way.
     """
     out_dtype = out_dtype or x.dtype
     if uses_few_rows_kernel(x.shape[0], w):
         return few_rows_matmul(x, w, scale, 0 if layer is None else layer).astype(out_dtype)
     if layer is not None:
         w, scale = w[layer], None if scale is None else scale[layer]
-    y = jnp.einsum("tk,nk->tn", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
+    if w.dtype == jnp.int8:
+        x_int16, step = round_rows_to_int16(x)
+        y = jnp.einsum("tk,nk->tn", x_int16, w.astype(jnp.float32), preferred_element_type=jnp.float32) * step
+    else:
+        y = jnp.einsum("tk,nk->tn", x, w.astype(x.dtype), preferred_element_type=jnp.float32)
     return (y if scale is None else y * scale).astype(out_dtype)

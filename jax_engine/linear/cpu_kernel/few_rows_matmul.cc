@@ -6,11 +6,16 @@
 // ([out, in], the checkpoint's own layout), streams once from memory and is multiplied into every row of x
 // while it sits in L1. The rows of x stay in L1/L2 for the whole call.
 //
-// Weights may be float32, bfloat16, float16 or int8; int8 rows are scaled by a float32 scale per output
-// feature after the dot product (weight-only quantization: x stays float32).
+// Weights may be float32, bfloat16, float16 or int8. int8 rows are scaled by a float32 scale per output
+// feature after the dot product. For int8 weights each row of x is first rounded to 16-bit integers (one
+// step per row: its largest magnitude / 32767), and the products are summed exactly in int32: widening int8
+// to float32 costs more instructions per weight than two cores can issue while memory delivers them, where
+// vpmaddwd multiplies and pairwise adds 16 int16 values in one instruction. The rounding moves each x by at
+// most half a step (~1.5e-5 of the row's largest value), far below the int8 weights' own rounding;
+// matmul.py's XLA path rounds x the same way.
 //
 // Shapes:
-//   x      [M, K]  float32, K a multiple of 8
+//   x      [M, K]  float32, K a multiple of 8 (of 16 for int8 weights)
 //   w      [N, K] or [L, N, K] (every layer's weights, stacked)  float32, bfloat16, float16 or int8
 //   scale  [N] or [L, N] float32 (int8 weights), or [0] (none)
 //   layer  [] int32: which of the L stacked matrices to use (0 for a single matrix). Taking the stack and an
@@ -21,11 +26,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <vector>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -41,15 +49,15 @@ namespace {
 using jax_engine::BFloat16;
 using jax_engine::Half;
 using jax_engine::to_float;
-inline float to_float(int8_t x) { return static_cast<float>(x); }
 
 // Eight float32 lanes (one AVX2 register) as a GCC/Clang vector: explicit SIMD that still compiles anywhere.
 typedef float Vec __attribute__((vector_size(32)));
 typedef int32_t IntVec __attribute__((vector_size(32)));
 typedef uint16_t Bits16x8 __attribute__((vector_size(16)));
-typedef int8_t Int8x8 __attribute__((vector_size(8)));
 typedef uint32_t Bits32x8 __attribute__((vector_size(32)));
+typedef int16_t Int16x16 __attribute__((vector_size(32)));
 constexpr int kLanes = 8;
+constexpr int kIntLanes = 16;  // int16 values per register (int8 weights)
 
 inline Vec load8(const float* w) {
   Vec v;
@@ -57,20 +65,12 @@ inline Vec load8(const float* w) {
   return v;
 }
 #if defined(__AVX2__)
-// GCC 12 widens int8 and uint16 vectors lane by lane; the AVX2 widening loads do it in one instruction.
-inline Vec load8(const int8_t* w) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w))));
-}
+// GCC 12 widens uint16 vectors lane by lane; the AVX2 widening load does it in one instruction.
 inline Vec load8(const BFloat16* w) {  // bfloat16 is float32's high half
   const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
 }
 #else
-inline Vec load8(const int8_t* w) {
-  Int8x8 v;
-  std::memcpy(&v, w, sizeof v);
-  return __builtin_convertvector(v, Vec);
-}
 inline Vec load8(const BFloat16* w) {
   Bits16x8 v;
   std::memcpy(&v, w, sizeof v);
@@ -91,6 +91,38 @@ inline float sum(Vec v) {
   return total;
 }
 
+// 16 int16 values of x, and 16 int8 weights widened to int16.
+inline Int16x16 load16(const int16_t* x) {
+  Int16x16 v;
+  std::memcpy(&v, x, sizeof v);
+  return v;
+}
+#if defined(__AVX2__)
+inline Int16x16 widen16(const int8_t* w) {
+  return reinterpret_cast<Int16x16>(_mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))));
+}
+// Products of 16 int16 pairs, adjacent ones added: 8 int32 sums (vpmaddwd).
+inline IntVec multiply_add_pairs(Int16x16 a, Int16x16 b) {
+  return reinterpret_cast<IntVec>(_mm256_madd_epi16(reinterpret_cast<__m256i>(a), reinterpret_cast<__m256i>(b)));
+}
+#else
+inline Int16x16 widen16(const int8_t* w) {
+  Int16x16 v;
+  for (int j = 0; j < kIntLanes; ++j) v[j] = w[j];
+  return v;
+}
+inline IntVec multiply_add_pairs(Int16x16 a, Int16x16 b) {
+  IntVec out;
+  for (int j = 0; j < kLanes; ++j) out[j] = int32_t{a[2 * j]} * b[2 * j] + int32_t{a[2 * j + 1]} * b[2 * j + 1];
+  return out;
+}
+#endif
+inline int64_t sum(IntVec v) {
+  int64_t total = 0;
+  for (int j = 0; j < kLanes; ++j) total += v[j];
+  return total;
+}
+
 // Register blocking: ROWS rows of x times FEATURES weight rows, ROWS x FEATURES accumulators (at most 8 of the
 // 16 AVX2 registers). Per 8 inputs it loads FEATURES weight vectors and ROWS x vectors for ROWS x FEATURES
 // multiply-adds, so with 4 rows it is bound by arithmetic, and with 1 row by memory as it should be.
@@ -100,7 +132,10 @@ constexpr int kMaxRows = 4;
 // together with a software prefetch this far ahead of it (rows lie back to back, so this reaches rows later
 // in the same or the next block), which keeps enough lines in flight.
 constexpr int64_t kAhead = 16384;
-constexpr int64_t kFeaturesPerItem = 16;
+// Work items of about this many weight bytes (at least 4 output features). The two threads take items from
+// a shared counter; with 16 features an int8 item was 9 KB, and trading the counter's cache line that often
+// cost a fifth of the bandwidth (a stack of 576 x 576 int8 matrices, one row: 17.7 against 22.9 GB/s).
+constexpr int64_t kBytesPerItem = 36864;
 
 struct Problem {
   const float* x;
@@ -108,7 +143,27 @@ struct Problem {
   const float* scale;  // nullptr: unscaled
   float* y;
   int64_t rows, in_features, out_features;
+  const int16_t* x_int16;  // int8 weights: x rounded to int16, x ~= x_int16 * x_step (one step per row)
+  const float* x_step;
 };
+
+// Each int32 lane sums products of at most 127 x 32767 (2^22); this many inputs per lane-sum (here 4096 / 8
+// lanes = 512 products) cannot overflow. Longer rows are summed in spans of this length.
+constexpr int64_t kExactSpan = 4096;
+constexpr float kInt16Max = 32767.0f;
+
+// Each row of x as int16 values and one step: x_int16 = rint(x * (32767 / max |x|)), step = max |x| / 32767
+// (a zero row: x_int16 = 0, step 1). matmul.round_rows_to_int16 computes the same in XLA.
+void round_rows_to_int16(const float* x, int64_t rows, int64_t K, int16_t* x_int16, float* x_step) {
+  for (int64_t m = 0; m < rows; ++m) {
+    const float* row = x + m * K;
+    float peak = 0.0f;
+    for (int64_t k = 0; k < K; ++k) peak = std::max(peak, std::fabs(row[k]));
+    const float inverse = peak > 0.0f ? kInt16Max / peak : 1.0f;
+    x_step[m] = peak > 0.0f ? peak / kInt16Max : 1.0f;
+    for (int64_t k = 0; k < K; ++k) x_int16[m * K + k] = static_cast<int16_t>(std::nearbyint(row[k] * inverse));
+  }
+}
 
 // y[m, n + f] for ROWS rows of x (from `x`) and FEATURES consecutive output features (weight rows from `w`).
 template <typename T, int ROWS, int FEATURES>
@@ -130,14 +185,45 @@ inline void block(const float* x, int64_t K, const T* w, float* y, int64_t N, co
   }
 }
 
+// The same for int8 weights and x rounded to int16: exact int32 sums, scaled by x's step and w's scale.
+template <int ROWS, int FEATURES>
+inline void block_int8(const int16_t* x, const float* x_step, int64_t K, const int8_t* w, float* y, int64_t N,
+                       const float* scale) {
+  int64_t total[ROWS][FEATURES] = {};
+  for (int64_t span = 0; span < K; span += kExactSpan) {
+    IntVec acc[ROWS][FEATURES] = {};
+    for (int64_t k = span; k < std::min(K, span + kExactSpan); k += kIntLanes) {
+      Int16x16 wk[FEATURES];
+      if (k % 64 == 0) {  // once per cache line of each weight row
+        for (int f = 0; f < FEATURES; ++f) __builtin_prefetch(w + f * K + k + kAhead);
+      }
+      for (int f = 0; f < FEATURES; ++f) wk[f] = widen16(w + f * K + k);
+      for (int m = 0; m < ROWS; ++m) {
+        const Int16x16 xm = load16(x + m * K + k);
+        for (int f = 0; f < FEATURES; ++f) acc[m][f] += multiply_add_pairs(xm, wk[f]);
+      }
+    }
+    for (int m = 0; m < ROWS; ++m) {
+      for (int f = 0; f < FEATURES; ++f) total[m][f] += sum(acc[m][f]);
+    }
+  }
+  for (int m = 0; m < ROWS; ++m) {
+    for (int f = 0; f < FEATURES; ++f) y[m * N + f] = static_cast<float>(total[m][f]) * x_step[m] * scale[f];
+  }
+}
+
 // Rows m .. m + ROWS - 1 of x times the FEATURES output features from n, in register blocks.
 template <typename T, int ROWS, int FEATURES>
 inline void pass(const Problem& p, int64_t m, int64_t n) {
   constexpr int kPerBlock = std::min(FEATURES, ROWS <= 2 ? 4 : 2);
   const int64_t K = p.in_features, N = p.out_features;
   for (int f = 0; f < FEATURES; f += kPerBlock) {
-    block<T, ROWS, kPerBlock>(p.x + m * K, K, static_cast<const T*>(p.w) + (n + f) * K, p.y + m * N + n + f, N,
-                              p.scale ? p.scale + n + f : nullptr);
+    const T* w = static_cast<const T*>(p.w) + (n + f) * K;
+    if constexpr (std::is_same_v<T, int8_t>) {
+      block_int8<ROWS, kPerBlock>(p.x_int16 + m * K, p.x_step + m, K, w, p.y + m * N + n + f, N, p.scale + n + f);
+    } else {
+      block<T, ROWS, kPerBlock>(p.x + m * K, K, w, p.y + m * N + n + f, N, p.scale ? p.scale + n + f : nullptr);
+    }
   }
 }
 
@@ -158,15 +244,18 @@ void features(const Problem& p, int64_t n) {
 // the call has returned finds no item left and touches nothing else.
 struct WorkQueue {
   Problem problem;
+  std::vector<int16_t> x_int16;  // int8 weights only
+  std::vector<float> x_step;
   ffi::DataType dtype;
   int64_t num_items;
+  int64_t features_per_item;
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
   template <typename T>
   void item_features(int64_t item) {
-    const int64_t end = std::min(problem.out_features, (item + 1) * kFeaturesPerItem);
-    int64_t n = item * kFeaturesPerItem;
+    const int64_t end = std::min(problem.out_features, (item + 1) * features_per_item);
+    int64_t n = item * features_per_item;
     for (; n + 4 <= end; n += 4) features<T, 4>(problem, n);
     for (; n < end; ++n) features<T, 1>(problem, n);
   }
@@ -211,13 +300,24 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   if (scaled && scale.element_count() != static_cast<size_t>(layers * N)) {
     return ffi::Error::InvalidArgument("few_rows_matmul: scale must have one value per output feature, or none");
   }
+  if (dtype == ffi::DataType::S8 && (!scaled || x_dims[1] % kIntLanes)) {
+    return ffi::Error::InvalidArgument("few_rows_matmul: int8 weights need a scale and K a multiple of 16");
+  }
   const size_t matrix_bytes = static_cast<size_t>(N * x_dims[1]) * ffi::ByteWidth(dtype);
   const void* weights = static_cast<const char*>(w.untyped_data()) + layer * matrix_bytes;
   auto work = std::make_shared<WorkQueue>();
   work->problem = Problem{x.typed_data(), weights, scaled ? scale.typed_data() + layer * N : nullptr,
                           y->typed_data(), x_dims[0], x_dims[1], N};
   work->dtype = dtype;
-  work->num_items = (N + kFeaturesPerItem - 1) / kFeaturesPerItem;
+  if (dtype == ffi::DataType::S8) {
+    work->x_int16.resize(x_dims[0] * x_dims[1]);
+    work->x_step.resize(x_dims[0]);
+    round_rows_to_int16(x.typed_data(), x_dims[0], x_dims[1], work->x_int16.data(), work->x_step.data());
+    work->problem.x_int16 = work->x_int16.data();
+    work->problem.x_step = work->x_step.data();
+  }
+  work->features_per_item = std::max<int64_t>(4, kBytesPerItem / (x_dims[1] * ffi::ByteWidth(dtype)) / 4 * 4);
+  work->num_items = (N + work->features_per_item - 1) / work->features_per_item;
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
   work->run();
