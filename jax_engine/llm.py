@@ -45,6 +45,11 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block (vLLM's name): a workload run again then computes its prompts
+        again, as the first time. False, and nothing forgotten, while a request holds blocks."""
+        return self.llm_engine.reset_prefix_cache()
+
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Complete every prompt; returns one RequestOutput per prompt, in input order.

@@ -112,6 +112,10 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         return len(self._groups)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing forgotten) while requests hold blocks."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
     def enable_trace(self) -> list[StepTrace]:
         """Record every step's decisions from now on in `self.trace` (returned)."""
         self.trace = []

@@ -53,17 +53,21 @@ def test_plot_draws_one_line_per_backend(tmp_path):
     assert "hf generate (static batches)" in text
 
 
-def test_throughput_benchmark_compares_with_hf(tiny_checkpoint_dir):
+def test_throughput_benchmark_compares_with_hf_and_runs_the_workload_again(tiny_checkpoint_dir):
     import json
 
     command = [sys.executable, "-m", "jax_engine", "bench", "throughput", "--model", tiny_checkpoint_dir,
                "--num-requests", "3", "--length-mode", "fixed", "--input-len", "8", "--output-len", "4",
-               "--max-model-len", "64", "--compare", "hf", "--hf-batch-size", "2", "--hf-num-requests", "2",
-               "--hf-modes", "static", "--json"]
+               "--max-model-len", "64", "--block-size", "4", "--runs", "2", "--compare", "hf",
+               "--hf-batch-size", "2", "--hf-num-requests", "2", "--hf-modes", "static", "--json"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
-    engine, hf = report["results"]
+    engine, again, hf = report["results"]
+    # The second run meets an emptied prefix cache (each prompt's first 4-token block is cacheable), so it
+    # computes what the first run computed, in as many steps.
+    assert again["backend"] == "jax_engine, run 2" and again["prefix_cache_hits"] == engine["prefix_cache_hits"] == 0
+    assert again["num_steps"] == engine["num_steps"] and again["num_compilations"] == 0
     from jax_engine.attention.cpu import kernel_unavailable_reason
 
     default_backend = "cpu" if kernel_unavailable_reason() is None else "xla"

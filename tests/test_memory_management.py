@@ -92,6 +92,21 @@ def test_a_shared_system_prompt_skips_prefill_work(make_llm):
     assert ("2", "prefix shorter than one block") in trace[-len(short.outputs[0].token_ids)].cache_misses
 
 
+def test_reset_prefix_cache_forgets_cached_blocks_but_not_while_a_request_holds_blocks(make_llm):
+    llm = make_llm(num_gpu_blocks_override=64, **BASE)
+    [first] = llm.generate(PROMPTS[0], PARAMS[0], use_tqdm=False)
+    [again] = llm.generate(PROMPTS[0], PARAMS[0], use_tqdm=False)
+    assert again.num_cached_tokens > 0
+    engine = llm.llm_engine
+    engine.add_request("held", PROMPTS[0], PARAMS[0])
+    engine.step()
+    assert not llm.reset_prefix_cache()  # the running request's blocks stay cached
+    engine.abort_request("held")
+    assert llm.reset_prefix_cache() and engine.kv_cache_manager.device.num_cached_blocks == 0
+    [after] = llm.generate(PROMPTS[0], PARAMS[0], use_tqdm=False)
+    assert after.num_cached_tokens == 0 and after.outputs[0].token_ids == first.outputs[0].token_ids
+
+
 def test_a_cache_salt_keeps_prefix_hits_among_requests_with_the_same_salt(make_llm):
     """vLLM's cache_salt: a tenant's cached blocks can be neither hit nor timed by another tenant."""
     llm = make_llm(num_gpu_blocks_override=64, **BASE)

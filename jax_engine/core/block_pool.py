@@ -47,6 +47,10 @@ class BlockPool:
             self.block_hash[block] = block_hash
             self.cached_blocks[block_hash] = block
 
+    def forget_cached_blocks(self) -> None:
+        self.cached_blocks.clear()
+        self.block_hash = [None] * self.num_blocks
+
     @property
     def num_cached_blocks(self) -> int:
         return len(self.cached_blocks)

@@ -138,6 +138,14 @@ class KVCacheManager:
         self.uncached.discard(seq_id)
         self.cache_salts.pop(seq_id, None)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block. Refused (False, nothing forgotten) while a request holds blocks."""
+        if self.block_tables:
+            return False
+        self.device.forget_cached_blocks()
+        self.host.forget_cached_blocks()
+        return True
+
     # --------------------------------------------------------------------------------- swapping
     def _distinct_blocks(self, seq_ids: Sequence[str]) -> set[int]:
         return {b for seq_id in seq_ids for b in self.block_tables[seq_id]}
