@@ -48,7 +48,11 @@ class LLMEngine:
         self.tokenizer = checkpoint.tokenizer
         self.dtype = resolve_dtype(args.dtype)
         self.scheduler_config = resolve_scheduler_config(args, cfg)
-        model = LlamaForCausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype, args.quantization)
+        if args.quantization == "gguf" and not checkpoint.blocks:
+            raise ValueError(f"quantization='gguf' keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks, and model="
+                             f"{args.model!r} has none: pass a .gguf file with such tensors")
+        model = LlamaForCausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype, args.quantization,
+                                                 checkpoint.blocks)
         self.attention_backend = get_attention_backend(args.attention_backend, platform())
         block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, self.dtype, self.attention_backend,
                                                                 self.scheduler_config.max_model_len)

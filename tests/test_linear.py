@@ -1,23 +1,31 @@
-"""The few-rows matmul kernel against NumPy, and weight-only quantization (bf16, int8) against float32."""
+"""The few-rows matmul kernel against NumPy, and weight-only quantization (bf16, int8, GGUF blocks) against float32."""
 
+import gguf.quants
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jax_engine.linear import FEW_ROWS, few_rows_matmul, kernel_unavailable_reason, linear, quantize, uses_few_rows_kernel
+from jax_engine.linear.gguf_blocks import dequantize_blocks
 from tests.engine_helpers import engine_logits
 
 needs_kernel = pytest.mark.skipif(jax.default_backend() != "cpu" or kernel_unavailable_reason() is not None,
                                   reason=f"no few-rows kernel here: {kernel_unavailable_reason()}")
-WEIGHT_KINDS = ["float32", "bfloat16", "float16", "int8"]
+GGUF_KINDS = ["q8_0", "q4_0", "q4_1"]  # GGUF blocks, kept as the file stores them
+WEIGHT_KINDS = ["float32", "bfloat16", "float16", "int8", *GGUF_KINDS]
+ROUNDS_X = ("int8", *GGUF_KINDS)  # weights that multiply x rounded to 16 bits per row
 
 
 def _weights(rng, n: int, k: int, kind: str) -> tuple[jax.Array, jax.Array | None, np.ndarray]:
     """(stored weight, scale or None, the float64 matrix they stand for)."""
     w = rng.standard_normal((n, k)).astype(np.float32)
+    if kind in GGUF_KINDS:  # quantized by gguf-py, llama.cpp's own Python package
+        raw = gguf.quants.quantize(w, GGMLQuantizationType[kind.upper()])
+        return jnp.asarray(raw), None, gguf.quants.dequantize(raw, GGMLQuantizationType[kind.upper()]).astype(np.float64)
     if kind == "int8":
         stored, scale = quantize(w, "int8", jnp.float32)
         return stored, scale, np.asarray(stored, np.float64) * np.asarray(scale, np.float64)[:, None]
@@ -38,9 +46,10 @@ def _rows_rounded_to_int16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @given(rows=st.integers(1, 70), k=st.integers(1, 40).map(lambda i: 8 * i), n=st.integers(1, 70),
        kind=st.sampled_from(WEIGHT_KINDS), layers=st.integers(0, 3), seed=st.integers(0, 2**16))
 def test_kernel_matches_the_plain_matmul(rows, k, n, kind, layers, seed):
-    """Any rows, input width (a multiple of 8; of 16 for int8), output width and weight type, tails of every
-    block size; one matrix (layers=0) or a layer of a stack of them, read in place."""
+    """Any rows, input width (a multiple of 8; of 16 for int8, of 32 for GGUF blocks), output width and weight
+    type, tails of every block size; one matrix (layers=0) or a layer of a stack of them, read in place."""
     k += 8 * (kind == "int8" and k % 16 != 0)
+    k += -k % 32 if kind in GGUF_KINDS else 0
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, k)).astype(np.float32)
     stack = [_weights(rng, n, k, kind) for _ in range(max(layers, 1))]
@@ -52,7 +61,7 @@ def test_kernel_matches_the_plain_matmul(rows, k, n, kind, layers, seed):
         w, scale, _ = stack[0]
     exact = stack[layer][2]
     got = np.asarray(jax.jit(few_rows_matmul)(x, w, scale, layer))
-    multiplied, step = _rows_rounded_to_int16(x) if kind == "int8" else (x.astype(np.float64), 0.0)
+    multiplied, step = _rows_rounded_to_int16(x) if kind in ROUNDS_X else (x.astype(np.float64), 0.0)
     # float32 sums of k products of unit-scale values: rounding grows like sqrt(k) x 2^-24 per term.
     float32_rounding = 1e-5 * np.sqrt(k) * max(1.0, np.abs(exact).max())
     np.testing.assert_allclose(got, multiplied @ exact.T, rtol=0, atol=float32_rounding)
@@ -66,6 +75,20 @@ def test_kernel_refuses_a_layer_outside_the_stack():
     w = jnp.zeros((2, 8, 16), jnp.float32)
     with pytest.raises(Exception, match="layer 2 out of range"):
         jax.block_until_ready(few_rows_matmul(jnp.zeros((1, 16)), w, None, 2))
+
+
+@pytest.mark.parametrize("kind", GGUF_KINDS)
+def test_gguf_blocks_dequantize_as_gguf_does(kind):
+    raw, _, exact = _weights(np.random.default_rng(2), 3, 96, kind)
+    np.testing.assert_array_equal(np.asarray(dequantize_blocks(raw, 96)), exact.astype(np.float32))
+    with pytest.raises(ValueError, match="no GGUF block format"):
+        dequantize_blocks(raw, 64)
+
+
+@needs_kernel
+def test_kernel_refuses_uint8_rows_of_no_block_format():
+    with pytest.raises(Exception, match="no Q8_0, Q4_0 or Q4_1 blocks of 64 weights"):
+        jax.block_until_ready(few_rows_matmul(jnp.zeros((1, 64)), jnp.zeros((4, 30), jnp.uint8)))
 
 
 @needs_kernel
@@ -107,11 +130,13 @@ TEXT = ("The lighthouse keeper climbed the stairs every evening, counting the st
         "the lamp before the fishing boats came home across the bay.")
 
 
-@pytest.mark.parametrize("quantization, max_mean_diff, min_top1", [("bf16", 0.05, 0.95), ("int8", 0.35, 0.8)])
+@pytest.mark.parametrize("quantization, max_mean_diff, min_top1", [("bf16", 0.05, 0.95), ("int8", 0.35, 0.8),
+                                                                   ("gguf", 0.01, 0.99)])
 def test_quantized_weights_stay_close_to_float32(default_checkpoint, quantization, max_mean_diff, min_top1):
     """Next-token logits at every position of a fixed text, SmolLM2 with quantized weights vs float32.
 
-    Measured (logits span ~30): bf16 mean |diff| 0.022, top-1 agreement 1.000; int8 0.270, 0.871. The inputs
+    Measured (logits span ~30): bf16 mean |diff| 0.022, top-1 agreement 1.000; int8 0.270, 0.871; gguf 0.0046,
+    1.000 (float32 is the same file's blocks dequantized: only x's rounding to 16 bits differs). The inputs
     are fixed, so the bounds only leave room for other summation orders (kernel vs XLA, thread counts), not
     for a broken dequantization (int8 weights read as unscaled integers give logits off by hundreds).
     """
@@ -124,6 +149,13 @@ def test_quantized_weights_stay_close_to_float32(default_checkpoint, quantizatio
     assert 0 < mean_diff < max_mean_diff and top1 >= min_top1
 
 
+def test_gguf_quantization_needs_a_gguf_file(tiny_checkpoint_dir):
+    from jax_engine import LLM
+
+    with pytest.raises(ValueError, match="quantization='gguf' keeps a GGUF file's .* has none"):
+        LLM(model=tiny_checkpoint_dir, quantization="gguf", enforce_eager=True)
+
+
 @pytest.fixture(scope="module")
 def float32_quality(make_llm):
     from jax_engine.bench.quality import greedy_tokens, perplexity
@@ -134,8 +166,10 @@ def float32_quality(make_llm):
 
 # Measured by `jax-engine bench quality` (docs/benchmarks.md): perplexity 29.498 float32, 29.472 bf16, 29.318
 # int8; leading greedy tokens equal to float32's over 8 prompts x 32 tokens, mean 28.4 bf16 and 20.1 int8.
+# gguf: 29.498 and 32 of 32 (float32 is the same blocks dequantized; only x's rounding to 16 bits differs).
 @pytest.mark.parametrize("quantization, max_perplexity_change, min_mean_agreement", [("bf16", 0.01, 24),
-                                                                                     ("int8", 0.05, 14)])
+                                                                                     ("int8", 0.05, 14),
+                                                                                     ("gguf", 0.001, 30)])
 def test_quantized_perplexity_and_greedy_agreement(make_llm, float32_quality, quantization, max_perplexity_change,
                                                    min_mean_agreement):
     """The quality benchmark's figures, bounded: a wrong scale or a lost row moves perplexity by far more than

@@ -1,4 +1,4 @@
-"""Weight-only quantization: bf16 or int8 weights, float32 arithmetic."""
+"""Weight-only quantization: bf16, int8 or the GGUF file's own blocks; float32 arithmetic."""
 
 import jax
 from flax import nnx
@@ -6,7 +6,7 @@ from flax import nnx
 from jax_engine import LLM, SamplingParams
 
 params = SamplingParams(temperature=0, max_tokens=10)
-for quantization in (None, "bf16", "int8"):
+for quantization in (None, "bf16", "int8", "gguf"):
     llm = LLM(max_model_len=256, max_num_seqs=4, quantization=quantization,
               enforce_eager=True)  # one request: compile on first use
     model = llm.llm_engine.runner.model

@@ -33,8 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
     parser.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
-    parser.add_argument("--quantizations", nargs="+", default=["none", "bf16", "int8"],
-                        help="weight formats of this engine to time, each its own start-up")
+    parser.add_argument("--quantizations", nargs="+", default=["none", "bf16", "int8", "gguf"],
+                        help="weight formats of this engine to time, each its own start-up (gguf: a .gguf "
+                             "model's blocks as the file has them, skipped for other models)")
     parser.add_argument("--compare", nargs="*", default=[], choices=["hf", "llama.cpp"],
                         help="peers to run the same workload through, in this process")
     EngineArgs.add_cli_args(parser, exclude=FIXED_ENGINE_ARGS)
@@ -160,6 +161,9 @@ def main(args: argparse.Namespace) -> dict:
 
     for quantization in args.quantizations:
         q = None if quantization == "none" else quantization
+        if q == "gguf" and not checkpoint.blocks:
+            print("jax_engine gguf: skipped, the model has no GGUF blocks", flush=True)
+            continue
         started = time.perf_counter()
         engine = LLMEngine(EngineArgs.from_cli_args(args, max_num_seqs=sizes[-1], max_model_len=max_len,
                                                     quantization=q), checkpoint=checkpoint)

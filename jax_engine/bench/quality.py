@@ -28,7 +28,8 @@ PROMPTS = ["The capital of France is", "Write a short poem about the sea.", "def
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--quantizations", nargs="+", default=["bf16", "int8"], help="formats to set against float32")
+    parser.add_argument("--quantizations", nargs="+", default=["bf16", "int8", "gguf"],
+                        help="formats to set against float32 (gguf: a .gguf model's blocks as the file has them)")
     parser.add_argument("--output-len", type=int, default=32, help="greedy tokens per prompt")
     EngineArgs.add_cli_args(parser, exclude=FIXED_ENGINE_ARGS)
 

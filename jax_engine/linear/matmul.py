@@ -1,5 +1,8 @@
 """y = x W^T (times a scale per output feature for int8 weights): XLA's dot for many rows, a C++ kernel for few.
 
+Weights are float32, bfloat16, float16, int8 (with a scale per output feature) or GGUF blocks (uint8 rows,
+gguf_blocks.py).
+
 Weights keep the checkpoint's [out, in] layout. A decode step of a small batch multiplies a handful of rows by
 every weight of the model, so its cost is reading the weights from memory; XLA's CPU dot copies each weight
 matrix into a blocked layout on every call before multiplying, about three times the memory traffic, and
@@ -15,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax_engine import native
+from jax_engine.linear.gguf_blocks import dequantize_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -35,8 +39,8 @@ def kernel_unavailable_reason() -> str | None:
 
 def few_rows_matmul(x: jax.Array, w: jax.Array, scale: jax.Array | None = None,
                     layer: jax.Array | int = 0) -> jax.Array:
-    """x [M, K] float, w [N, K] or stacked [L, N, K] (float32, bfloat16, float16 or int8), scale [N] / [L, N] or
-    None -> [M, N] float32, with the `layer`-th matrix of a stack."""
+    """x [M, K] float, w [N, K] or stacked [L, N, K] (float32, bfloat16, float16 or int8; or GGUF blocks, uint8
+    [N, row bytes]), scale [N] / [L, N] (int8) or None -> [M, N] float32, with the `layer`-th matrix of a stack."""
     scale = jnp.zeros((0,), jnp.float32) if scale is None else scale.astype(jnp.float32)
     call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((x.shape[0], w.shape[-2]), jnp.float32))
     return call(x.astype(jnp.float32), w, scale, jnp.asarray(layer, jnp.int32))
@@ -44,15 +48,16 @@ def few_rows_matmul(x: jax.Array, w: jax.Array, scale: jax.Array | None = None,
 
 def uses_few_rows_kernel(rows: int, w: jax.Array) -> bool:
     """Whether `linear` runs the kernel for this many rows of x times w (on this platform)."""
-    return (rows <= FEW_ROWS.get(w.dtype.itemsize, 0) and w.shape[-1] % (16 if w.dtype == jnp.int8 else 8) == 0
-            and jax.default_backend() == "cpu" and kernel_unavailable_reason() is None)
+    width_fits = w.dtype == jnp.uint8 or w.shape[-1] % (16 if w.dtype == jnp.int8 else 8) == 0  # blocks: always
+    return (rows <= FEW_ROWS.get(w.dtype.itemsize, 0) and width_fits and jax.default_backend() == "cpu"
+            and kernel_unavailable_reason() is None)
 
 
 def round_rows_to_int16(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """x [T, K] -> (integers in [-32767, 32767] as float32, step per row [T, 1]), x ~= integers * step.
 
-    int8 weights multiply x rounded this way, in the kernel (where it lets vpmaddwd do 16 multiply-adds an
-    instruction, see few_rows_matmul.cc) and here alike, so both paths compute the same sums.
+    int8 weights and GGUF blocks multiply x rounded this way, in the kernel (where it lets vpmaddwd do 16
+    multiply-adds an instruction, see few_rows_matmul.cc) and here alike, so both paths compute the same sums.
     """
     peak = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=-1, keepdims=True)
     nonzero = peak > 0
@@ -65,15 +70,19 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, out_dtype
     """x [T, in] @ w[out, in].T -> [T, out], times `scale` per output feature when given (int8 weights).
 
     With `layer`, w [L, out, in] (and scale [L, out]) hold every layer's weights and w[layer] is used: the
-    kernel reads it in place, XLA's dot slices it out. int8 weights multiply x rounded to 16 bits per row
-    (round_rows_to_int16). The result has x's dtype unless `out_dtype` is given; the sums are float32 either way.
+    kernel reads it in place, XLA's dot slices it out. int8 weights and GGUF blocks multiply x rounded to 16
+    bits per row (round_rows_to_int16). The result has x's dtype unless `out_dtype` is given; the sums are
+    float32 either way.
     """
     out_dtype = out_dtype or x.dtype
     if uses_few_rows_kernel(x.shape[0], w):
         return few_rows_matmul(x, w, scale, 0 if layer is None else layer).astype(out_dtype)
     if layer is not None:
         w, scale = w[layer], None if scale is None else scale[layer]
-    if w.dtype == jnp.int8:
+    rounds_x = w.dtype in (jnp.int8, jnp.uint8)
+    if w.dtype == jnp.uint8:
+        w = dequantize_blocks(w, x.shape[-1])
+    if rounds_x:
         x_int16, step = round_rows_to_int16(x)
         y = jnp.einsum("tk,nk->tn", x_int16, w.astype(jnp.float32), preferred_element_type=jnp.float32) * step
     else:

@@ -2,22 +2,26 @@
 
 float32 stays the reference. "bf16" keeps each weight's top 16 bits (half the bytes, ~3 significant digits);
 "int8" stores each output feature's row as int8 with one float32 scale (the row's largest magnitude / 127),
-a quarter of the bytes. Activations, the KV cache and the arithmetic keep the engine's dtype: a weight is
-widened as it is read, except that int8 weights multiply x rounded to 16 bits per row (integer multiply-adds,
-see matmul.round_rows_to_int16), ~1.5e-5 of the row's largest value. At small batch a decode step's time is the time to read the weights (see matmul.py),
-so fewer bytes per weight is proportionally faster there.
+a quarter of the bytes; "gguf" keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks as the file stores them
+(gguf_blocks.py; the shipped SmolLM2 file reads 96 MB a token) and its other matrices in the engine's dtype.
+Activations, the KV cache and the arithmetic keep the engine's dtype: a weight is widened as it is read,
+except that int8 weights and GGUF blocks multiply x rounded to 16 bits per row (integer multiply-adds, see
+matmul.round_rows_to_int16), ~1.5e-5 of the row's largest value. At small batch a decode step's time is the
+time to read the weights (see matmul.py), so fewer bytes per weight is proportionally faster there.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-QUANTIZATIONS = ("bf16", "int8")  # and None: the weights keep the engine's dtype
+from jax_engine.linear.gguf_blocks import dequantize_blocks
+
+QUANTIZATIONS = ("bf16", "int8", "gguf")  # and None: the weights keep the engine's dtype
 
 
 def quantize(w: np.ndarray, quantization: str | None, dtype) -> tuple[jax.Array, jax.Array | None]:
     """A float [out, in] matrix (or a stack of them, [L, out, in]) -> (stored weight, scale per row or None)."""
-    if quantization is None:
+    if quantization in (None, "gguf"):  # "gguf": a matrix the file has in no kept block format
         return jnp.asarray(w, dtype), None
     if quantization == "bf16":
         return jnp.asarray(w, jnp.bfloat16), None
@@ -30,6 +34,8 @@ def quantize(w: np.ndarray, quantization: str | None, dtype) -> tuple[jax.Array,
     raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
 
 
-def dequantize(w: jax.Array, scale: jax.Array | None, dtype) -> jax.Array:
+def dequantize(w: jax.Array, scale: jax.Array | None, dtype, in_features: int) -> jax.Array:
     """The float matrix a stored weight stands for (the embedding lookup reads rows of it)."""
+    if w.dtype == jnp.uint8:
+        return dequantize_blocks(w, in_features).astype(dtype)
     return w.astype(dtype) if scale is None else (w.astype(jnp.float32) * scale[:, None]).astype(dtype)

@@ -1,6 +1,6 @@
 """What every loader returns: a config, weights under HF names, and a tokenizer."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
@@ -15,6 +15,9 @@ class Checkpoint:
     config: ModelConfig
     weights: dict[str, np.ndarray]
     tokenizer: PreTrainedTokenizerBase
+    # A GGUF file's Q8_0 / Q4_0 / Q4_1 matrices as the file stores them (uint8 [out, row bytes], views of the
+    # mapped file), under the same names: what quantization="gguf" keeps instead of the float32 weights.
+    blocks: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -91,6 +91,10 @@ def _read_config(reader: GGUFReader) -> ModelConfig:
     )
 
 
+# The block formats the engine can keep as they are (jax_engine/linear/gguf_blocks.py).
+_KEPT_BLOCK_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+
+
 def _dequantized(tensor) -> np.ndarray:
     if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
         array = np.asarray(tensor.data, dtype=np.float32)
@@ -118,18 +122,21 @@ class _Reader(GGUFReader):
 
 
 def load_gguf(path: str) -> Checkpoint:
-    """Load a GGUF file into float32 NumPy weights under HF names, plus its tokenizer."""
+    """Load a GGUF file into float32 NumPy weights under HF names, its tokenizer, and its Q8_0/Q4 blocks raw."""
     reader = _Reader(path)
     config = _read_config(reader)
     # Only llama.cpp's llama-family converter permutes q/k rows; qwen2/qwen3 files keep HF order.
     permuted = config.architecture in ("llama", "mistral")
-    weights = {}
+    weights, blocks = {}, {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)
-        array = _dequantized(tensor)
-        if permuted and name.endswith("q_proj.weight"):
-            array = _undo_rope_permutation(array, config.num_heads)
+        kept = [tensor.data] if tensor.tensor_type in _KEPT_BLOCK_TYPES else []  # raw rows [out, row bytes]
+        arrays = [_dequantized(tensor), *kept]
+        if permuted and name.endswith("q_proj.weight"):  # a permutation of rows: the raw ones permute alike
+            arrays = [_undo_rope_permutation(a, config.num_heads) for a in arrays]
         elif permuted and name.endswith("k_proj.weight"):
-            array = _undo_rope_permutation(array, config.num_kv_heads)
-        weights[name] = array
-    return Checkpoint(config, weights, tokenizer_from_gguf(reader))
+            arrays = [_undo_rope_permutation(a, config.num_kv_heads) for a in arrays]
+        weights[name] = arrays[0]
+        if kept:
+            blocks[name] = arrays[1]
+    return Checkpoint(config, weights, tokenizer_from_gguf(reader), blocks)

@@ -13,6 +13,8 @@ Dimension names: T tokens, H hidden, N query heads, K KV heads, D head dim, I ML
 """
 
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -97,25 +99,32 @@ class LlamaForCausalLM(nnx.Module):
     # ---------------------------------------------------------------------------------- weights
     @classmethod
     def from_hf_weights(cls, cfg: ModelConfig, weights: dict[str, np.ndarray], dtype=jnp.float32,
-                        quantization: str | None = None) -> "LlamaForCausalLM":
+                        quantization: str | None = None, blocks: dict[str, np.ndarray] | None = None
+                        ) -> "LlamaForCausalLM":
         """Build the model directly from HF-named NumPy weights (no random initialisation).
 
-        `quantization` ("bf16", "int8" or None) is how the projections, the embedding and the LM head are
-        stored; norms and biases keep `dtype`.
+        `quantization` ("bf16", "int8", "gguf" or None) is how the projections, the embedding and the LM head
+        are stored; norms and biases keep `dtype`. "gguf" keeps the matrices found in `blocks` (a GGUF file's
+        raw Q8_0 / Q4_0 / Q4_1 rows, Checkpoint.blocks) as they are, and the rest in `dtype`.
         """
+        if quantization == "gguf" and not blocks:
+            raise ValueError("quantization='gguf' keeps a GGUF file's blocks, and none were given (Checkpoint.blocks)")
         # Shapes only, no values: tracing a random initialiser per weight took ~2 s.
         model = nnx.eval_shape(lambda: cls(cfg, dtype=dtype, rngs=None))
+        stored = functools.partial(_stored_matrix, weights=weights, blocks=blocks or {}, quantization=quantization,
+                                   dtype=dtype)
         for hf_name, (name, reshape) in _layer_weight_map(cfg).items():
-            stacked = np.stack([(reshape or np.asarray)(weights[f"model.layers.{i}.{hf_name}"])
-                                for i in range(cfg.num_layers)])
+            names = [f"model.layers.{i}.{hf_name}" for i in range(cfg.num_layers)]
             if reshape is None:
-                _set_matrix(model.layers, name, stacked, quantization, dtype)
+                model.layers[name], scale = stored(names)
+                if scale is not None:
+                    model.layers[f"{name}_scale"] = scale
             else:
-                model.layers[name] = nnx.Param(jnp.asarray(stacked, dtype))
-        model.embed, model.embed_scale = _stored(weights["model.embed_tokens.weight"], quantization, dtype)
+                model.layers[name] = nnx.Param(jnp.asarray(np.stack([reshape(weights[n]) for n in names]), dtype))
+        model.embed, model.embed_scale = stored("model.embed_tokens.weight")
         model.final_norm = nnx.Param(jnp.asarray(weights["model.norm.weight"], dtype))
         if not cfg.tie_word_embeddings:
-            model.lm_head, model.lm_head_scale = _stored(weights["lm_head.weight"], quantization, dtype)
+            model.lm_head, model.lm_head_scale = stored("lm_head.weight")
         return model
 
     # ---------------------------------------------------------------------------------- forward
@@ -139,7 +148,7 @@ class LlamaForCausalLM(nnx.Module):
         v_flat = v_cache.reshape(k_flat.shape)
         cos, sin = rope_tables(metadata.positions, cfg.head_dim, cfg.rope_theta)
         scale = None if self.embed_scale is None else self.embed_scale[...][token_ids]
-        x = dequantize(self.embed[...][token_ids], scale, self.final_norm[...].dtype)  # [T, H]
+        x = dequantize(self.embed[...][token_ids], scale, self.final_norm[...].dtype, cfg.hidden_size)  # [T, H]
         layers = {name: p[...] for name, p in self.layers.items()}  # [L, ...] each
 
         def layer_step(carry, layer):
@@ -184,13 +193,13 @@ def _project(x: jax.Array, w: dict, name: str, layer: jax.Array) -> jax.Array:
     return linear(x, w[name], w.get(f"{name}_scale"), layer=layer)
 
 
-def _stored(w: np.ndarray, quantization: str | None, dtype) -> tuple[nnx.Param, nnx.Param | None]:
-    """A weight matrix as the model keeps it: (weight, scale per output feature or None)."""
-    stored, scale = quantize(w, quantization, dtype)
+def _stored_matrix(names: str | list[str], weights: dict, blocks: dict, quantization: str | None,
+                   dtype) -> tuple[nnx.Param, nnx.Param | None]:
+    """The matrix `names` (or the stack of one per layer) as the model keeps it: (weight, scale per output
+    feature or None). quantization="gguf" keeps a GGUF file's blocks when every layer has them in one format."""
+    stack = np.stack if isinstance(names, list) else lambda arrays: arrays[0]
+    names = names if isinstance(names, list) else [names]
+    if quantization == "gguf" and all(n in blocks for n in names) and len({blocks[n].shape for n in names}) == 1:
+        return nnx.Param(jnp.asarray(stack([blocks[n] for n in names]))), None
+    stored, scale = quantize(stack([weights[n] for n in names]), quantization, dtype)
     return nnx.Param(stored), None if scale is None else nnx.Param(scale)
-
-
-def _set_matrix(layers: nnx.Dict, name: str, w: np.ndarray, quantization: str | None, dtype) -> None:
-    layers[name], scale = _stored(w, quantization, dtype)
-    if scale is not None:
-        layers[f"{name}_scale"] = scale

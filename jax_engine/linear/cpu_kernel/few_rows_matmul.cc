@@ -14,9 +14,15 @@
 // most half a step (~1.5e-5 of the row's largest value), far below the int8 weights' own rounding;
 // matmul.py's XLA path rounds x the same way.
 //
+// GGUF blocks (quantization="gguf", see gguf_blocks.py) come as uint8 rows of Q8_0, Q4_0 or Q4_1 blocks of 32
+// weights, told apart by their bytes per block. They multiply x rounded to int16 like int8 weights: each
+// block's 32 products are summed exactly in int32 (at most 4 x 127 x 32767 per lane, below 2^24, so exact in
+// float32 too), then scaled by the block's d; Q4_1's minimum m adds m x the block's sum of x.
+//
 // Shapes:
 //   x      [M, K]  float32, K a multiple of 8 (of 16 for int8 weights)
-//   w      [N, K] or [L, N, K] (every layer's weights, stacked)  float32, bfloat16, float16 or int8
+//   w      [N, K] or [L, N, K] (every layer's weights, stacked)  float32, bfloat16, float16 or int8;
+//          or GGUF blocks: uint8 [N, K/32 x bytes per block] or [L, N, ...]
 //   scale  [N] or [L, N] float32 (int8 weights), or [0] (none)
 //   layer  [] int32: which of the L stacked matrices to use (0 for a single matrix). Taking the stack and an
 //          index, rather than a slice of it, saves XLA copying the layer's weights out before every call.
@@ -123,6 +129,53 @@ inline int64_t sum(IntVec v) {
   return total;
 }
 
+// GGUF block formats: the block's 32 weights as two int16 vectors (weights 0-15, 16-31), its scale d and,
+// for Q4_1, its minimum m. A 4-bit block packs weight j in the low nibble of byte j, j + 16 in the high one.
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, sizeof bits);
+#if defined(__AVX2__) && defined(__F16C__)
+  return _cvtsh_ss(bits);  // one instruction; the portable widening branches, and this runs once per block
+#else
+  return to_float(Half{bits});
+#endif
+}
+#if defined(__AVX2__)
+inline void widen_nibbles(const uint8_t* packed, int16_t offset, Int16x16& low, Int16x16& high) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
+  const __m128i mask = _mm_set1_epi8(0x0f);
+  const __m256i shift = _mm256_set1_epi16(offset);
+  low = reinterpret_cast<Int16x16>(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(bytes, mask)), shift));
+  high = reinterpret_cast<Int16x16>(
+      _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask)), shift));
+}
+#else
+inline void widen_nibbles(const uint8_t* packed, int16_t offset, Int16x16& low, Int16x16& high) {
+  for (int j = 0; j < kIntLanes; ++j) {
+    low[j] = static_cast<int16_t>((packed[j] & 0x0f) - offset);
+    high[j] = static_cast<int16_t>((packed[j] >> 4) - offset);
+  }
+}
+#endif
+struct Q8_0 {
+  static constexpr int64_t kBytes = 34;
+  static void weights(const uint8_t* b, Int16x16& low, Int16x16& high) {
+    low = widen16(reinterpret_cast<const int8_t*>(b + 2));
+    high = widen16(reinterpret_cast<const int8_t*>(b + 2 + kIntLanes));
+  }
+};
+struct Q4_0 {
+  static constexpr int64_t kBytes = 18;
+  static void weights(const uint8_t* b, Int16x16& low, Int16x16& high) { widen_nibbles(b + 2, 8, low, high); }
+};
+struct Q4_1 {
+  static constexpr int64_t kBytes = 20;
+  static void weights(const uint8_t* b, Int16x16& low, Int16x16& high) { widen_nibbles(b + 4, 0, low, high); }
+};
+template <typename T>
+constexpr bool kIsBlockFormat = std::is_same_v<T, Q8_0> || std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_1>;
+constexpr int64_t kBlock = 32;
+
 // Register blocking: ROWS rows of x times FEATURES weight rows, ROWS x FEATURES accumulators (at most 8 of the
 // 16 AVX2 registers). Per 8 inputs it loads FEATURES weight vectors and ROWS x vectors for ROWS x FEATURES
 // multiply-adds, so with 4 rows it is bound by arithmetic, and with 1 row by memory as it should be.
@@ -143,8 +196,9 @@ struct Problem {
   const float* scale;  // nullptr: unscaled
   float* y;
   int64_t rows, in_features, out_features;
-  const int16_t* x_int16;  // int8 weights: x rounded to int16, x ~= x_int16 * x_step (one step per row)
+  const int16_t* x_int16;  // int8 weights and GGUF blocks: x rounded to int16, x ~= x_int16 * x_step (per row)
   const float* x_step;
+  const float* x_block_sums;  // GGUF blocks: [M, K/32] sums of x_int16 over each block (for Q4_1's minimum)
 };
 
 // Each int32 lane sums products of at most 127 x 32767 (2^22); this many inputs per lane-sum (here 4096 / 8
@@ -212,17 +266,54 @@ inline void block_int8(const int16_t* x, const float* x_step, int64_t K, const i
   }
 }
 
+// The same for GGUF blocks: per block, exact int32 sums of 32 products, times the block's d (float32).
+template <typename T, int ROWS, int FEATURES>
+inline void block_gguf(const int16_t* x, const float* x_step, const float* x_block_sums, int64_t K,
+                       const uint8_t* w, float* y, int64_t N) {
+  const int64_t blocks = K / kBlock, row_bytes = blocks * T::kBytes;
+  Vec acc[ROWS][FEATURES] = {};
+  float minimums[ROWS][FEATURES] = {};
+  for (int64_t b = 0; b < blocks; ++b) {
+    Int16x16 low[FEATURES], high[FEATURES];
+    float d[FEATURES];
+    for (int f = 0; f < FEATURES; ++f) {
+      const uint8_t* block = w + f * row_bytes + b * T::kBytes;
+      if ((b * T::kBytes) % 64 < T::kBytes) __builtin_prefetch(block + kAhead);  // once per cache line
+      T::weights(block, low[f], high[f]);
+      d[f] = half_at(block);
+      if constexpr (std::is_same_v<T, Q4_1>) {
+        for (int m = 0; m < ROWS; ++m) minimums[m][f] += half_at(block + 2) * x_block_sums[m * blocks + b];
+      }
+    }
+    for (int m = 0; m < ROWS; ++m) {
+      const Int16x16 x_low = load16(x + m * K + b * kBlock), x_high = load16(x + m * K + b * kBlock + kIntLanes);
+      for (int f = 0; f < FEATURES; ++f) {
+        const IntVec sums = multiply_add_pairs(x_low, low[f]) + multiply_add_pairs(x_high, high[f]);
+        acc[m][f] += __builtin_convertvector(sums, Vec) * d[f];
+      }
+    }
+  }
+  for (int m = 0; m < ROWS; ++m) {
+    for (int f = 0; f < FEATURES; ++f) y[m * N + f] = (sum(acc[m][f]) + minimums[m][f]) * x_step[m];
+  }
+}
+
 // Rows m .. m + ROWS - 1 of x times the FEATURES output features from n, in register blocks.
 template <typename T, int ROWS, int FEATURES>
 inline void pass(const Problem& p, int64_t m, int64_t n) {
   constexpr int kPerBlock = std::min(FEATURES, ROWS <= 2 ? 4 : 2);
   const int64_t K = p.in_features, N = p.out_features;
   for (int f = 0; f < FEATURES; f += kPerBlock) {
-    const T* w = static_cast<const T*>(p.w) + (n + f) * K;
-    if constexpr (std::is_same_v<T, int8_t>) {
-      block_int8<ROWS, kPerBlock>(p.x_int16 + m * K, p.x_step + m, K, w, p.y + m * N + n + f, N, p.scale + n + f);
+    float* y = p.y + m * N + n + f;
+    if constexpr (kIsBlockFormat<T>) {
+      const uint8_t* w = static_cast<const uint8_t*>(p.w) + (n + f) * (K / kBlock * T::kBytes);
+      block_gguf<T, ROWS, kPerBlock>(p.x_int16 + m * K, p.x_step + m, p.x_block_sums + m * (K / kBlock), K, w, y, N);
+    } else if constexpr (std::is_same_v<T, int8_t>) {
+      block_int8<ROWS, kPerBlock>(p.x_int16 + m * K, p.x_step + m, K, static_cast<const T*>(p.w) + (n + f) * K, y,
+                                  N, p.scale + n + f);
     } else {
-      block<T, ROWS, kPerBlock>(p.x + m * K, K, w, p.y + m * N + n + f, N, p.scale ? p.scale + n + f : nullptr);
+      block<T, ROWS, kPerBlock>(p.x + m * K, K, static_cast<const T*>(p.w) + (n + f) * K, y, N,
+                                p.scale ? p.scale + n + f : nullptr);
     }
   }
 }
@@ -244,9 +335,11 @@ void features(const Problem& p, int64_t n) {
 // the call has returned finds no item left and touches nothing else.
 struct WorkQueue {
   Problem problem;
-  std::vector<int16_t> x_int16;  // int8 weights only
+  std::vector<int16_t> x_int16;  // int8 weights and GGUF blocks only
   std::vector<float> x_step;
+  std::vector<float> x_block_sums;  // GGUF blocks only
   ffi::DataType dtype;
+  int64_t block_bytes;  // GGUF blocks: 34, 18 or 20 (Q8_0, Q4_0, Q4_1)
   int64_t num_items;
   int64_t features_per_item;
   std::atomic<int64_t> next{0};
@@ -266,6 +359,11 @@ struct WorkQueue {
         case ffi::DataType::BF16: item_features<BFloat16>(item); break;
         case ffi::DataType::F16: item_features<Half>(item); break;
         case ffi::DataType::S8: item_features<int8_t>(item); break;
+        case ffi::DataType::U8:
+          if (block_bytes == Q8_0::kBytes) item_features<Q8_0>(item);
+          if (block_bytes == Q4_0::kBytes) item_features<Q4_0>(item);
+          if (block_bytes == Q4_1::kBytes) item_features<Q4_1>(item);
+          break;
         default: item_features<float>(item); break;
       }
       done.fetch_add(1, std::memory_order_release);
@@ -280,15 +378,22 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   const auto w_dims = w.dimensions();
   const bool stacked = w_dims.size() == 3;
   const int64_t layers = stacked ? w_dims[0] : 1;
-  if (x_dims.size() != 2 || (w_dims.size() != 2 && !stacked) || x_dims[1] != w_dims[w_dims.size() - 1] ||
-      x_dims[1] % kLanes) {
+  const ffi::DataType dtype = w.element_type();
+  const bool gguf_blocks = dtype == ffi::DataType::U8;
+  const int64_t K = x_dims.size() == 2 ? x_dims[1] : 0, row_values = w_dims[w_dims.size() - 1];
+  if (x_dims.size() != 2 || (w_dims.size() != 2 && !stacked) || (!gguf_blocks && K != row_values) || K % kLanes) {
     return ffi::Error::InvalidArgument(
         "few_rows_matmul: expected x [M, K], w [N, K] or [L, N, K], K a multiple of 8");
   }
-  const ffi::DataType dtype = w.element_type();
   if (dtype != ffi::DataType::F32 && dtype != ffi::DataType::BF16 && dtype != ffi::DataType::F16 &&
-      dtype != ffi::DataType::S8) {
-    return ffi::Error::InvalidArgument("few_rows_matmul: w must be float32, bfloat16, float16 or int8");
+      dtype != ffi::DataType::S8 && !gguf_blocks) {
+    return ffi::Error::InvalidArgument("few_rows_matmul: w must be float32, bfloat16, float16, int8 or GGUF blocks");
+  }
+  const int64_t block_bytes = gguf_blocks && K % kBlock == 0 ? row_values * kBlock / K : 0;
+  if (gguf_blocks && (block_bytes * K != row_values * kBlock ||
+                      (block_bytes != Q8_0::kBytes && block_bytes != Q4_0::kBytes && block_bytes != Q4_1::kBytes))) {
+    return ffi::Error::InvalidArgument("few_rows_matmul: uint8 rows of " + std::to_string(row_values) +
+                                       " bytes are no Q8_0, Q4_0 or Q4_1 blocks of " + std::to_string(K) + " weights");
   }
   const int64_t layer = layer_index.typed_data()[0];
   if (layer < 0 || layer >= layers) {
@@ -300,23 +405,33 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   if (scaled && scale.element_count() != static_cast<size_t>(layers * N)) {
     return ffi::Error::InvalidArgument("few_rows_matmul: scale must have one value per output feature, or none");
   }
-  if (dtype == ffi::DataType::S8 && (!scaled || x_dims[1] % kIntLanes)) {
+  if (gguf_blocks && scaled) {
+    return ffi::Error::InvalidArgument("few_rows_matmul: GGUF blocks carry their own scales; scale must be empty");
+  }
+  if (dtype == ffi::DataType::S8 && (!scaled || K % kIntLanes)) {
     return ffi::Error::InvalidArgument("few_rows_matmul: int8 weights need a scale and K a multiple of 16");
   }
-  const size_t matrix_bytes = static_cast<size_t>(N * x_dims[1]) * ffi::ByteWidth(dtype);
+  const size_t row_bytes = static_cast<size_t>(row_values) * ffi::ByteWidth(dtype);
+  const size_t matrix_bytes = N * row_bytes;
   const void* weights = static_cast<const char*>(w.untyped_data()) + layer * matrix_bytes;
   auto work = std::make_shared<WorkQueue>();
   work->problem = Problem{x.typed_data(), weights, scaled ? scale.typed_data() + layer * N : nullptr,
                           y->typed_data(), x_dims[0], x_dims[1], N};
   work->dtype = dtype;
-  if (dtype == ffi::DataType::S8) {
-    work->x_int16.resize(x_dims[0] * x_dims[1]);
+  work->block_bytes = block_bytes;
+  if (dtype == ffi::DataType::S8 || gguf_blocks) {
+    work->x_int16.resize(x_dims[0] * K);
     work->x_step.resize(x_dims[0]);
-    round_rows_to_int16(x.typed_data(), x_dims[0], x_dims[1], work->x_int16.data(), work->x_step.data());
+    round_rows_to_int16(x.typed_data(), x_dims[0], K, work->x_int16.data(), work->x_step.data());
     work->problem.x_int16 = work->x_int16.data();
     work->problem.x_step = work->x_step.data();
   }
-  work->features_per_item = std::max<int64_t>(4, kBytesPerItem / (x_dims[1] * ffi::ByteWidth(dtype)) / 4 * 4);
+  if (gguf_blocks) {  // each block's sum of x, for Q4_1's minimum
+    work->x_block_sums.assign(x_dims[0] * (K / kBlock), 0.0f);
+    for (int64_t i = 0; i < x_dims[0] * K; ++i) work->x_block_sums[i / kBlock] += work->x_int16[i];
+    work->problem.x_block_sums = work->x_block_sums.data();
+  }
+  work->features_per_item = std::max<int64_t>(4, kBytesPerItem / static_cast<int64_t>(row_bytes) / 4 * 4);
   work->num_items = (N + work->features_per_item - 1) / work->features_per_item;
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });

@@ -1,0 +1,49 @@
+"""GGUF's block formats kept as the file stores them (quantization="gguf"): Q8_0, Q4_0 and Q4_1.
+
+A weight row of K inputs is K/32 blocks of 32 weights, each block with a float16 scale d (Q4_1 also a
+float16 minimum m): Q8_0 w = d * q, q int8; Q4_0 w = d * (q - 8), q in 0..15; Q4_1 w = d * q + m. A 4-bit
+block packs weight j in the low nibble of byte j and weight j + 16 in its high nibble. The engine keeps a
+matrix as its raw bytes, uint8 [out, K/32 x bytes per block]; the bytes per block (34, 18, 20) tell the
+format, so a stored weight needs no other tag. The shipped SmolLM2 file is Q4_1 (layers) and Q8_0 (the
+embedding, which is also the LM head): 96 MB a token against 538 MB in float32.
+"""
+
+import jax
+import jax.numpy as jnp
+
+BLOCK = 32
+BYTES_PER_BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+BLOCK_FORMATS = tuple(BYTES_PER_BLOCK)
+
+
+def block_format(row_bytes: int, in_features: int) -> str:
+    """The format of a row of `row_bytes` bytes that stands for `in_features` weights."""
+    for name, size in BYTES_PER_BLOCK.items():
+        if in_features % BLOCK == 0 and row_bytes == in_features // BLOCK * size:
+            return name
+    raise ValueError(f"a row of {row_bytes} bytes is no GGUF block format of {in_features} weights "
+                     f"(Q8_0, Q4_0 or Q4_1: 34, 18 or 20 bytes per 32)")
+
+
+def _float16(two_bytes: jax.Array) -> jax.Array:
+    """uint8 [..., 2] (little-endian float16) -> float32 [...]."""
+    return jax.lax.bitcast_convert_type(two_bytes, jnp.float16).astype(jnp.float32)
+
+
+def _nibbles(packed: jax.Array) -> jax.Array:
+    """uint8 [..., 16] -> the block's 32 4-bit values in order, float32 [..., 32]."""
+    return jnp.concatenate([packed & 0xF, packed >> 4], axis=-1).astype(jnp.float32)
+
+
+def dequantize_blocks(raw: jax.Array, in_features: int) -> jax.Array:
+    """Raw rows uint8 [..., row_bytes] -> the float32 weights [..., in_features] they stand for."""
+    fmt = block_format(raw.shape[-1], in_features)
+    blocks = raw.reshape(*raw.shape[:-1], in_features // BLOCK, BYTES_PER_BLOCK[fmt])
+    d = _float16(blocks[..., 0:2])[..., None]
+    if fmt == "q8_0":
+        w = d * jax.lax.bitcast_convert_type(blocks[..., 2:], jnp.int8).astype(jnp.float32)
+    elif fmt == "q4_0":
+        w = d * (_nibbles(blocks[..., 2:]) - 8.0)
+    else:
+        w = d * _nibbles(blocks[..., 4:]) + _float16(blocks[..., 2:4])[..., None]
+    return w.reshape(*raw.shape[:-1], in_features)
