@@ -1,4 +1,4 @@
-"""Weight-only quantization: bf16, int8 or the GGUF file's own blocks; float32 arithmetic."""
+"""Weight-only quantization: bf16, int8 or the GGUF file's own blocks; float32 sums."""
 
 import jax
 from flax import nnx
