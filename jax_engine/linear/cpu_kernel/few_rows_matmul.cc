@@ -91,8 +91,10 @@ inline Vec load8(const Half* w) {
   for (int j = 0; j < kLanes; ++j) v[j] = to_float(w[j]);
   return v;
 }
-inline float sum(Vec v) {
-  float total = 0.0f;
+// The sum of a register's 8 lanes, in Total (int64 for int32 lanes: exact).
+template <typename Total, typename Lanes>
+inline Total sum(Lanes v) {
+  Total total = 0;
   for (int j = 0; j < kLanes; ++j) total += v[j];
   return total;
 }
@@ -123,11 +125,6 @@ inline IntVec multiply_add_pairs(Int16x16 a, Int16x16 b) {
   return out;
 }
 #endif
-inline int64_t sum(IntVec v) {
-  int64_t total = 0;
-  for (int j = 0; j < kLanes; ++j) total += v[j];
-  return total;
-}
 
 // GGUF block formats: the block's 32 weights as two int16 vectors (weights 0-15, 16-31), its scale d and,
 // for Q4_1, its minimum m. A 4-bit block packs weight j in the low nibble of byte j, j + 16 in the high one.
@@ -235,7 +232,7 @@ inline void block(const float* x, int64_t K, const T* w, float* y, int64_t N, co
     }
   }
   for (int m = 0; m < ROWS; ++m) {
-    for (int f = 0; f < FEATURES; ++f) y[m * N + f] = sum(acc[m][f]) * (scale ? scale[f] : 1.0f);
+    for (int f = 0; f < FEATURES; ++f) y[m * N + f] = sum<float>(acc[m][f]) * (scale ? scale[f] : 1.0f);
   }
 }
 
@@ -258,7 +255,7 @@ inline void block_int8(const int16_t* x, const float* x_step, int64_t K, const i
       }
     }
     for (int m = 0; m < ROWS; ++m) {
-      for (int f = 0; f < FEATURES; ++f) total[m][f] += sum(acc[m][f]);
+      for (int f = 0; f < FEATURES; ++f) total[m][f] += sum<int64_t>(acc[m][f]);
     }
   }
   for (int m = 0; m < ROWS; ++m) {
@@ -294,7 +291,7 @@ inline void block_gguf(const int16_t* x, const float* x_step, const float* x_blo
     }
   }
   for (int m = 0; m < ROWS; ++m) {
-    for (int f = 0; f < FEATURES; ++f) y[m * N + f] = (sum(acc[m][f]) + minimums[m][f]) * x_step[m];
+    for (int f = 0; f < FEATURES; ++f) y[m * N + f] = (sum<float>(acc[m][f]) + minimums[m][f]) * x_step[m];
   }
 }
 
