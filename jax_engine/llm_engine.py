@@ -48,9 +48,6 @@ class LLMEngine:
         self.tokenizer = checkpoint.tokenizer
         self.dtype = resolve_dtype(args.dtype)
         self.scheduler_config = resolve_scheduler_config(args, cfg)
-        if args.quantization == "gguf" and not checkpoint.blocks:
-            raise ValueError(f"quantization='gguf' keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks, and model="
-                             f"{args.model!r} has none: pass a .gguf file with such tensors")
         model = LlamaForCausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype, args.quantization,
                                                  checkpoint.blocks)
         self.attention_backend = get_attention_backend(args.attention_backend, platform())

@@ -24,6 +24,7 @@ def run_engine(checkpoint, requests, engine_args: EngineArgs, runs: int = 1):
 
     Between runs the prefix cache is reset, so a later run computes the same prompts again as the first did;
     what differs is only what the first run met for the first time (compiles, first calls of programs).
+    Counts (steps, compilations, preemptions, prefix hits) are per run; mean batch and KV usage since start-up.
     """
     from jax_engine import LLM, LLMEngine, SamplingParams
 

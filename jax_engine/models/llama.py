@@ -108,7 +108,8 @@ class LlamaForCausalLM(nnx.Module):
         raw Q8_0 / Q4_0 / Q4_1 rows, Checkpoint.blocks) as they are, and the rest in `dtype`.
         """
         if quantization == "gguf" and not blocks:
-            raise ValueError("quantization='gguf' keeps a GGUF file's blocks, and none were given (Checkpoint.blocks)")
+            raise ValueError("quantization='gguf' keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks, and this model has "
+                             "none (Checkpoint.blocks is empty): pass a .gguf file with such tensors")
         # Shapes only, no values: tracing a random initialiser per weight took ~2 s.
         model = nnx.eval_shape(lambda: cls(cfg, dtype=dtype, rngs=None))
         stored = functools.partial(_stored_matrix, weights=weights, blocks=blocks or {}, quantization=quantization,
