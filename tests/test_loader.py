@@ -74,3 +74,63 @@ def test_bad_model_paths_and_configs_are_clear_errors(tmp_path):
         load_checkpoint(str(tmp_path))
     with pytest.raises(ValueError, match="rope_scaling"):
         config_from_hf({"model_type": "llama", "rope_scaling": {"type": "yarn"}})
+
+
+@pytest.mark.parametrize("save_dtype, max_shard_size", [("bfloat16", "100KB"), ("float16", None)])
+def test_16_bit_and_sharded_safetensors_load_as_float32(tmp_path, save_dtype, max_shard_size):
+    """Most releases are bf16, large ones sharded: the loader reads both without torch, widened exactly."""
+    hf_model = make_tiny_checkpoint(tmp_path, "llama", save_dtype=save_dtype, max_shard_size=max_shard_size,
+                                    tie_word_embeddings=False)
+    assert os.path.isfile(tmp_path / "model.safetensors.index.json") == (max_shard_size is not None)
+    checkpoint = load_checkpoint(str(tmp_path))
+    state = hf_model.state_dict()
+    assert set(checkpoint.weights) == set(state)
+    assert all(checkpoint.weights[k].dtype == np.float32 for k in state)
+    assert all(np.array_equal(checkpoint.weights[k], state[k].numpy()) for k in state)
+
+
+def test_bfloat16_widening_equals_ml_dtypes():
+    """Checked against an independent bfloat16 implementation (ml_dtypes, jax's), specials included."""
+    import ml_dtypes
+
+    from jax_engine.loader.safetensors_file import bfloat16_to_float32
+
+    values = np.concatenate([np.random.default_rng(0).standard_normal(1000) * 10.0 ** np.arange(-20, 20, 0.04),
+                             [0.0, -0.0, np.inf, -np.inf, 1e-40]]).astype(ml_dtypes.bfloat16)
+    widened = bfloat16_to_float32(values.view(np.uint16))
+    assert np.array_equal(widened.view(np.uint32), values.astype(np.float32).view(np.uint32))
+
+
+def test_checkpoint_errors_name_the_file_and_field(tmp_path):
+    make_tiny_checkpoint(tmp_path, "llama", max_shard_size="100KB")
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    shard = sorted(set(index["weight_map"].values()))[-1]
+    os.rename(tmp_path / shard, tmp_path / "elsewhere")
+    with pytest.raises(FileNotFoundError, match=f"missing: \\['{shard}'\\]"):
+        load_checkpoint(str(tmp_path))
+    untied = tmp_path / "untied"
+    make_tiny_checkpoint(untied, "llama", tie_word_embeddings=True)
+    config = json.loads((untied / "config.json").read_text())
+    (untied / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    with pytest.raises(ValueError, match="tie_word_embeddings=false but the weights have no lm_head.weight"):
+        load_checkpoint(str(untied))
+
+
+def test_chat_template_from_tokenizer_config_or_its_own_file(tmp_path):
+    """Releases keep the template in tokenizer_config.json (older) or chat_template.jinja (newer)."""
+    from tests.tiny_checkpoints import CHAT_TEMPLATE
+
+    make_tiny_checkpoint(tmp_path, "llama")
+    messages = [{"role": "user", "content": "Hi"}]
+    expected = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    jinja = tmp_path / "chat_template.jinja"
+    assert jinja.read_text() == CHAT_TEMPLATE
+    render = lambda: load_checkpoint(str(tmp_path)).tokenizer.apply_chat_template(  # noqa: E731
+        messages, add_generation_prompt=True, tokenize=False)
+    assert render() == expected
+    jinja.unlink()
+    config_path = tmp_path / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    assert "chat_template" not in config
+    config_path.write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+    assert render() == expected

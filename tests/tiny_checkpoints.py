@@ -6,7 +6,7 @@ as config.json + model.safetensors + a small byte-level BPE tokenizer.
 
 import pathlib
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -15,16 +15,26 @@ CHAT_TEMPLATE = (
 )
 
 
-def _byte_level_tokenizer():
+def byte_level_tokenizer(adds_bos: bool = False):
+    """A byte-level BPE tokenizer of 258 tokens: bytes, then <|im_start|> = 256 (BOS), <|im_end|> = 257 (EOS).
+
+    adds_bos: Llama's way instead: a 259th token <s> = 258 is the BOS, which encode() puts in front and the
+    chat template writes too; a rendered chat must then be encoded without special tokens to hold just one
+    (the model needs vocab_size=259).
+    """
     from transformers import PreTrainedTokenizerFast
 
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {token: i for i, token in enumerate(sorted(alphabet) + SPECIAL_TOKENS)}
+    vocab = {token: i for i, token in enumerate(sorted(alphabet) + SPECIAL_TOKENS + ["<s>"] * adds_bos)}
     backend = Tokenizer(models.BPE(vocab, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<|im_start|>", eos_token="<|im_end|>",
-                                   chat_template=CHAT_TEMPLATE)
+    bos, template = "<|im_start|>", CHAT_TEMPLATE
+    if adds_bos:
+        bos, template = "<s>", "{{ bos_token }}" + CHAT_TEMPLATE
+        backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 258)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token="<|im_end|>",
+                                   additional_special_tokens=SPECIAL_TOKENS, chat_template=template)
 
 
 def hf_config(architecture: str, **overrides):
@@ -43,18 +53,25 @@ def hf_config(architecture: str, **overrides):
     return classes[architecture](**args)
 
 
-def make_tiny_checkpoint(directory: pathlib.Path, architecture: str, seed: int = 0, **overrides):
-    """Write a random checkpoint of `architecture` into `directory`; return the torch model too."""
+def make_tiny_checkpoint(directory: pathlib.Path, architecture: str, seed: int = 0, *, save_dtype: str = "float32",
+                         max_shard_size: str | None = None, adds_bos: bool = False, **overrides):
+    """Write a random checkpoint of `architecture` into `directory`; return the torch model too (float32).
+
+    save_dtype: "float32", "bfloat16" or "float16", as the safetensors files store the weights; the model
+        returned holds the stored values, widened to float32.
+    max_shard_size: e.g. "100KB" writes shards and a model.safetensors.index.json, as large releases have.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config(architecture, **overrides), torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(hf_config(architecture, **overrides), dtype=torch.float32)
     with torch.no_grad():  # random biases and norm weights too, so a missing one shows in the logits
         for name, param in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 param.add_(0.1 * torch.randn_like(param))
     model.eval()
-    model.save_pretrained(directory, safe_serialization=True)
-    _byte_level_tokenizer().save_pretrained(directory)
-    return model
+    model.to(getattr(torch, save_dtype))
+    model.save_pretrained(directory, max_shard_size=max_shard_size or "5GB")
+    byte_level_tokenizer(adds_bos).save_pretrained(directory)
+    return model.to(torch.float32)

@@ -1,5 +1,6 @@
 """What every loader returns: a config, weights under HF names, and a tokenizer."""
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -13,11 +14,13 @@ class Checkpoint:
     """A loaded model: its config, float32 weights under HF names, and its tokenizer."""
 
     config: ModelConfig
-    weights: dict[str, np.ndarray]
+    weights: Mapping[str, np.ndarray]  # a dict, or SafetensorsWeights reading each tensor when asked for it
     tokenizer: PreTrainedTokenizerBase
     # A GGUF file's Q8_0 / Q4_0 / Q4_1 matrices as the file stores them (uint8 [out, row bytes], views of the
     # mapped file), under the same names: what quantization="gguf" keeps instead of the float32 weights.
     blocks: dict[str, np.ndarray] = field(default_factory=dict)
+    # generation_config.json: the authors' sampling defaults and end-of-sequence ids (loader/generation_config.py).
+    generation_config: dict = field(default_factory=dict)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -1,13 +1,11 @@
 """Load a Hugging Face checkpoint directory: config.json, *.safetensors and tokenizer files."""
 
-import glob
 import json
 import os
 
-import numpy as np
-from safetensors.numpy import load_file
-
 from jax_engine.loader.checkpoint import Checkpoint
+from jax_engine.loader.generation_config import read_generation_config, token_ids
+from jax_engine.loader.safetensors_file import SafetensorsWeights, checkpoint_files
 from jax_engine.model_config import ModelConfig
 
 # HF `model_type` -> our architecture name.
@@ -22,8 +20,6 @@ def config_from_hf(hf: dict) -> ModelConfig:
     if hf.get("rope_scaling"):
         raise ValueError(f"rope_scaling={hf['rope_scaling']!r} is not supported yet")
     num_heads = hf["num_attention_heads"]
-    eos = hf.get("eos_token_id")
-    eos_ids = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
     return ModelConfig(
         architecture=_ARCHITECTURES[model_type],
         vocab_size=hf["vocab_size"],
@@ -40,26 +36,25 @@ def config_from_hf(hf: dict) -> ModelConfig:
         attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
         qk_norm=model_type == "qwen3",
         bos_token_id=hf.get("bos_token_id"),
-        eos_token_ids=eos_ids,
+        eos_token_ids=token_ids(hf.get("eos_token_id")),
     )
 
 
 def load_hf_directory(path: str) -> Checkpoint:
-    """Load config.json, every *.safetensors shard (as float32) and the tokenizer from `path`."""
+    """Load config.json, the safetensors weights (one file or the shards of an index), the tokenizer and
+    generation_config.json from `path`. Weights are float32 when read, whatever the files store."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{path!r} has no config.json")
     with open(config_path) as f:
         config = config_from_hf(json.load(f))
-    shards = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not shards:
-        raise FileNotFoundError(f"{path!r} has no *.safetensors files")
-    weights: dict[str, np.ndarray] = {}
-    for shard in shards:
-        weights.update({k: v.astype(np.float32) for k, v in load_file(shard).items()})
+    weights = SafetensorsWeights(checkpoint_files(path))
+    if not config.tie_word_embeddings and "lm_head.weight" not in weights:
+        raise ValueError(f"{config_path!r} sets tie_word_embeddings=false but the weights have no lm_head.weight")
     # Imported here: transformers' AutoTokenizer pulls in torch where it is installed (~2 s), which loading
-    # a GGUF file (the default model) never needs.
+    # a GGUF file (the default model) never needs. It reads the chat template from chat_template.jinja or
+    # tokenizer_config.json.
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return Checkpoint(config, weights, tokenizer)
+    return Checkpoint(config, weights, tokenizer, generation_config=read_generation_config(path))
