@@ -125,7 +125,7 @@ class AsyncLLMEngine:
                     params: SamplingParams | BeamSearchParams | None = None) -> RequestStream:
         """Validate and queue a request now (ValueError, QueueFullError, EngineDeadError are raised here,
         before any output), and return the stream of its outputs."""
-        params = params or SamplingParams()
+        params = params or self.engine.get_default_sampling_params()
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.check_accepting()

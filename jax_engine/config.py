@@ -52,6 +52,8 @@ class EngineArgs:
             loading every one at start-up (jax_engine/compile_shapes.py), as vLLM's flag skips CUDA graphs.
         compilation_cache_dir: where compiled programs are kept between runs; "auto" is
             $JAX_ENGINE_CACHE_DIR/compiled (~/.cache/jax_engine/compiled), "" keeps nothing.
+        generation_config: where requests' default sampling parameters come from: "auto", the model's
+            generation_config.json (vLLM's default); "vllm", vLLM's own defaults; or a directory holding one.
     """
 
     model: str | None = None
@@ -72,6 +74,7 @@ class EngineArgs:
     quantization: str | None = None
     enforce_eager: bool = False
     compilation_cache_dir: str = "auto"
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, limit: str) -> None:

@@ -20,6 +20,17 @@ def cache_salt(prompt: Prompt) -> str | None:
     return salt
 
 
+def chat_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
+                add_special_tokens: bool = False) -> dict:
+    """A conversation through the tokenizer's chat template, tokenized once: vLLM's TokensPrompt with its text.
+
+    The template writes the special tokens it wants (a BOS among them), so the text is encoded without the
+    tokenizer's own (vLLM's rule): encoding it as a plain prompt would give BOS-adding tokenizers two.
+    """
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=add_special_tokens)}
+
+
 class InputProcessor:
     def __init__(self, tokenizer, model_config: ModelConfig, scheduler_config: SchedulerConfig) -> None:
         self.tokenizer = tokenizer

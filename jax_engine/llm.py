@@ -7,6 +7,7 @@ from tqdm.auto import tqdm
 
 from jax_engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from jax_engine.config import EngineArgs
+from jax_engine.input_processor import chat_prompt
 from jax_engine.llm_engine import LLMEngine, Prompt
 from jax_engine.outputs import RequestOutput
 from jax_engine.sampling_params import SamplingParams
@@ -45,6 +46,11 @@ class LLM:
     def get_tokenizer(self):
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The SamplingParams generate() uses when given none: vLLM's defaults, or the model's generation
+        config's (EngineArgs.generation_config)."""
+        return self.llm_engine.get_default_sampling_params()
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block (vLLM's name): a workload run again then computes its prompts
         again, as the first time. False, and nothing forgotten, while a request holds blocks."""
@@ -56,7 +62,8 @@ class LLM:
 
         Args:
             prompts: a string, a list of strings, a list of token ids, or a list of token-id lists.
-            sampling_params: one SamplingParams for all prompts, or one per prompt; None uses defaults.
+            sampling_params: one SamplingParams for all prompts, or one per prompt; None uses
+                get_default_sampling_params().
             use_tqdm: show a progress bar with estimated input and output tokens per second.
         """
         prompts = _as_prompt_list(prompts)
@@ -88,9 +95,7 @@ class LLM:
              add_generation_prompt: bool = True) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        tokenizer = self.get_tokenizer()
-        prompts = [tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=False)
-                   for c in conversations]
+        prompts = [chat_prompt(self.get_tokenizer(), c, add_generation_prompt) for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

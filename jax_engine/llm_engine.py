@@ -22,6 +22,7 @@ from jax_engine.core.scheduler import Scheduler, SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
 from jax_engine.input_processor import InputProcessor, Prompt, cache_salt
 from jax_engine.loader import Checkpoint, load_checkpoint
+from jax_engine.loader.generation_config import default_sampling_fields, resolve_generation_config, token_ids
 from jax_engine.model_runner import ModelRunner
 from jax_engine.models.llama import LlamaForCausalLM
 from jax_engine.output_processor import OutputProcessor
@@ -57,7 +58,13 @@ class LLMEngine:
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
         self.runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, self.scheduler_config.max_model_len,
                                   self.scheduler_config.max_num_seqs, self.attention_backend, self.dtype)
-        self.eos_token_ids = checkpoint.eos_token_ids
+        generation_config = resolve_generation_config(args.generation_config, checkpoint.generation_config)
+        self.default_sampling_fields = default_sampling_fields(args.generation_config, generation_config)
+        if self.default_sampling_fields:
+            logger.info("default sampling parameters %s come from the model's generation config; "
+                        "generation_config='vllm' ignores them", self.default_sampling_fields)
+        self.eos_token_ids = tuple(dict.fromkeys(checkpoint.eos_token_ids +
+                                                 token_ids(generation_config.get("eos_token_id"))))
         self.input_processor = InputProcessor(self.tokenizer, cfg, self.scheduler_config)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
         self._new_sequence = SequenceFactory(self.tokenizer, self.eos_token_ids, args.seed)
@@ -83,7 +90,7 @@ class LLMEngine:
         With SamplingParams(n=k) the prompt is computed once and forked into k sequences; with
         BeamSearchParams the request runs beam search (see jax_engine/beam_search.py).
         """
-        params = params or SamplingParams()
+        params = params or self.get_default_sampling_params()
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids = self.validate_request(prompt, params)
@@ -93,6 +100,11 @@ class LLMEngine:
         self.scheduler.add_request(group.seqs[0], cache_salt(prompt))
         self._groups[request_id] = group
         self._arrivals += 1
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request without SamplingParams gets: vLLM's defaults, or the generation config's (see
+        EngineArgs.generation_config)."""
+        return SamplingParams(**self.default_sampling_fields)
 
     def validate_request(self, prompt: Prompt, params: SamplingParams | BeamSearchParams) -> tuple[str | None, list]:
         """Tokenize and check a request without queuing it (see InputProcessor); safe while a step runs."""

@@ -108,8 +108,9 @@ def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:
 
         def encode() -> list[int]:
             if body.messages is not None:
-                text = render_chat_prompt(state, conversation(body.messages), body.add_generation_prompt)
-                return state.tokenizer.encode(text, add_special_tokens=False)
+                # vLLM's chat tokenize request: the template's special tokens only (add_special_tokens=False)
+                return render_chat_prompt(state, conversation(body.messages),
+                                          body.add_generation_prompt)["prompt_token_ids"]
             return state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
 
         tokens = await state.off_loop(encode)

@@ -4,6 +4,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from jax_engine.input_processor import chat_prompt
 from jax_engine.outputs import Logprob
 from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import ChatCompletionRequest
@@ -28,11 +29,12 @@ def _logprobs(delta: Delta, num_top: int) -> dict | None:
     return {"content": content}
 
 
-def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_prompt: bool) -> str:
-    """The conversation through the model's chat template; a template error is the client's (400)."""
+def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_prompt: bool,
+                       add_special_tokens: bool = False) -> dict:
+    """The conversation through the model's chat template, tokenized once (input_processor.chat_prompt);
+    a template error is the client's (400)."""
     try:
-        return state.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                                   tokenize=False)
+        return chat_prompt(state.tokenizer, messages, add_generation_prompt, add_special_tokens)
     except Exception as error:  # jinja's TemplateError, or the template's own raise_exception
         raise APIError(400, f"messages could not be rendered with the chat template: {error}", "messages") from None
 
@@ -49,8 +51,8 @@ class ChatCompletions:
         params = state.sampling_params(body, body.max_completion_tokens or body.max_tokens,
                                        num_top if body.logprobs else None)
         refuse_if_busy(state.engine)
-        prompt = await state.off_loop(lambda: render_chat_prompt(state, body.conversation(),
-                                                                 body.add_generation_prompt))
+        prompt = await state.off_loop(lambda: render_chat_prompt(state, body.conversation(), body.add_generation_prompt,
+                                                                 body.add_special_tokens))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await add_streams(state, request_id, [prompt], params, cache_salt)
         if body.stream:

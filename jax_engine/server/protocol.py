@@ -32,6 +32,10 @@ class StreamOptions(APIModel):
     include_usage: bool = False
 
 
+# The sampling fields a model's generation config may set, and the value when neither it nor the request does.
+_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
 class SamplingRequest(APIModel):
     """Fields shared by completions and chat completions."""
 
@@ -40,14 +44,14 @@ class SamplingRequest(APIModel):
     temperature: Finite | None = Field(None, ge=0, description="default 1; 0 is greedy")
     top_p: Finite | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, description="vLLM extension; 0 or -1 disable")
-    min_p: Finite = Field(0.0, ge=0, le=1)
+    min_p: Finite | None = Field(None, ge=0, le=1, description="default 0")
     n: int = Field(1, ge=1)
     stop: Text | list[Text] | None = Field(None, description=f"at most {MAX_STOP_STRINGS} strings")
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     seed: int | None = Field(None, ge=-(2**63), lt=2**64)
     presence_penalty: Finite = Field(0.0, ge=-2, le=2)
     frequency_penalty: Finite = Field(0.0, ge=-2, le=2)
-    repetition_penalty: Finite = Field(1.0, gt=0)
+    repetition_penalty: Finite | None = Field(None, gt=0, description="default 1")
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
@@ -58,16 +62,28 @@ class SamplingRequest(APIModel):
     cache_salt: Text | None = Field(None, min_length=1, description="vLLM's: prefix-cache hits only between "
                                     "requests with the same salt")
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """SamplingParams for this request (SamplingParams checks what pydantic cannot, e.g. min_tokens)."""
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                        defaults: dict | None = None) -> SamplingParams:
+        """SamplingParams for this request (SamplingParams checks what pydantic cannot, e.g. min_tokens).
+
+        `defaults` (the model's generation config, LLMEngine.default_sampling_fields) fill the sampling fields
+        the request leaves out, and cap max_tokens, as in vLLM's server.
+        """
+        defaults = defaults or {}
+        limit = defaults.get("max_tokens")
+        if limit is not None:
+            max_tokens = limit if max_tokens is None else min(max_tokens, limit)
         return SamplingParams(
-            n=self.n, temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0, min_p=self.min_p,
+            n=self.n, **{name: self._or_default(name, defaults) for name in _DEFAULTS},
             seed=self.seed, max_tokens=max_tokens, stop=self.stop or (), stop_token_ids=self.stop_token_ids or (),
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
             logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output)
+
+    def _or_default(self, name: str, defaults: dict):
+        value = getattr(self, name)
+        return value if value is not None else defaults.get(name, _DEFAULTS[name])
 
     @property
     def include_usage(self) -> bool:
@@ -108,6 +124,8 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    add_special_tokens: bool = Field(False, description="vLLM's: also add the tokenizer's own special tokens "
+                                     "(a BOS) to the rendered template, which usually writes its own")
 
     def conversation(self) -> list[dict[str, str]]:
         return conversation(self.messages)

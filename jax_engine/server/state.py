@@ -89,7 +89,7 @@ class ServerState:
         self.check_model(body.model)
         self.check_n(body.n)
         try:
-            return body.sampling_params(max_tokens, logprobs)
+            return body.sampling_params(max_tokens, logprobs, self.engine.engine.default_sampling_fields)
         except ValueError as error:
             raise bad_request(error) from None
 

@@ -1,0 +1,55 @@
+"""A checkpoint's generation_config.json: the sampling defaults its authors recommend, applied as vLLM does.
+
+vLLM's `generation_config` engine argument:
+- "auto" (the default): the model directory's generation_config.json sets the default temperature, top_p,
+  top_k, min_p, repetition_penalty and max_tokens of requests that do not set their own;
+- "vllm": vLLM's neutral defaults (SamplingParams()) instead;
+- a directory: its generation_config.json instead of the model's.
+The file's `eos_token_id` (often a list, e.g. Llama 3's <|eot_id|> beside <|end_of_text|>) ends generation
+whatever the choice, as in vLLM.
+"""
+
+import json
+import os
+
+from reference.request import check
+
+FILE_NAME = "generation_config.json"
+# generation_config.json name -> SamplingParams field; vLLM's ModelConfig.get_diff_sampling_param reads these.
+SAMPLING_FIELDS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
+                   "top_p": "top_p", "min_p": "min_p", "max_new_tokens": "max_tokens"}
+
+
+def read_generation_config(directory: str) -> dict:
+    """The directory's generation_config.json as a dict; {} when it has none."""
+    path = os.path.join(directory, FILE_NAME)
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        config = json.load(f)
+    if not isinstance(config, dict):
+        raise ValueError(f"{path!r} must hold a JSON object")
+    return config
+
+
+def resolve_generation_config(choice: str, model_generation_config: dict) -> dict:
+    """The generation config the `generation_config` engine argument picks ("auto", "vllm" or a directory)."""
+    check(isinstance(choice, str) and choice != "", "generation_config", "'auto', 'vllm' or a directory", choice)
+    if choice in ("auto", "vllm"):
+        return model_generation_config
+    if not os.path.isfile(os.path.join(choice, FILE_NAME)):
+        raise FileNotFoundError(f"generation_config={choice!r} is not 'auto', 'vllm' or a directory with {FILE_NAME}")
+    return read_generation_config(choice)
+
+
+def default_sampling_fields(choice: str, generation_config: dict) -> dict:
+    """SamplingParams fields that replace vLLM's defaults: {} for "vllm", else those the config sets."""
+    if choice == "vllm":
+        return {}
+    return {field: generation_config[name] for name, field in SAMPLING_FIELDS.items()
+            if generation_config.get(name) is not None}
+
+
+def token_ids(value: int | list[int] | None) -> tuple[int, ...]:
+    """An HF config's token-id field (`eos_token_id` may be one id, a list or null) as a tuple."""
+    return () if value is None else tuple(value) if isinstance(value, list) else (value,)
