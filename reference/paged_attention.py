@@ -15,6 +15,17 @@ and the per-block partial results are merged exactly at the end:
 $$ m = \max_j m_j, \qquad \text{out}_i = \frac{\sum_j e^{m_j - m} o_j}{\sum_j e^{m_j - m} \ell_j}. $$
 
 No block needs to be next to another in memory, which is the point.
+
+Two variants change which keys a query sees and how it scores them. With a *sliding window* of $W$
+tokens (Mistral), the query at position $p$ sees key position $t$ only if $p - W < t \le p$: its last
+$W$ keys, itself included (the plain causal mask is $t \le p$). With *ALiBi* (BLOOM, MPT), every head
+$h$ has a slope $a_h$ and its scores get a linear penalty for distance,
+
+$$ s_{pt} = \frac{q_p k_t^\top}{\sqrt{d}} + a_h\,(t - p), $$
+
+added before the softmax. (BLOOM adds $a_h t$; the two differ by a constant per row, which the softmax
+cancels; $t - p$ keeps the numbers small at long positions.) A window also saves work in a paged cache:
+blocks wholly before the window of a chunk's first query are never read.
 """
 
 from dataclasses import dataclass
@@ -47,10 +58,27 @@ def write_kv(k_cache: np.ndarray, v_cache: np.ndarray, k: np.ndarray, v: np.ndar
     v_cache.reshape(num_blocks * block_size, num_kv_heads, head_dim)[slot_mapping] = v
 
 
-def _attend_block(q, k, v, query_pos, key_pos, scale):
+def _visible_keys(query_pos: np.ndarray, key_pos: np.ndarray, sliding_window: int | None) -> np.ndarray:
+    """[n, t] mask: causal, and within the query's last `sliding_window` positions when there is a window."""
+    distance = query_pos[:, None] - key_pos[None, :]  # how far back each key is
+    visible = distance >= 0
+    if sliding_window is not None:
+        visible &= distance < sliding_window
+    return visible
+
+
+def _alibi_bias(alibi_slopes: np.ndarray, query_pos: np.ndarray, key_pos: np.ndarray) -> np.ndarray:
+    """[n, heads, t] ALiBi term slope_h * (t - p): 0 at the query's own key, -slope_h for each step back."""
+    return alibi_slopes[None, :, None] * (key_pos[None, None, :] - query_pos[:, None, None])
+
+
+def _attend_block(q, k, v, query_pos, key_pos, scale, sliding_window, alibi_slopes):
     """Partial softmax of queries [n, kv, g, d] over one block's keys [b, kv, d]: (m, l, o)."""
+    n, num_kv_heads, group, _ = q.shape
     scores = np.einsum("nkgd,bkd->nkgb", q, k) * scale
-    visible = key_pos[None, None, None, :] <= query_pos[:, None, None, None]  # causal mask
+    if alibi_slopes is not None:
+        scores = scores + _alibi_bias(alibi_slopes, query_pos, key_pos).reshape(n, num_kv_heads, group, -1)
+    visible = _visible_keys(query_pos, key_pos, sliding_window)[:, None, None, :]
     scores = np.where(visible, scores, -np.inf)
     m = scores.max(axis=-1)  # [n, kv, g]; -inf where the whole block is in a query's future
     safe_m = np.where(np.isfinite(m), m, 0.0)
@@ -58,28 +86,49 @@ def _attend_block(q, k, v, query_pos, key_pos, scale):
     return m, p.sum(axis=-1), np.einsum("nkgb,bkd->nkgd", p, v)
 
 
-def _attend_sequence(q, k_cache, v_cache, block_table, seq_len, scale):
+def _first_block(first_query_pos: int, block_size: int, sliding_window: int | None) -> int:
+    """The first logical block any query of the chunk sees: block 0, or where the earliest window starts.
+
+        window 6, block_size 4, first query at position 9: it sees keys 4..9
+        keys   [0 1 2 3][4 5 6 7][8 9 . .]
+        block   0        1        2
+                skipped  ^ the first block read
+    """
+    if sliding_window is None:
+        return 0
+    return max(0, first_query_pos - sliding_window + 1) // block_size
+
+
+def _attend_sequence(q, k_cache, v_cache, block_table, seq_len, scale, sliding_window, alibi_slopes):
     """Attention of one sequence's new queries [n, heads, d] over its first `seq_len` cached tokens."""
     n, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     q = q.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)  # heads grouped by KV head
     query_pos = np.arange(seq_len - n, seq_len)
     partials = []
-    for j in range(cdiv(seq_len, block_size)):
+    for j in range(_first_block(seq_len - n, block_size, sliding_window), cdiv(seq_len, block_size)):
         valid = min(block_size, seq_len - j * block_size)
         key_pos = j * block_size + np.arange(valid)
         block = block_table[j]
-        partials.append(_attend_block(q, k_cache[block, :valid], v_cache[block, :valid], query_pos, key_pos, scale))
+        partials.append(_attend_block(q, k_cache[block, :valid], v_cache[block, :valid], query_pos, key_pos, scale,
+                                      sliding_window, alibi_slopes))
     m_all = np.stack([m for m, _, _ in partials])  # [blocks, n, kv, g]
-    m = m_all.max(axis=0)  # finite: every query sees at least key 0
-    weights = np.exp(m_all - m)  # e^{m_j - m}; 0 for blocks entirely in the future
+    m = m_all.max(axis=0)  # finite: every query sees at least its own key
+    weights = np.exp(m_all - m)  # e^{m_j - m}; 0 for blocks a query does not see
     l = sum(w * l_j for w, (_, l_j, _) in zip(weights, partials))
     o = sum(w[..., None] * o_j for w, (_, _, o_j) in zip(weights, partials))
     return (o / l[..., None]).reshape(n, num_heads, head_dim)
 
 
 def paged_attention(
-    q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, metadata: AttentionMetadata, scale: float
+    q: np.ndarray,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    metadata: AttentionMetadata,
+    scale: float,
+    *,
+    sliding_window: int | None = None,
+    alibi_slopes: np.ndarray | None = None,
 ) -> np.ndarray:
     """Causal attention of every new token over its own sequence's cached context.
 
@@ -92,6 +141,10 @@ def paged_attention(
         v_cache: the same layer's value cache, same shape.
         metadata: batch layout; see AttentionMetadata.
         scale: softmax scale, usually 1 / sqrt(head_dim).
+        sliding_window: each query sees only its last `sliding_window` keys, itself included (None: all).
+            Blocks wholly before a chunk's windows are not read.
+        alibi_slopes: [num_heads] ALiBi slope of each query head, adding slope * (t - p) to the score of
+            key position t for the query at position p (None: no ALiBi).
 
     Returns:
         [num_tokens, num_heads, head_dim] attention outputs.
@@ -100,11 +153,20 @@ def paged_attention(
     starts = metadata.query_start_loc
     for i, (seq_len, table) in enumerate(zip(metadata.seq_lens, metadata.block_tables)):
         start, end = starts[i], starts[i + 1]
-        out[start:end] = _attend_sequence(q[start:end], k_cache, v_cache, table, int(seq_len), scale)
+        out[start:end] = _attend_sequence(q[start:end], k_cache, v_cache, table, int(seq_len), scale,
+                                          sliding_window, alibi_slopes)
     return out
 
 
-def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+def dense_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    scale: float,
+    *,
+    sliding_window: int | None = None,
+    alibi_slopes: np.ndarray | None = None,
+) -> np.ndarray:
     """Plain causal softmax attention for one sequence, the textbook formula, for checking.
 
     Args:
@@ -112,14 +174,21 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -
         k: [seq_len, num_kv_heads, d] keys of the whole sequence.
         v: [seq_len, num_kv_heads, d] values of the whole sequence.
         scale: softmax scale.
+        sliding_window: each query sees only its last `sliding_window` keys, itself included (None: all).
+        alibi_slopes: [num_heads] ALiBi slopes (None: no ALiBi); see paged_attention.
+
+    Returns:
+        [n, num_heads, d] attention outputs.
     """
     n, num_heads, _ = q.shape
     seq_len, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [seq_len, heads, d]
     scores = np.einsum("nhd,thd->hnt", q, k) * scale
-    query_pos = np.arange(seq_len - n, seq_len)
-    scores = np.where(np.arange(seq_len)[None, None, :] <= query_pos[None, :, None], scores, -np.inf)
+    query_pos, key_pos = np.arange(seq_len - n, seq_len), np.arange(seq_len)
+    if alibi_slopes is not None:
+        scores = scores + _alibi_bias(alibi_slopes, query_pos, key_pos).transpose(1, 0, 2)
+    scores = np.where(_visible_keys(query_pos, key_pos, sliding_window)[None], scores, -np.inf)
     probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs /= probs.sum(axis=-1, keepdims=True)
     return np.einsum("hnt,thd->nhd", probs, v)

@@ -1,5 +1,7 @@
 """Random paged-attention cases shared by the kernel tests, and the reference's answer for them."""
 
+from dataclasses import dataclass
+
 import numpy as np
 from hypothesis import strategies as st
 
@@ -19,6 +21,27 @@ def paged_batches(draw, decode_only: bool):
     return block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, draw(st.integers(0, 2**31))
 
 
+@dataclass(frozen=True)
+class Variant:
+    """Which keys a query sees and how they score: a sliding window, ALiBi, both or neither (None, None)."""
+
+    sliding_window: int | None
+    alibi_seed: int | None  # slopes are drawn once the case's number of heads is known
+
+    def kwargs(self, num_heads: int) -> dict:
+        """The keyword arguments every attention implementation takes for this variant."""
+        slopes = None
+        if self.alibi_seed is not None:
+            # Up to 1 per token, as BLOOM's steepest head (0.5) and more: a sign or head mix-up shows.
+            slopes = np.random.default_rng(self.alibi_seed).uniform(0.0, 1.0, num_heads).astype(np.float32)
+        return {"sliding_window": self.sliding_window, "alibi_slopes": slopes}
+
+
+def variants() -> st.SearchStrategy[Variant]:
+    """No window or a window of 1..40 tokens (contexts run to 70: windows both cut and cover them); ALiBi or not."""
+    return st.builds(Variant, st.one_of(st.none(), st.integers(1, 40)), st.one_of(st.none(), st.integers(0, 2**31)))
+
+
 def make_case(block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed):
     rng = np.random.default_rng(seed)
     max_blocks = max(1, max(-(-n // block_size) for n in seq_lens))
@@ -31,12 +54,14 @@ def make_case(block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed)
     return k, v, tables.astype(np.int32), q, starts
 
 
-def expected(q, k, v, tables, seq_lens, starts, head_dim):
+def expected(q, k, v, tables, seq_lens, starts, head_dim, **variant):
+    """The reference's output for the case's query rows (padding sequences' rows: zeros); `variant` is
+    Variant.kwargs (sliding_window, alibi_slopes)."""
     real = [i for i, n in enumerate(seq_lens) if n]
     out = np.zeros_like(q)
     md = AttentionMetadata(np.zeros(len(q), int), np.array([0] + [starts[i + 1] - starts[i] for i in real]).cumsum(),
                            np.array([seq_lens[i] for i in real]), [list(tables[i]) for i in real])
     rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in real]) if real else np.zeros(0, int)
     if real:
-        out[rows] = paged_attention(q[rows], k[1], v[1], md, head_dim**-0.5)
+        out[rows] = paged_attention(q[rows], k[1], v[1], md, head_dim**-0.5, **variant)
     return out

@@ -8,34 +8,35 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jax_engine.attention import cpu, get_attention_backend
-from tests.kernel_cases import expected, make_case, paged_batches
+from tests.kernel_cases import Variant, expected, make_case, paged_batches, variants
 
 pytestmark = pytest.mark.skipif(cpu.kernel_unavailable_reason() is not None,
                                 reason=f"no CPU kernel: {cpu.kernel_unavailable_reason()}")
 FEW = settings(max_examples=max(settings.default.max_examples // 4, 8))  # each new shape compiles
 
 
-def run_kernel(q, k, v, tables, query_seq, context_lens, block_size, layer=1):
-    """The kernel on [L, NB, bs, K, D] caches (flattened to slots, as the model passes them)."""
+def run_kernel(q, k, v, tables, query_seq, context_lens, block_size, layer=1, **variant):
+    """The kernel on [L, NB, bs, K, D] caches (flattened to slots, as the model passes them); `variant` is
+    Variant.kwargs (sliding_window, alibi_slopes)."""
     num_kv_heads, head_dim = k.shape[-2:]
     slots = lambda x: jnp.asarray(x).reshape(x.shape[0], -1, num_kv_heads, head_dim)  # noqa: E731
     out = cpu.attend_rows(jnp.asarray(q), slots(k), slots(v), jnp.int32(layer), jnp.asarray(tables),
                           jnp.asarray(query_seq, jnp.int32), jnp.asarray(context_lens, jnp.int32), block_size,
-                          head_dim**-0.5)
+                          head_dim**-0.5, **variant)
     return np.asarray(out)
 
 
-def kernel_case(case, cache_dtype=jnp.float32):
+def kernel_case(case, cache_dtype=jnp.float32, **variant):
     """(query rows, the reference's output for them, caches, tables, each row's sequence and context length).
 
     Every sequence's chunk is its last q_len tokens; a padding sequence (seq_len 0) gets one padding row,
     which must come out zero. The caches hold `cache_dtype` values; the reference attends over exactly
-    those values, widened.
+    those values, widened. `variant` (Variant.kwargs) goes to the reference.
     """
     block_size, head_dim, _, _, seq_lens, q_lens, _ = case
     k, v, tables, q, starts = make_case(*case)
     k, v = (np.asarray(jnp.asarray(x, cache_dtype)) for x in (k, v))
-    want = expected(q, k.astype(np.float32), v.astype(np.float32), tables, seq_lens, starts, head_dim)
+    want = expected(q, k.astype(np.float32), v.astype(np.float32), tables, seq_lens, starts, head_dim, **variant)
     query_seq = np.repeat(np.arange(len(seq_lens)), q_lens)
     context_lens = np.concatenate([np.arange(n - m, n) + 1 for n, m in zip(seq_lens, q_lens)]).astype(int)
     padding = [i for i, n in enumerate(seq_lens) if n == 0]
@@ -46,13 +47,28 @@ def kernel_case(case, cache_dtype=jnp.float32):
 
 
 @FEW
-@given(paged_batches(decode_only=False), st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]))
-def test_kernel_matches_the_reference(case, cache_dtype):
-    """Decode rows and prefill chunks (causal within the chunk, after a cached context) together."""
-    q, want, k, v, tables, query_seq, context_lens = kernel_case(case, cache_dtype)
-    out = run_kernel(q, k, v, tables, query_seq, context_lens, case[0])
+@given(paged_batches(decode_only=False), st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]), variants())
+def test_kernel_matches_the_reference(case, cache_dtype, variant: Variant):
+    """Decode rows and prefill chunks (causal within the chunk, after a cached context) together, with and
+    without a sliding window and ALiBi."""
+    options = variant.kwargs(case[2] * case[3])
+    q, want, k, v, tables, query_seq, context_lens = kernel_case(case, cache_dtype, **options)
+    out = run_kernel(q, k, v, tables, query_seq, context_lens, case[0], **options)
     diff = np.abs(out - want).max()
     assert diff < 2e-5, f"max difference {diff}"  # float32 sums in another order (and padding rows exactly 0)
+
+
+def test_window_reads_only_the_blocks_it_reaches():
+    """Blocks wholly before every row's window may hold anything, even a block id outside the cache (a
+    block freed later): they are neither checked nor read. A window reaching them is refused."""
+    case = (16, 64, 3, 1, [60, 40], [3, 1], 5)  # rows at positions 57..59 and 39
+    options = dict(sliding_window=10, alibi_slopes=np.array([0.5, 0.25, 0.125], np.float32))
+    q, want, k, v, tables, query_seq, context_lens = kernel_case(case, **options)
+    tables[0, :3], tables[1, :1] = 99, -1  # keys 0..47 of sequence 0 and 0..15 of sequence 1 are out of reach
+    out = run_kernel(q, k, v, tables, query_seq, context_lens, 16, **options)
+    assert np.abs(out - want).max() < 2e-5
+    with pytest.raises(jax.errors.JaxRuntimeError, match="block id 99 out of range"):
+        run_kernel(q, k, v, tables, query_seq, context_lens, 16, **{**options, "sliding_window": 20})
 
 
 def test_loading_the_kernel_leaves_denormals_alone():
@@ -81,6 +97,14 @@ def test_bad_inputs_are_errors_not_wild_reads(tables, query_seq, context_lens, m
     k = np.zeros((2, 4, 16, 1, 64), np.float32)
     with pytest.raises(jax.errors.JaxRuntimeError, match=message):
         run_kernel(np.zeros((2, 1, 64), np.float32), k, k, np.array(tables, np.int32), query_seq, context_lens, 16)
+
+
+def test_bad_window_and_slopes_are_errors():
+    q, k, tables = np.zeros((1, 2, 64), np.float32), np.zeros((2, 4, 16, 1, 64), np.float32), np.zeros((1, 1), np.int32)
+    with pytest.raises(ValueError, match="sliding_window must be at least 1"):
+        run_kernel(q, k, k, tables, [0], [1], 16, sliding_window=0)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="inconsistent shapes"):
+        run_kernel(q, k, k, tables, [0], [1], 16, alibi_slopes=np.ones(3, np.float32))
 
 
 def test_auto_backend_on_cpu_is_the_kernel_backend():

@@ -7,28 +7,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
-from tests.kernel_cases import expected, make_case, paged_batches
+from tests.kernel_cases import Variant, expected, make_case, paged_batches, variants
 
 INTERPRET = jax.default_backend() != "gpu"
 FEW = settings(max_examples=max(settings.default.max_examples // 8, 4))  # each new shape compiles
 
 
 @FEW
-@given(paged_batches(decode_only=True), st.sampled_from([1, 2, 4]))
-def test_decode_kernel_matches_the_reference(case, num_partitions):
+@given(paged_batches(decode_only=True), st.sampled_from([1, 2, 4]), variants())
+# A window of 9 at position 19 reaches keys 11..19 in blocks 1-2 of 8 tokens; its first block rounds down to a
+# step (2 blocks), so the one partition must walk blocks 0-2: the partition size must count the rounding.
+@example(case=(8, 64, 4, 1, [20, 45, 0], [1, 1, 0], 3), num_partitions=1, variant=Variant(9, 3))
+def test_decode_kernel_matches_the_reference(case, num_partitions, variant: Variant):
     block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed = case
+    options = variant.kwargs(group * num_kv_heads)
     k, v, tables, q, starts = make_case(*case)
     padded_q = np.zeros((len(seq_lens), q.shape[1], head_dim), np.float32)
     padded_q[[i for i, n in enumerate(seq_lens) if n]] = q
     out = paged_decode_attention(jnp.array(padded_q), jnp.array(k), jnp.array(v), jnp.array(tables),
-                                 jnp.array(seq_lens, jnp.int32), 1, num_partitions=num_partitions, interpret=INTERPRET)
+                                 jnp.array(seq_lens, jnp.int32), 1, num_partitions=num_partitions, interpret=INTERPRET,
+                                 **options)
     want = np.zeros_like(padded_q)
-    want[[i for i, n in enumerate(seq_lens) if n]] = expected(q, k, v, tables, seq_lens, starts, head_dim)
+    want[[i for i, n in enumerate(seq_lens) if n]] = expected(q, k, v, tables, seq_lens, starts, head_dim, **options)
     diff = np.abs(np.asarray(out) - want).max()
     # float32, with the softmax accumulated online block by block and partitions merged: another summation
     # order than the reference's; outputs are O(1), so differences are a few float32 ulps (~1e-6).
@@ -36,14 +41,16 @@ def test_decode_kernel_matches_the_reference(case, num_partitions):
 
 
 @FEW
-@given(paged_batches(decode_only=False))
-def test_ragged_kernel_matches_the_reference(case):
+@given(paged_batches(decode_only=False), variants())
+def test_ragged_kernel_matches_the_reference(case, variant: Variant):
     block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed = case
+    options = variant.kwargs(group * num_kv_heads)
     k, v, tables, q, starts = make_case(*case)
     out = ragged_paged_attention(jnp.array(q), jnp.array(k), jnp.array(v), jnp.array(tables),
                                  jnp.array(seq_lens, jnp.int32), jnp.array(starts), 1,
-                                 max_q_len=max(max(q_lens), 1), interpret=INTERPRET)
-    diff = np.abs(np.asarray(out) - expected(q, k, v, tables, seq_lens, starts, head_dim)).max(initial=0)
+                                 max_q_len=max(max(q_lens), 1), interpret=INTERPRET, **options)
+    want = expected(q, k, v, tables, seq_lens, starts, head_dim, **options)
+    diff = np.abs(np.asarray(out) - want).max(initial=0)
     assert diff < 2e-5, f"max difference {diff}"  # float32, online softmax: as for the decode kernel
 
 

@@ -5,7 +5,8 @@ every context padded to the longest and every prefill chunk to the longest chunk
 that padding, not the arithmetic, are most of the attention's cost. The kernel
 (cpu_kernel/paged_attention.cc) takes the step's tokens as they are laid out, one query row each, and
 reads each row's keys and values through its sequence's block table up to the row's own position:
-decode and prefill tokens alike, causal by construction, nothing padded.
+decode and prefill tokens alike, causal by construction, nothing padded. With a sliding window a row reads
+only the blocks its window reaches.
 
 The kernel is compiled with the system C++ compiler on first use (jax_engine/native.py); without a
 compiler the "auto" backend falls back to "xla" (and says why in the log).
@@ -36,14 +37,37 @@ def kernel_unavailable_reason() -> str | None:
 
 
 def attend_rows(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array, tables: jax.Array,
-                query_seq: jax.Array, context_lens: jax.Array, block_size: int, scale: float) -> jax.Array:
+                query_seq: jax.Array, context_lens: jax.Array, block_size: int, scale: float, *,
+                sliding_window: int | None = None, alibi_slopes: jax.Array | None = None) -> jax.Array:
     """q [R, N, D] -> [R, N, D]: each query row over the first context_lens[r] keys of sequence query_seq[r].
 
     Rows with context_len 0 are padding (zeros out). Caches may be float32, bfloat16 or float16.
+
+    Args:
+        q: [R, N, D] query rows; row r sits at position context_lens[r] - 1 of its sequence.
+        k_cache: [L, num_slots, K, D] every layer's keys; v_cache: the same for values.
+        layer: the layer to read.
+        tables: [B, C] int32 block ids of each sequence.
+        query_seq: [R] int32 the sequence (row of tables) of each query row.
+        context_lens: [R] int32 keys each row sees (0: padding row).
+        block_size: tokens per block.
+        scale: softmax scale.
+        sliding_window: each row sees only its last `sliding_window` keys, and reads only their blocks
+            (None: all its keys).
+        alibi_slopes: [N] float32 ALiBi slope of each query head: slope * (t - p) is added to the scaled
+            score of key t for the row at position p (None: no ALiBi).
+
+    Returns:
+        [R, N, D] float32 attention outputs.
     """
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError(f"sliding_window must be at least 1 (or None), got {sliding_window}")
+    # The kernel takes a slopes buffer either way: all zeros is no ALiBi (and it skips the term).
+    slopes = jnp.zeros(q.shape[1], jnp.float32) if alibi_slopes is None else jnp.asarray(alibi_slopes, jnp.float32)
     call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
     return call(q.astype(jnp.float32), k_cache, v_cache, jnp.asarray(layer, jnp.int32), tables, query_seq,
-                context_lens, block_size=np.int64(block_size), scale=np.float32(scale))
+                context_lens, slopes, block_size=np.int64(block_size), scale=np.float32(scale),
+                sliding_window=np.int64(sliding_window or 0))
 
 
 def _rows(metadata: AttentionMetadata, num_tokens: int) -> tuple[jax.Array, jax.Array]:
@@ -57,11 +81,13 @@ def _rows(metadata: AttentionMetadata, num_tokens: int) -> tuple[jax.Array, jax.
 
 
 def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
-                    layer: jax.Array, metadata: AttentionMetadata, block_size: int,
-                    scale: float) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The attention backend contract (see backend.py), on the ragged layout: decode_token_index and
+                    layer: jax.Array, metadata: AttentionMetadata, block_size: int, scale: float, *,
+                    sliding_window: int | None = None,
+                    alibi_slopes: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The attention backend contract (see metadata.py), on the ragged layout: decode_token_index and
     prefill_token_index are not read (the model runner leaves them empty for this backend)."""
     k_cache, v_cache = xla.write_kv(k, v, k_cache, v_cache, layer, metadata.slot_mapping)
     query_seq, context_lens = _rows(metadata, q.shape[0])
-    out = attend_rows(q, k_cache, v_cache, layer, metadata.block_tables, query_seq, context_lens, block_size, scale)
+    out = attend_rows(q, k_cache, v_cache, layer, metadata.block_tables, query_seq, context_lens, block_size, scale,
+                      sliding_window=sliding_window, alibi_slopes=alibi_slopes)
     return out.astype(q.dtype), k_cache, v_cache

@@ -24,26 +24,44 @@ def _gather_context(cache: jax.Array, layer: jax.Array, block_tables: jax.Array,
     return context.reshape(block_tables.shape[0], -1, num_kv_heads, head_dim)
 
 
-def _softmax_attend(scores: jax.Array, visible: jax.Array, v: jax.Array, spec: str) -> jax.Array:
-    scores = jnp.where(visible, scores.astype(jnp.float32), _MASKED)
+def _masked_scores(scores: jax.Array, query_pos: jax.Array, key_pos: jax.Array, sliding_window: int | None,
+                   alibi_slopes: jax.Array | None) -> jax.Array:
+    """scores [B, K, G, Q, T] -> float32, ALiBi added and keys a query may not see at _MASKED.
+
+    query_pos [B, Q], key_pos [T]. A query at p sees key t when 0 <= p - t (causal) and p - t < sliding_window.
+    """
+    distance = query_pos[:, None, None, :, None] - key_pos  # [B, 1, 1, Q, T]
+    visible = distance >= 0
+    if sliding_window is not None:
+        visible &= distance < sliding_window
+    scores = scores.astype(jnp.float32)
+    if alibi_slopes is not None:
+        num_kv_heads, group = scores.shape[1:3]
+        slopes = jnp.asarray(alibi_slopes, jnp.float32).reshape(num_kv_heads, group)[None, :, :, None, None]
+        scores = scores - slopes * distance  # slope * (t - p)
+    return jnp.where(visible, scores, _MASKED)
+
+
+def _softmax_attend(scores: jax.Array, v: jax.Array, spec: str) -> jax.Array:
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum(spec, probs, v)
 
 
-def _decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale):
-    """q [Bd, K, G, D] -> [Bd, K, G, D]: one query per sequence over its whole context."""
+def _decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale, sliding_window, alibi_slopes):
+    """q [Bd, K, G, D] -> [Bd, K, G, D]: one query per sequence, at position seq_len - 1, over its context."""
     k, v = _gather_context(k_cache, layer, tables, block_size), _gather_context(v_cache, layer, tables, block_size)
     scores = jnp.einsum("bkgd,btkd->bkgt", q, k) * scale
-    visible = jnp.arange(k.shape[1])[None, None, None, :] < seq_lens[:, None, None, None]
-    return _softmax_attend(scores, visible, v, "bkgt,btkd->bkgd")
+    query_pos = (seq_lens - 1)[:, None]  # [Bd, 1]; padding rows (seq_len 0) see nothing
+    scores = _masked_scores(scores[..., None, :], query_pos, jnp.arange(k.shape[1]), sliding_window, alibi_slopes)
+    return _softmax_attend(scores[..., 0, :], v, "bkgt,btkd->bkgd")
 
 
-def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale):
+def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale, sliding_window, alibi_slopes):
     """q [Bp, Qp, K, G, D], positions [Bp, Qp] -> [Bp, Qp, K, G, D], causal over the context."""
     k, v = _gather_context(k_cache, layer, tables, block_size), _gather_context(v_cache, layer, tables, block_size)
     scores = jnp.einsum("bqkgd,btkd->bkgqt", q, k) * scale
-    visible = jnp.arange(k.shape[1])[None, None, None, None, :] <= positions[:, None, None, :, None]
-    return _softmax_attend(scores, visible, v, "bkgqt,btkd->bqkgd")
+    scores = _masked_scores(scores, positions, jnp.arange(k.shape[1]), sliding_window, alibi_slopes)
+    return _softmax_attend(scores, v, "bkgqt,btkd->bqkgd")
 
 
 def write_kv(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
@@ -61,9 +79,12 @@ def write_kv(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
 
 
 def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
-                    layer: jax.Array, metadata: AttentionMetadata, block_size: int,
-                    scale: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+                    layer: jax.Array, metadata: AttentionMetadata, block_size: int, scale: float, *,
+                    sliding_window: int | None = None,
+                    alibi_slopes: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Write the step's keys and values, then attend every new token over its sequence's context.
+
+    Every sequence's context is gathered whole: a sliding window masks keys here but saves no reads.
 
     Args:
         q: [T, N, D] queries of the step's tokens.
@@ -74,6 +95,9 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
         metadata: the batch layout (see AttentionMetadata).
         block_size: tokens per block.
         scale: softmax scale.
+        sliding_window: each token sees only its last `sliding_window` keys, itself included (None: all).
+        alibi_slopes: [N] float32 ALiBi slope of each query head: slope * (t - p) is added to the scaled
+            score of key position t for the token at position p (None: no ALiBi).
 
     Returns:
         ([T, N, D] attention output, rows of padding tokens zeros or garbage but never NaN; k_cache; v_cache).
@@ -88,12 +112,13 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
         rows = metadata.decode_token_index
         qd = jnp.take(grouped, rows, axis=0, mode="fill", fill_value=0)
         o = _decode(qd, k_cache, v_cache, layer, metadata.block_tables[:num_decode],
-                    metadata.seq_lens[:num_decode], block_size, scale)
+                    metadata.seq_lens[:num_decode], block_size, scale, sliding_window, alibi_slopes)
         out = out.at[rows].set(o, mode="drop")
     if metadata.prefill_token_index.shape[0]:
         rows = metadata.prefill_token_index  # [Bp, Qp]
         qp = jnp.take(grouped, rows, axis=0, mode="fill", fill_value=0)
         positions = jnp.take(metadata.positions, rows, axis=0, mode="fill", fill_value=0)
-        o = _prefill(qp, positions, k_cache, v_cache, layer, metadata.block_tables[num_decode:], block_size, scale)
+        o = _prefill(qp, positions, k_cache, v_cache, layer, metadata.block_tables[num_decode:], block_size, scale,
+                     sliding_window, alibi_slopes)
         out = out.at[rows].set(o, mode="drop")
     return out.reshape(num_tokens, num_heads, head_dim), k_cache, v_cache

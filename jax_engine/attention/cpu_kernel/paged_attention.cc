@@ -5,7 +5,8 @@
 // padding costs as much as real work: every prefill chunk is padded to the longest one and every context
 // to the longest context. Here each query row reads its keys and values straight from the paged cache
 // through its sequence's block table, and only up to its own context length (its position + 1), which
-// also makes prefill causal without a mask. The rows are ragged: no padding at all.
+// also makes prefill causal without a mask. The rows are ragged: no padding at all. With a sliding window a
+// row reads only its last `sliding_window` keys, from the block the window starts in: the window's saving.
 //
 // One work item is one query row (all its heads: a cache slot holds the KV heads side by side, so reads
 // are contiguous). Items are shared out over XLA's own intra-op thread pool.
@@ -19,7 +20,10 @@
 //   query_seq    [R]  int32       the sequence (row of tables) each query belongs to
 //   context_lens [R]  int32       keys each query sees; only the first ceil(len / block_size) blocks are
 //                                 read; 0 = padding row (output zeros)
+//   alibi_slopes [N]  float32     ALiBi slope of each query head: slope * (t - p) is added to the scaled
+//                                 score of key t for the query at p = len - 1; all zero = no ALiBi
 //   out          [R, N, D]
+// Attributes: block_size; scale; sliding_window (a row sees keys p - sliding_window < t <= p; 0 = no window).
 
 #include <algorithm>
 #include <atomic>
@@ -49,12 +53,20 @@ struct Problem {
   const int32_t* tables;
   const int32_t* query_seq;
   const int32_t* context_lens;
+  const float* alibi_slopes;  // [N], or nullptr: no ALiBi
   float* out;
   int64_t num_rows, num_heads, num_kv_heads, head_dim, max_blocks, block_size;
+  int64_t sliding_window;  // 0: none
   float scale;
 };
 
-// Call visit(t, slot) for the tokens t < n of a sequence, in order, walking its block table block by block.
+// The first key a query with n keys of context sees: 0, or the start of its last `sliding_window` keys.
+inline int64_t window_begin(int64_t n, int64_t sliding_window) {
+  return sliding_window > 0 ? std::max<int64_t>(0, n - sliding_window) : 0;
+}
+
+// Call visit(t, slot) for the tokens begin <= t < n of a sequence, in order, walking its block table block by
+// block from the block that holds `begin` (the blocks before it are not touched).
 // While it visits a block it prefetches the same token of the next block from `rows` (one row of
 // `row_bytes` per slot): blocks lie scattered over the cache, so the hardware prefetcher, which follows
 // addresses within a page, cannot see the next one coming. The prefetch goes to L2, not L1: a block ahead is
@@ -62,14 +74,14 @@ struct Problem {
 // push out the lines being read now and be pushed out themselves before their turn (`bench kernels`,
 // scattered 64-token blocks: ~9% faster than into L1).
 template <typename Visit>
-inline void for_each_slot(const int32_t* table, int64_t n, int64_t block_size, const void* rows, int64_t row_bytes,
-                          Visit&& visit) {
+inline void for_each_slot(const int32_t* table, int64_t begin, int64_t n, int64_t block_size, const void* rows,
+                          int64_t row_bytes, Visit&& visit) {
   const char* bytes = static_cast<const char*>(rows);
-  for (int64_t first = 0; first < n; first += block_size) {
+  for (int64_t first = begin - begin % block_size; first < n; first += block_size) {
     const int64_t first_slot = static_cast<int64_t>(table[first / block_size]) * block_size;
     const int64_t end = std::min(n, first + block_size);
     const int64_t next_slot = end < n ? static_cast<int64_t>(table[end / block_size]) * block_size : -1;
-    for (int64_t t = first; t < end; ++t) {
+    for (int64_t t = std::max(first, begin); t < end; ++t) {
       if (next_slot >= 0) {
         const char* ahead = bytes + (next_slot + t - first) * row_bytes;
         for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line, 0, 1);
@@ -79,11 +91,18 @@ inline void for_each_slot(const int32_t* table, int64_t n, int64_t block_size, c
   }
 }
 
+// ALiBi: row[i] += slope * (t - position) for the keys t = begin + i of a query at `position`. The index is
+// int32 (contexts are int32) so that its conversion to float vectorizes: AVX2 has no int64 -> float in vectors.
+inline void add_alibi(float* row, int64_t count, float slope, int64_t begin, int64_t position) {
+  const float offset = slope * static_cast<float>(begin - position);
+  for (int32_t i = 0; i < static_cast<int32_t>(count); ++i) row[i] += offset + slope * static_cast<float>(i);
+}
+
 // Attend one query row (all heads) over its context. `scores` and `acc` are scratch reused between items.
 template <typename T>
 void attend_row(const Problem& p, int64_t row, std::vector<float>& scores, std::vector<float>& acc) {
   const int64_t N = p.num_heads, K = p.num_kv_heads, D = p.head_dim, G = N / K;
-  const int64_t n = p.context_lens[row];
+  const int64_t n = p.context_lens[row];  // keys 0..n-1; the query is at position n - 1
   float* out = p.out + row * N * D;
   if (n <= 0) {
     std::fill(out, out + N * D, 0.0f);
@@ -94,36 +113,40 @@ void attend_row(const Problem& p, int64_t row, std::vector<float>& scores, std::
   const T* keys = static_cast<const T*>(p.k_layer);
   const T* values = static_cast<const T*>(p.v_layer);
   const int64_t slot_stride = K * D;
-  scores.resize(N * n);  // [N, n]
+  const int64_t begin = window_begin(n, p.sliding_window);
+  const int64_t m = n - begin;  // keys seen: begin..n-1
+  scores.resize(N * m);  // [N, m]
 
-  // Pass 1: scores[h, t] = scale * q[h] . k[t, h / G]
-  for_each_slot(table, n, p.block_size, keys, slot_stride * sizeof(T), [&](int64_t t, int64_t slot) {
+  // Pass 1: scores[h, t - begin] = scale * q[h] . k[t, h / G]
+  for_each_slot(table, begin, n, p.block_size, keys, slot_stride * sizeof(T), [&](int64_t t, int64_t slot) {
     const T* k_row = keys + slot * slot_stride;
     for (int64_t h = 0; h < N; ++h) {
       const T* k = k_row + (h / G) * D;
       const float* qh = q + h * D;
       float dot = 0.0f;
       for (int64_t d = 0; d < D; ++d) dot += qh[d] * to_float(k[d]);
-      scores[h * n + t] = dot * p.scale;
+      scores[h * m + t - begin] = dot * p.scale;
     }
   });
-  // Softmax over each head's row, in place.
+  // Softmax over each head's row, in place (ALiBi first: a loop of its own, so the dot products stay as fast
+  // without it).
   for (int64_t h = 0; h < N; ++h) {
-    float* row = scores.data() + h * n;
-    const float peak = *std::max_element(row, row + n);
-    for (int64_t t = 0; t < n; ++t) row[t] = std::exp(row[t] - peak);  // a loop of its own: vectorized
+    float* row = scores.data() + h * m;
+    if (p.alibi_slopes) add_alibi(row, m, p.alibi_slopes[h], begin, n - 1);
+    const float peak = *std::max_element(row, row + m);
+    for (int64_t t = 0; t < m; ++t) row[t] = std::exp(row[t] - peak);  // a loop of its own: vectorized
     float total = 0.0f;
-    for (int64_t t = 0; t < n; ++t) total += row[t];
+    for (int64_t t = 0; t < m; ++t) total += row[t];
     const float inverse = 1.0f / total;
-    for (int64_t t = 0; t < n; ++t) row[t] *= inverse;
+    for (int64_t t = 0; t < m; ++t) row[t] *= inverse;
   }
   // Pass 2: out[h] = sum_t probs[h, t] * v[t, h / G]
   acc.assign(N * D, 0.0f);
-  for_each_slot(table, n, p.block_size, values, slot_stride * sizeof(T), [&](int64_t t, int64_t slot) {
+  for_each_slot(table, begin, n, p.block_size, values, slot_stride * sizeof(T), [&](int64_t t, int64_t slot) {
     const T* v_row = values + slot * slot_stride;
     for (int64_t h = 0; h < N; ++h) {
       const T* v = v_row + (h / G) * D;
-      const float weight = scores[h * n + t];
+      const float weight = scores[h * m + t - begin];
       float* a = acc.data() + h * D;
       for (int64_t d = 0; d < D; ++d) a[d] += weight * to_float(v[d]);
     }
@@ -154,10 +177,12 @@ struct WorkQueue {
   }
 };
 
-// The most keys any query of each sequence reads; checked against its table before anything is read.
+// The blocks any query of each sequence reads (from its earliest window's block to its longest context's last),
+// checked against its table before anything is read. Blocks before every window are not read, so not checked.
 ffi::Error check_tables(const int32_t* tables, int64_t num_seqs, int64_t max_blocks, const int32_t* query_seq,
-                        const int32_t* context_lens, int64_t num_rows, int64_t block_size, int64_t num_blocks) {
-  std::vector<int64_t> longest(num_seqs, 0);
+                        const int32_t* context_lens, int64_t num_rows, int64_t block_size, int64_t num_blocks,
+                        int64_t sliding_window) {
+  std::vector<int64_t> longest(num_seqs, 0), earliest(num_seqs, INT64_MAX);
   for (int64_t r = 0; r < num_rows; ++r) {
     if (context_lens[r] < 0) {
       return ffi::Error::InvalidArgument("paged_attention: context_len " + std::to_string(context_lens[r]));
@@ -168,6 +193,7 @@ ffi::Error check_tables(const int32_t* tables, int64_t num_seqs, int64_t max_blo
                                          " out of range");
     }
     longest[query_seq[r]] = std::max<int64_t>(longest[query_seq[r]], context_lens[r]);
+    earliest[query_seq[r]] = std::min(earliest[query_seq[r]], window_begin(context_lens[r], sliding_window));
   }
   for (int64_t b = 0; b < num_seqs; ++b) {
     const int64_t used = (longest[b] + block_size - 1) / block_size;
@@ -175,7 +201,7 @@ ffi::Error check_tables(const int32_t* tables, int64_t num_seqs, int64_t max_blo
       return ffi::Error::InvalidArgument("paged_attention: context_len " + std::to_string(longest[b]) +
                                          " beyond its table");
     }
-    for (int64_t c = 0; c < used; ++c) {
+    for (int64_t c = used ? earliest[b] / block_size : 0; c < used; ++c) {
       const int32_t block = tables[b * max_blocks + c];
       if (block < 0 || block >= num_blocks) {
         return ffi::Error::InvalidArgument("paged_attention: block id " + std::to_string(block) + " out of range");
@@ -188,7 +214,8 @@ ffi::Error check_tables(const int32_t* tables, int64_t num_seqs, int64_t max_blo
 ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
                               ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> tables,
                               ffi::Buffer<ffi::S32> query_seq, ffi::Buffer<ffi::S32> context_lens,
-                              ffi::ResultBuffer<ffi::F32> out, int64_t block_size, float scale) {
+                              ffi::Buffer<ffi::F32> alibi_slopes, ffi::ResultBuffer<ffi::F32> out, int64_t block_size,
+                              float scale, int64_t sliding_window) {
   const auto q_dims = q.dimensions();
   const auto cache_dims = k_cache.dimensions();
   const auto table_dims = tables.dimensions();
@@ -205,8 +232,12 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
   const int64_t num_rows = q_dims[0], num_heads = q_dims[1], num_seqs = table_dims[0], max_blocks = table_dims[1];
   if (q_dims[2] != head_dim || num_heads % num_kv_heads != 0 ||
       query_seq.element_count() != static_cast<size_t>(num_rows) ||
-      context_lens.element_count() != static_cast<size_t>(num_rows) || block_size <= 0 || num_slots % block_size) {
+      context_lens.element_count() != static_cast<size_t>(num_rows) ||
+      alibi_slopes.element_count() != static_cast<size_t>(num_heads) || block_size <= 0 || num_slots % block_size) {
     return ffi::Error::InvalidArgument("paged_attention: inconsistent shapes");
+  }
+  if (sliding_window < 0) {
+    return ffi::Error::InvalidArgument("paged_attention: sliding_window " + std::to_string(sliding_window));
   }
   const int64_t layer_index = layer.typed_data()[0];
   if (layer_index < 0 || layer_index >= num_layers) {
@@ -214,9 +245,13 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
   }
   // Checked up front, so the kernel itself never reads outside the cache.
   ffi::Error checked = check_tables(tables.typed_data(), num_seqs, max_blocks, query_seq.typed_data(),
-                                    context_lens.typed_data(), num_rows, block_size, num_slots / block_size);
+                                    context_lens.typed_data(), num_rows, block_size, num_slots / block_size,
+                                    sliding_window);
   if (checked.failure()) return checked;
 
+  // All zero (what the caller passes for no ALiBi) adds nothing: skip the term.
+  const float* slopes = alibi_slopes.typed_data();
+  const bool alibi = std::any_of(slopes, slopes + num_heads, [](float slope) { return slope != 0.0f; });
   const size_t item = dtype == ffi::DataType::F32 ? 4 : 2;
   const int64_t layer_offset = layer_index * num_slots * num_kv_heads * head_dim;
   auto work = std::make_shared<WorkQueue>();
@@ -226,8 +261,9 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
                           tables.typed_data(),
                           query_seq.typed_data(),
                           context_lens.typed_data(),
+                          alibi ? slopes : nullptr,
                           out->typed_data(),
-                          num_rows, num_heads, num_kv_heads, head_dim, max_blocks, block_size, scale};
+                          num_rows, num_heads, num_kv_heads, head_dim, max_blocks, block_size, sliding_window, scale};
   work->dtype = dtype;
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), num_rows) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
@@ -250,6 +286,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedAttention, PagedAttentionImpl,
                                   .Arg<ffi::Buffer<ffi::S32>>()  // tables
                                   .Arg<ffi::Buffer<ffi::S32>>()  // query_seq
                                   .Arg<ffi::Buffer<ffi::S32>>()  // context_lens
+                                  .Arg<ffi::Buffer<ffi::F32>>()  // alibi_slopes
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out
                                   .Attr<int64_t>("block_size")
-                                  .Attr<float>("scale"));
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("sliding_window"));
