@@ -14,6 +14,7 @@ import numpy as np
 from jax_engine.attention import ATTENTION_BACKENDS, AttentionBackend
 from jax_engine.linear import QUANTIZATIONS
 from jax_engine.model_config import ModelConfig
+from jax_engine.models.rope import max_len_with_rope_scaling
 from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
 
 logger = logging.getLogger(__name__)
@@ -196,10 +197,12 @@ def plan_kv_cache(args: EngineArgs, cfg: ModelConfig, dtype, backend: AttentionB
 
 
 def resolve_scheduler_config(args: EngineArgs, cfg: ModelConfig) -> SchedulerConfig:
-    max_model_len = args.max_model_len or cfg.max_position_embeddings
-    if max_model_len > cfg.max_position_embeddings:
+    model_len = max_len_with_rope_scaling(cfg.max_position_embeddings, cfg.rope_scaling)
+    max_model_len = args.max_model_len or model_len
+    if max_model_len > model_len:
+        scaled = "" if cfg.rope_scaling is None else f" scaled by its rope_scaling to {model_len}"
         raise ValueError(f"max_model_len must be <= the model's max_position_embeddings "
-                         f"({cfg.max_position_embeddings}), got {max_model_len}")
+                         f"({cfg.max_position_embeddings}{scaled}), got {max_model_len}")
     budget = args.max_num_batched_tokens
     if budget is None:
         budget = 2048 if args.enable_chunked_prefill else max(max_model_len, 2048)
