@@ -22,9 +22,10 @@ from jax_engine.core.scheduler import Scheduler, SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
 from jax_engine.input_processor import InputProcessor, Prompt, cache_salt
 from jax_engine.loader import Checkpoint, load_checkpoint
-from jax_engine.loader.generation_config import default_sampling_fields, resolve_generation_config, token_ids
+from jax_engine.loader.generation_config import default_sampling_fields, resolve_generation_config
+from jax_engine.model_config import token_ids
 from jax_engine.model_runner import ModelRunner
-from jax_engine.models.llama import LlamaForCausalLM
+from jax_engine.models import CausalLM
 from jax_engine.output_processor import OutputProcessor
 from jax_engine.outputs import RequestMetrics, RequestOutput
 from jax_engine.sampler import SampledToken, sampling_batch
@@ -49,7 +50,7 @@ class LLMEngine:
         self.tokenizer = checkpoint.tokenizer
         self.dtype = resolve_dtype(args.dtype)
         self.scheduler_config = resolve_scheduler_config(args, cfg)
-        model = LlamaForCausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype, args.quantization,
+        model = CausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype, args.quantization,
                                                  checkpoint.blocks)
         self.attention_backend = get_attention_backend(args.attention_backend, platform())
         block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, self.dtype, self.attention_backend,

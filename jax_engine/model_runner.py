@@ -20,7 +20,7 @@ import numpy as np
 from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
 from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
 from jax_engine.core.scheduler import SchedulerOutput
-from jax_engine.models.llama import LlamaForCausalLM
+from jax_engine.models import CausalLM
 from jax_engine.sampler import SampledToken, sample, sampling_batch
 from reference.block_manager import cdiv
 
@@ -117,7 +117,7 @@ class StepInputs:
 class ModelRunner:
     """Owns the model weights and the device KV cache; executes one scheduled step at a time."""
 
-    def __init__(self, model: LlamaForCausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
+    def __init__(self, model: CausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
                  max_model_len: int, max_num_seqs: int, backend: AttentionBackend, dtype) -> None:
         cfg = model.cfg
         self.model = model

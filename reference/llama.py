@@ -27,7 +27,7 @@ class LlamaConfig(Protocol):
     num_kv_heads: int
     head_dim: int
     rope_theta: float
-    rms_norm_eps: float
+    norm_eps: float
     tie_word_embeddings: bool
 
 
@@ -76,8 +76,8 @@ class LlamaModel:
         k = self._project(x, layer, "k_proj", cfg.num_kv_heads)
         v = self._project(x, layer, "v_proj", cfg.num_kv_heads)
         if self._w(layer, "self_attn.q_norm.weight") is not None:  # Qwen3
-            q = rms_norm(q, self._w(layer, "self_attn.q_norm.weight"), cfg.rms_norm_eps)
-            k = rms_norm(k, self._w(layer, "self_attn.k_norm.weight"), cfg.rms_norm_eps)
+            q = rms_norm(q, self._w(layer, "self_attn.q_norm.weight"), cfg.norm_eps)
+            k = rms_norm(k, self._w(layer, "self_attn.k_norm.weight"), cfg.norm_eps)
         q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
         write_kv(cache.k[layer], cache.v[layer], k, v, metadata.slot_mapping)
         out = paged_attention(q, cache.k[layer], cache.v[layer], metadata, scale=cfg.head_dim**-0.5)
@@ -112,13 +112,13 @@ class LlamaModel:
         cfg = self.config
         x = self.weights["model.embed_tokens.weight"][token_ids]  # [T, hidden]
         for layer in range(cfg.num_layers):
-            h = rms_norm(x, self._w(layer, "input_layernorm.weight"), cfg.rms_norm_eps)
+            h = rms_norm(x, self._w(layer, "input_layernorm.weight"), cfg.norm_eps)
             x = x + self._attention(h, layer, positions, cache, metadata)
-            h = rms_norm(x, self._w(layer, "post_attention_layernorm.weight"), cfg.rms_norm_eps)
+            h = rms_norm(x, self._w(layer, "post_attention_layernorm.weight"), cfg.norm_eps)
             x = x + self._mlp(h, layer)
         if logits_indices is not None:
             x = x[logits_indices]
-        return rms_norm(x, self.weights["model.norm.weight"], cfg.rms_norm_eps) @ self.lm_head.T
+        return rms_norm(x, self.weights["model.norm.weight"], cfg.norm_eps) @ self.lm_head.T
 
     def last_logits(self, token_ids: list[int], block_size: int = 16) -> np.ndarray:
         """Next-token logits after `token_ids`, computed from scratch in a private cache (for oracles)."""

@@ -6,7 +6,7 @@ import numpy as np
 from jax_engine.attention import get_attention_backend
 from jax_engine.core.scheduler import ScheduledSequence, SchedulerOutput
 from jax_engine.model_runner import ModelRunner
-from jax_engine.models import LlamaForCausalLM
+from jax_engine.models import CausalLM
 from jax_engine.outputs import RequestMetrics
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
@@ -15,7 +15,7 @@ from jax_engine.sequence import Sequence
 def engine_logits(checkpoint, token_ids: list[int], chunk_sizes: list[int], block_size: int = 4,
                   backend: str = "xla", dtype=jnp.float32, quantization: str | None = None) -> np.ndarray:
     """Logits at every position, computed chunk by chunk through ModelRunner.prepare/execute."""
-    model = LlamaForCausalLM.from_hf_weights(checkpoint.config, checkpoint.weights, dtype, quantization,
+    model = CausalLM.from_hf_weights(checkpoint.config, checkpoint.weights, dtype, quantization,
                                              checkpoint.blocks)
     num_blocks = -(-len(token_ids) // block_size) + 2
     runner = ModelRunner(model, num_blocks, block_size, 0, len(token_ids) + 8, 1, get_attention_backend(backend, "cpu"),

@@ -37,20 +37,38 @@ def byte_level_tokenizer(adds_bos: bool = False):
                                    additional_special_tokens=SPECIAL_TOKENS, chat_template=template)
 
 
+# Each family's config in its own field names: 2 layers, width 64 (BLOOM 48 with 6 heads, so its ALiBi slopes
+# take the path for head counts that are not powers of two), a 258-token vocabulary.
+_LLAMA_ARGS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=16, rope_theta=10000.0, max_position_embeddings=256,
+                   rms_norm_eps=1e-6)
+_GPT2_ARGS = dict(n_embd=64, n_layer=2, n_head=4, n_positions=256)
+FAMILY_ARGS = {
+    "llama": ("LlamaConfig", {**_LLAMA_ARGS, "tie_word_embeddings": True}),
+    "mistral": ("MistralConfig", {**_LLAMA_ARGS, "sliding_window": None}),
+    "qwen2": ("Qwen2Config", _LLAMA_ARGS),
+    "qwen3": ("Qwen3Config", _LLAMA_ARGS),
+    "opt": ("OPTConfig", dict(hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                              max_position_embeddings=256, word_embed_proj_dim=64)),
+    "gpt2": ("GPT2Config", _GPT2_ARGS),
+    "gpt_bigcode": ("GPTBigCodeConfig", _GPT2_ARGS),
+    "gpt_neox": ("GPTNeoXConfig", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, max_position_embeddings=256, rotary_pct=0.5)),
+    "gptj": ("GPTJConfig", {**_GPT2_ARGS, "rotary_dim": 8}),
+    "falcon": ("FalconConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                    new_decoder_architecture=True, num_kv_heads=2, max_position_embeddings=256)),
+    "bloom": ("BloomConfig", dict(hidden_size=48, n_layer=2, n_head=6)),
+    "mpt": ("MptConfig", dict(d_model=64, n_layers=2, n_heads=4, expansion_ratio=2, max_seq_len=256)),
+}
+
+
 def hf_config(architecture: str, **overrides):
-    """A small transformers config of `architecture` with a 258-token vocabulary."""
+    """A small transformers config of `architecture` (an HF model_type) with a 258-token vocabulary."""
     import transformers
 
-    classes = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
-    args = dict(vocab_size=258, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=10000.0,
-                max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=architecture == "llama",
-                bos_token_id=256, eos_token_id=257)
-    if architecture == "mistral":
-        args["sliding_window"] = None
-    args.update(overrides)
-    return classes[architecture](**args)
+    class_name, args = FAMILY_ARGS[architecture]
+    return getattr(transformers, class_name)(**{"vocab_size": 258, "bos_token_id": 256, "eos_token_id": 257,
+                                                **args, **overrides})
 
 
 def make_tiny_checkpoint(directory: pathlib.Path, architecture: str, seed: int = 0, *, save_dtype: str = "float32",
@@ -68,10 +86,15 @@ def make_tiny_checkpoint(directory: pathlib.Path, architecture: str, seed: int =
     model = AutoModelForCausalLM.from_config(hf_config(architecture, **overrides), dtype=torch.float32)
     with torch.no_grad():  # random biases and norm weights too, so a missing one shows in the logits
         for name, param in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
+            if name.endswith("bias") or "norm" in name or "ln_" in name:
                 param.add_(0.1 * torch.randn_like(param))
+        # The values the files will hold, so the float32 model returned is the one they describe. (Casting the
+        # model itself would round its buffers too, e.g. RoPE frequencies, which no checkpoint stores.)
+        dtype = getattr(torch, save_dtype)
+        for param in model.parameters():
+            param.copy_(param.to(dtype).float())
     model.eval()
-    model.to(getattr(torch, save_dtype))
-    model.save_pretrained(directory, max_shard_size=max_shard_size or "5GB")
+    state = {name: t.to(dtype) if t.is_floating_point() else t for name, t in model.state_dict().items()}
+    model.save_pretrained(directory, state_dict=state, max_shard_size=max_shard_size or "5GB")
     byte_level_tokenizer(adds_bos).save_pretrained(directory)
-    return model.to(torch.float32)
+    return model

@@ -16,7 +16,7 @@ def tiny_llama() -> LlamaModel:
     """2 layers, 4 query heads over 2 KV heads of dim 4, a 32-token vocabulary."""
     cfg = SimpleNamespace(vocab_size=32, hidden_size=16, num_layers=2, num_heads=4,
                           num_kv_heads=2, head_dim=4, rope_theta=10000.0,
-                          rms_norm_eps=1e-6, tie_word_embeddings=True)
+                          norm_eps=1e-6, tie_word_embeddings=True)
     rng = np.random.default_rng(0)
     weights = {"model.embed_tokens.weight": rng.normal(size=(32, 16)),
                "model.norm.weight": np.ones(16)}

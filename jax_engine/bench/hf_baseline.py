@@ -17,12 +17,12 @@ def hf_model_from_checkpoint(checkpoint: Checkpoint):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     c = checkpoint.config
-    if c.architecture not in ("llama", "mistral") or c.attention_bias or c.qk_norm:
+    if c.architecture not in ("llama", "mistral"):
         raise ValueError(f"the HF baseline builds Llama models only, not {c.architecture!r}")
     config = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
                          num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
                          num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim, rope_theta=c.rope_theta,
-                         rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=c.tie_word_embeddings,
+                         rms_norm_eps=c.norm_eps, tie_word_embeddings=c.tie_word_embeddings,
                          max_position_embeddings=c.max_position_embeddings)
     model = LlamaForCausalLM(config).eval()
     state = {name: torch.from_numpy(w) for name, w in checkpoint.weights.items()}

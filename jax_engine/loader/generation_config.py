@@ -49,7 +49,3 @@ def default_sampling_fields(choice: str, generation_config: dict) -> dict:
     return {field: generation_config[name] for name, field in SAMPLING_FIELDS.items()
             if generation_config.get(name) is not None}
 
-
-def token_ids(value: int | list[int] | None) -> tuple[int, ...]:
-    """An HF config's token-id field (`eos_token_id` may be one id, a list or null) as a tuple."""
-    return () if value is None else tuple(value) if isinstance(value, list) else (value,)

@@ -81,11 +81,9 @@ def _read_config(reader: GGUFReader) -> ModelConfig:
         num_kv_heads=int(get("attention.head_count_kv", num_heads)),
         head_dim=int(get("attention.key_length", hidden // num_heads)),
         rope_theta=float(get("rope.freq_base", 10000.0)),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         max_position_embeddings=int(get("context_length")),
         tie_word_embeddings="output.weight" not in {t.name for t in reader.tensors},
-        attention_bias="blk.0.attn_q.bias" in {t.name for t in reader.tensors},
-        qk_norm="blk.0.attn_q_norm.weight" in {t.name for t in reader.tensors},
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
     )

@@ -1,5 +1,5 @@
-"""Flax NNX models. One Llama-family implementation covers Llama / SmolLM, Mistral, Qwen2 and Qwen3."""
+"""Flax NNX models: one decoder skeleton (causal_lm.py) and a file per family (models/registry.py lists them)."""
 
-from jax_engine.models.llama import LlamaForCausalLM
+from jax_engine.models.causal_lm import CausalLM
 
-__all__ = ["LlamaForCausalLM"]
+__all__ = ["CausalLM"]

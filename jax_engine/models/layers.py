@@ -1,0 +1,124 @@
+"""The pieces every decoder family is built from: norms, activations, the attention block and the MLP.
+
+A family's layer function (models/llama.py, opt.py, ...) says in a few lines how its pieces connect
+(pre- or post-norm, sequential or parallel residual); the pieces read the layer's stacked weights by our
+common names:
+
+    w_qkv [(N + 2K) D, H]   q, k and v projections fused into one matmul (rows: all q, then k, then v)
+    w_o   [H, N D]          attention output projection
+    w_gate_up [2 I, H]      gated MLPs (gate rows, then up rows); w_up [I, H] in plain MLPs
+    w_down [H, I]
+    b_<name>                the bias of w_<name>, where the checkpoint has one
+    attn_norm, mlp_norm     norm weights; <norm>_bias for LayerNorm's bias
+
+Projections stay [out, in], the checkpoint's layout, so the few-rows matmul kernel streams each output
+feature's weights together and int8 keeps one scale per output feature (see linear/).
+Dimension names: T tokens, H hidden, N query heads, K KV heads, D head dim, I MLP width.
+"""
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from jax_engine.attention.metadata import AttentionFn, AttentionMetadata
+from jax_engine.linear import linear
+from jax_engine.model_config import ModelConfig
+from jax_engine.models.rope import apply_rope
+
+# HF `hidden_act` names -> the function. "gelu" is the exact (erf) GELU; the others are its tanh form.
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "relu": jax.nn.relu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)  # normalise in float32 like HF, whatever the weights' dtype
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (x32 * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def layer_norm(x: jax.Array, weight: jax.Array, bias: jax.Array | None, eps: float) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    x32 = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps) * weight.astype(jnp.float32)
+    return (x32 if bias is None else x32 + bias.astype(jnp.float32)).astype(x.dtype)
+
+
+def normalize(cfg: ModelConfig, x: jax.Array, weight: jax.Array, bias: jax.Array | None = None) -> jax.Array:
+    """The family's norm (cfg.norm: "rms" or "layer") with these weights."""
+    return rms_norm(x, weight, cfg.norm_eps) if cfg.norm == "rms" else layer_norm(x, weight, bias, cfg.norm_eps)
+
+
+def norm(cfg: ModelConfig, w: dict, name: str, layer: jax.Array, x: jax.Array) -> jax.Array:
+    """The layer's norm `name` (its bias from `<name>_bias` where the checkpoint has one)."""
+    bias = w.get(f"{name}_bias")
+    return normalize(cfg, x, w[name][layer], None if bias is None else bias[layer])
+
+
+def project(x: jax.Array, w: dict, name: str, layer: jax.Array) -> jax.Array:
+    """x @ the layer's projection w_<name>, transposed (scaled when int8), plus its bias if it has one."""
+    y = linear(x, w[f"w_{name}"], w.get(f"w_{name}_scale"), layer=layer)
+    bias = w.get(f"b_{name}")
+    return y if bias is None else y + bias[layer].astype(y.dtype)
+
+
+@dataclass
+class StepContext:
+    """What every layer's attention needs in a step, and the paged KV cache it carries from layer to layer.
+
+    One is made per layer inside the scan (see CausalLM.__call__); `attend` replaces the caches it holds with
+    the updated ones, so a family's layer function never threads caches by hand.
+    """
+
+    metadata: AttentionMetadata
+    attention: AttentionFn
+    block_size: int
+    rope: tuple[jax.Array, jax.Array] | None  # (cos, sin) of the step's positions, or None without RoPE
+    k_flat: jax.Array  # [L, S, K, D]
+    v_flat: jax.Array
+
+    def attend(self, cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, layer: jax.Array) -> jax.Array:
+        """Write k, v into the cache and attend q over every sequence's context. q [T, N, D] -> [T, N, D]."""
+        slopes = None if cfg.alibi_slopes is None else jnp.asarray(cfg.alibi_slopes, jnp.float32)
+        out, self.k_flat, self.v_flat = self.attention(
+            q, k, v, self.k_flat, self.v_flat, layer, self.metadata, self.block_size, cfg.attention_scale,
+            sliding_window=cfg.sliding_window, alibi_slopes=slopes)
+        return out
+
+
+def self_attention(cfg: ModelConfig, w: dict, layer: jax.Array, h: jax.Array, ctx: StepContext) -> jax.Array:
+    """The attention block: fused q/k/v projection, (RoPE), paged attention, output projection. [T, H] -> [T, H]."""
+    tokens, N, K, D = h.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    qkv = project(h, w, "qkv", layer)  # [T, (N + 2K) D]
+    q = qkv[:, :N * D].reshape(tokens, N, D)
+    k = qkv[:, N * D:(N + K) * D].reshape(tokens, K, D)
+    v = qkv[:, (N + K) * D:].reshape(tokens, K, D)
+    if "q_norm" in w:  # Qwen3 RMS-normalises each query and key head before RoPE
+        q, k = rms_norm(q, w["q_norm"][layer], cfg.norm_eps), rms_norm(k, w["k_norm"][layer], cfg.norm_eps)
+    if ctx.rope is not None:
+        q, k = apply_rope(q, *ctx.rope, interleaved=cfg.rope_interleaved), apply_rope(
+            k, *ctx.rope, interleaved=cfg.rope_interleaved)
+    out = ctx.attend(cfg, q, k, v, layer)
+    return project(out.reshape(tokens, N * D), w, "o", layer)
+
+
+def mlp(cfg: ModelConfig, w: dict, layer: jax.Array, h: jax.Array) -> jax.Array:
+    """Gated (act(gate) * up, Llama's SwiGLU) when the layer has w_gate_up, else act(up); then down."""
+    act = ACTIVATIONS[cfg.hidden_act]
+    if "w_gate_up" in w:
+        gate_up = project(h, w, "gate_up", layer)
+        gate, up = jnp.split(gate_up, 2, axis=-1)
+        return project(act(gate) * up, w, "down", layer)
+    return project(act(project(h, w, "up", layer)), w, "down", layer)
+
+
+def pre_norm_layer(cfg: ModelConfig, w: dict, layer: jax.Array, x: jax.Array, ctx: StepContext) -> jax.Array:
+    """The block most families use (Llama, GPT-2, BLOOM, MPT, OPT): x + attn(norm(x)), then x + mlp(norm(x))."""
+    x = x + self_attention(cfg, w, layer, norm(cfg, w, "attn_norm", layer, x), ctx)
+    return x + mlp(cfg, w, layer, norm(cfg, w, "mlp_norm", layer, x))

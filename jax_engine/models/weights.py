@@ -1,0 +1,141 @@
+"""From a checkpoint's HF-named tensors to the model's stacked weights, the same way for every family.
+
+A family names where each of its weights comes from (a `Source`): one HF tensor, several whose rows are
+concatenated (q, k and v fused into one projection), or a function of several (a fused QKV tensor whose
+heads are interleaved, GPT-2's transposed Conv1D matrices). Layer weights are read for every layer and
+stacked along a leading L axis, which the model's scan walks.
+
+Matrices (names starting with "w_", the embedding and the LM head) are stored as `quantization` says
+(see linear/quantization.py); a GGUF file's raw blocks are kept where a weight is its tensors' rows alone.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import jax.numpy as jnp
+import numpy as np
+
+from jax_engine.linear import quantize
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where one weight comes from: HF tensor names (relative to the layer's prefix for layer weights).
+
+    combine: None concatenates the tensors' rows (a single name: the tensor as it is), which works on a GGUF
+        file's raw blocks too; else a function of the float32 tensors that returns the weight.
+    optional: the checkpoint may lack it (biases some configs enable); the weight is then absent.
+    alternatives: `names` are other names of one tensor (layouts of one family differ): the first present.
+    """
+
+    names: tuple[str, ...]
+    combine: Callable[..., np.ndarray] | None = None
+    optional: bool = False
+    alternatives: bool = False
+
+    def resolve(self, present: Callable[[str], bool]) -> "Source | None":
+        """The source to read, given which names the checkpoint has; None for a missing optional weight."""
+        if self.alternatives:
+            found = [n for n in self.names if present(n)]
+            if not found and not self.optional:
+                raise KeyError(f"the checkpoint has none of {list(self.names)}")
+            return Source(found[:1], self.combine) if found else None
+        return None if self.optional and not present(self.names[0]) else self
+
+
+def hf(*names: str, optional: bool = False) -> Source:
+    """The tensor `names[0]`, or the rows of several concatenated (fused projections)."""
+    return Source(names, optional=optional)
+
+
+def derived(combine: Callable[..., np.ndarray], *names: str, optional: bool = False) -> Source:
+    return Source(names, combine, optional)
+
+
+def first_of(*names: str, optional: bool = False) -> Source:
+    """The first of `names` the checkpoint has."""
+    return Source(names, optional=optional, alternatives=True)
+
+
+@dataclass(frozen=True)
+class WeightMap:
+    """A family's weights: per-layer sources under `layer_prefix` ("model.layers.{i}."), and the others."""
+
+    layer_prefix: str
+    layer: dict[str, Source]
+    top: dict[str, Source]
+
+
+class StoredWeights:
+    """Reads a WeightMap out of a checkpoint's tensors, in the engine's dtype and quantization."""
+
+    def __init__(self, weights: Mapping[str, np.ndarray], blocks: Mapping[str, np.ndarray],
+                 quantization: str | None, dtype) -> None:
+        self.weights, self.blocks, self.quantization, self.dtype = weights, blocks, quantization, dtype
+
+    def layers(self, spec: WeightMap, num_layers: int) -> dict[str, jnp.ndarray]:
+        """Our name -> [L, ...] stack (and <name>_scale for int8 matrices)."""
+        stacked = {}
+        prefixes = [spec.layer_prefix.format(i=i) for i in range(num_layers)]
+        for name, source in spec.layer.items():
+            source = source.resolve(lambda n: prefixes[0] + n in self.weights)
+            if source is not None:
+                stacked |= self._store(name, source, prefixes)
+        return stacked
+
+    def top(self, spec: WeightMap) -> dict[str, jnp.ndarray]:
+        """The weights outside the layers, by our name (embed, final_norm, lm_head, ...)."""
+        stored = {}
+        for name, source in spec.top.items():
+            source = source.resolve(lambda n: n in self.weights)
+            if source is not None:
+                stored |= self._store(name, source, [""], stack=False)
+        return stored
+
+    def _store(self, name: str, source: Source, prefixes: list[str], stack: bool = True) -> dict[str, jnp.ndarray]:
+        join = np.stack if stack else (lambda arrays: arrays[0])
+        matrix = name.startswith("w_") or name in ("embed", "lm_head")
+        kept = self._kept_blocks(source, prefixes) if matrix else None
+        if kept is not None:
+            return {name: jnp.asarray(join(kept))}
+        arrays = join([self._read(source, p) for p in prefixes])
+        if not matrix:
+            return {name: jnp.asarray(arrays, self.dtype)}
+        stored, scale = quantize(arrays, self.quantization, self.dtype)
+        return {name: stored} if scale is None else {name: stored, f"{name}_scale": scale}
+
+    def _read(self, source: Source, prefix: str) -> np.ndarray:
+        missing = [prefix + n for n in source.names if prefix + n not in self.weights]
+        if missing:
+            untied = " (config.json sets tie_word_embeddings=false)" if missing == ["lm_head.weight"] else ""
+            raise ValueError(f"the checkpoint has no {missing[0]!r}{untied}")
+        tensors = [self.weights[prefix + n] for n in source.names]
+        if source.combine is not None:
+            return source.combine(*tensors)
+        return tensors[0] if len(tensors) == 1 else np.concatenate(tensors)
+
+    def _kept_blocks(self, source: Source, prefixes: list[str]) -> list[np.ndarray] | None:
+        """quantization="gguf": the file's raw block rows, when every tensor has them in one format."""
+        if self.quantization != "gguf" or source.combine is not None:
+            return None
+        names = [[p + n for n in source.names] for p in prefixes]
+        if not all(n in self.blocks for row in names for n in row):
+            return None
+        rows = [[self.blocks[n] for n in row] for row in names]
+        if len({r.shape[1] for row in rows for r in row}) != 1 or len({sum(len(r) for r in row) for row in rows}) != 1:
+            return None
+        return [np.concatenate(row) if len(row) > 1 else row[0] for row in rows]
+
+
+def ungroup_qkv(w: np.ndarray, num_kv_heads: int, head_dim: int) -> np.ndarray:
+    """A fused QKV matrix (or bias) whose rows come per KV group -> all q rows, then all k, then all v.
+
+        per group g: [ q heads of g (G x D rows) | k head g (D) | v head g (D) ]    (G = queries per KV head)
+
+    GPT-NeoX, BLOOM and GPT-BigCode without MQA store one group per head (G = 1); Falcon's new decoder layout
+    one per KV head. Query head j of group g becomes head g * G + j, which is the KV head it uses (GQA).
+    """
+    rest = w.shape[1:]
+    groups = w.reshape(num_kv_heads, -1, head_dim, *rest)  # [K, G + 2, D, ...]
+    q, k, v = groups[:, :-2], groups[:, -2], groups[:, -1]
+    return np.concatenate([part.reshape(-1, *rest) for part in (q, k, v)])
