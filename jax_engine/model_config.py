@@ -42,6 +42,7 @@ class ModelConfig:
     position_embedding: str = "rope"  # "rope", "learned" (a table of positions) or "alibi" (attention biases)
     position_offset: int = 0  # OPT's learned position table starts at row 2
     embedding_size: int | None = None  # OPT-350m's word_embed_proj_dim where it differs from hidden_size
+    embedding_multiplier: float = 1.0  # Gemma scales the embeddings by sqrt(hidden_size)
     parallel_residual: bool = False  # x + attn(norm(x)) + mlp(norm'(x)): GPT-NeoX, GPT-J, Falcon
     norm_before: bool = True  # pre-norm; False: OPT-350m's post-norm layers (norm after each residual add)
     sliding_window: int | None = None  # Mistral: a token attends to the last sliding_window tokens only

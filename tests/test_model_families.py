@@ -35,9 +35,11 @@ VARIANTS = {
                              "num_kv_heads": 4, "alibi": True, "bias": True}),
     "bloom": ("bloom", {}),
     "mpt": ("mpt", {}),
+    "phi3": ("phi3", {"sliding_window": 8, "partial_rotary_factor": 0.5}),
+    "gemma": ("gemma", {}),
 }
 # Where ALiBi or a window change attention, every backend is checked; elsewhere the default (cpu) one.
-ATTENTION_VARIANTS = ("mistral-window", "falcon-rw", "bloom", "mpt")
+ATTENTION_VARIANTS = ("mistral-window", "falcon-rw", "bloom", "mpt", "phi3")
 CHUNKS = ([len(PROMPT)], [5, 1, 7, 1, 1, 6])  # one prefill; chunks and single decode-like tokens
 
 
@@ -76,7 +78,7 @@ def hf_greedy(model, prompts: list[list[int]], num_tokens: int) -> list[list[int
 
 # One variant per family (its most common layout).
 GREEDY_VARIANTS = ["llama", "mistral-window", "qwen2", "qwen3", "opt", "gpt2", "starcoder", "pythia", "gptj",
-                   "falcon-7b", "bloom", "mpt"]
+                   "falcon-7b", "bloom", "mpt", "phi3", "gemma"]
 
 
 def test_greedy_variants_cover_every_family():

@@ -58,6 +58,8 @@ FAMILY_ARGS = {
     "falcon": ("FalconConfig", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                     new_decoder_architecture=True, num_kv_heads=2, max_position_embeddings=256)),
     "bloom": ("BloomConfig", dict(hidden_size=48, n_layer=2, n_head=6)),
+    "phi3": ("Phi3Config", {**_LLAMA_ARGS, "pad_token_id": 0}),
+    "gemma": ("GemmaConfig", _LLAMA_ARGS),
     "mpt": ("MptConfig", dict(d_model=64, n_layers=2, n_heads=4, expansion_ratio=2, max_seq_len=256)),
 }
 

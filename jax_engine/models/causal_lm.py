@@ -98,6 +98,8 @@ class CausalLM(nnx.Module):
         cfg = self.cfg
         x = dequantize(top["embed"][token_ids], _rows(top.get("embed_scale"), token_ids), dtype,
                        cfg.embedding_size or cfg.hidden_size)  # [T, E]
+        if cfg.embedding_multiplier != 1.0:  # Gemma; in the activations' dtype, as HF does
+            x = x * jnp.asarray(cfg.embedding_multiplier, dtype)
         if "project_in" in top:
             x = linear(x, top["project_in"], None).astype(dtype)
         if "positions" in top:  # learned absolute positions (OPT's table starts at position_offset)
