@@ -35,6 +35,9 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None  # None: plain RoPE (see jax_engine/models/rope.py)
     rotary_dim: int | None = None  # features of a head that rotate; None: all of them (head_dim)
     rope_interleaved: bool = False  # GPT-J's pairs (x[2i], x[2i+1]) instead of rotate-half's (x[i], x[i+D/2])
+    # llama.cpp's rope_freqs tensor (Llama 3.1+ GGUFs: llama3 scaling as data): each rotating pair's inverse
+    # frequency is divided by its factor. None: no factors.
+    rope_freq_factors: tuple[float, ...] | None = None
     # How the family builds its layers (biases, Qwen3's q/k norms and the like follow the weights present).
     norm: str = "rms"  # "rms" (RMSNorm) or "layer" (LayerNorm)
     hidden_act: str = "silu"  # HF's name of the MLP's activation (models/layers.py ACTIVATIONS)
@@ -56,6 +59,10 @@ class ModelConfig:
             )
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
             raise ValueError(f"rotary_dim={self.rotary_dim} must be even and in 1..head_dim={self.head_dim}")
+        pairs = (self.rotary_dim or self.head_dim) // 2
+        if self.rope_freq_factors is not None and len(self.rope_freq_factors) != pairs:
+            raise ValueError(f"rope_freq_factors has {len(self.rope_freq_factors)} factors; the heads rotate {pairs} "
+                             f"pairs of features")
 
     @property
     def attention_scale(self) -> float:

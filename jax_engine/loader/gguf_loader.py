@@ -9,6 +9,7 @@ from gguf.quants import dequantize
 from jax_engine.loader.checkpoint import Checkpoint
 from jax_engine.loader.gguf_tokenizer import tokenizer_from_gguf
 from jax_engine.model_config import ModelConfig
+from jax_engine.models.rope import RopeScaling
 
 # GGUF tensor name -> HF parameter name ({i} is the layer index).
 _LAYER_NAMES = {
@@ -33,6 +34,8 @@ _GLOBAL_NAMES = {
     "output.weight": "lm_head.weight",
 }
 _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(.+)")
+# Llama 3.1+ files: the llama3 rope scaling as one divisor per rotating pair (ModelConfig.rope_freq_factors).
+_ROPE_FREQS = "rope_freqs.weight"
 
 
 def _field(reader: GGUFReader, key: str, default=None):
@@ -64,6 +67,25 @@ def _undo_rope_permutation(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
+def _rope_freq_factors(reader: GGUFReader) -> tuple[float, ...] | None:
+    # NOTE: llama.cpp's converter writes no rope.scaling.type for llama3 scaling: these factors are all of it.
+    tensor = next((t for t in reader.tensors if t.name == _ROPE_FREQS), None)
+    return None if tensor is None else tuple(float(f) for f in _dequantized(tensor).reshape(-1))
+
+
+def _rope_scaling(reader: GGUFReader, arch: str, max_positions: int) -> RopeScaling | None:
+    """llama.cpp's linear scaling: every frequency times 1 / rope.scaling.factor (rope.scale_linear in older files).
+
+    NOTE: llama.cpp applies that factor whether rope.scaling.type says "linear" or "none" (the default is
+    "linear"); yarn and longrope take more than it, which we do not read.
+    """
+    kind = _field(reader, f"{arch}.rope.scaling.type", "linear")
+    if kind not in ("none", "linear"):
+        raise ValueError(f"{arch}.rope.scaling.type={kind!r} is not supported; supported: ['none', 'linear']")
+    factor = _field(reader, f"{arch}.rope.scaling.factor") or _field(reader, f"{arch}.rope.scale_linear")
+    return None if factor in (None, 0.0, 1.0) else RopeScaling("linear", float(factor), max_positions)
+
+
 def _read_config(reader: GGUFReader) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     get = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
@@ -71,6 +93,7 @@ def _read_config(reader: GGUFReader) -> ModelConfig:
     num_heads = int(get("attention.head_count"))
     tokens = reader.fields["tokenizer.ggml.tokens"]
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    max_positions = int(get("context_length"))
     return ModelConfig(
         architecture=arch,
         vocab_size=int(get("vocab_size", len(tokens.data))),
@@ -82,10 +105,12 @@ def _read_config(reader: GGUFReader) -> ModelConfig:
         head_dim=int(get("attention.key_length", hidden // num_heads)),
         rope_theta=float(get("rope.freq_base", 10000.0)),
         norm_eps=float(get("attention.layer_norm_rms_epsilon")),
-        max_position_embeddings=int(get("context_length")),
+        max_position_embeddings=max_positions,
         tie_word_embeddings="output.weight" not in {t.name for t in reader.tensors},
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
+        rope_scaling=_rope_scaling(reader, arch, max_positions),
+        rope_freq_factors=_rope_freq_factors(reader),
     )
 
 
@@ -127,6 +152,8 @@ def load_gguf(path: str) -> Checkpoint:
     permuted = config.architecture in ("llama", "mistral")
     weights, blocks = {}, {}
     for tensor in reader.tensors:
+        if tensor.name == _ROPE_FREQS:  # read into config.rope_freq_factors
+            continue
         name = _hf_name(tensor.name)
         kept = [tensor.data] if tensor.tensor_type in _KEPT_BLOCK_TYPES else []  # raw rows [out, row bytes]
         arrays = [_dequantized(tensor), *kept]

@@ -74,7 +74,7 @@ class CausalLM(nnx.Module):
         rope = None
         if cfg.position_embedding == "rope":
             inv_freq, attention_factor = rope_frequencies(cfg.rotary_dim or cfg.head_dim, cfg.rope_theta,
-                                                          cfg.rope_scaling)
+                                                          cfg.rope_scaling, cfg.rope_freq_factors)
             rope = rope_tables(metadata.positions, inv_freq, attention_factor)
         layers = {name: p[...] for name, p in self.layers.items()}  # [L, ...] each
         layer_fn = architecture(cfg.architecture).layer

@@ -117,17 +117,26 @@ def max_len_with_rope_scaling(max_position_embeddings: int, scaling: RopeScaling
 
 
 # --------------------------------------------------------------------------------------------- frequencies
-def rope_frequencies(rotary_dim: int, theta: float, scaling: RopeScaling | None) -> tuple[np.ndarray, float]:
+def rope_frequencies(rotary_dim: int, theta: float, scaling: RopeScaling | None,
+                     freq_factors: tuple[float, ...] | None = None) -> tuple[np.ndarray, float]:
     """The inverse frequencies of the R/2 rotating pairs and the attention factor that multiplies cos and sin.
 
     Args:
         rotary_dim: R, the features of a head that rotate (even; the head dim unless the rotary is partial).
         theta: the base wavelength (rope_theta).
         scaling: None for plain RoPE.
+        freq_factors: [R/2] divisors of the inverse frequencies, after any scaling: llama.cpp's rope_freqs
+            tensor (ggml_rope_ext's freq_factors), which Llama 3.1+ GGUFs carry instead of a llama3 rope_scaling.
 
     Returns:
         (inv_freq [R/2] float32, attention factor: 1.0 except for yarn).
+
+    Raises:
+        ValueError: freq_factors of another length than R/2.
     """
+    if freq_factors is not None and len(freq_factors) != rotary_dim // 2:
+        raise ValueError(f"{len(freq_factors)} rope frequency factors for {rotary_dim // 2} rotating pairs "
+                         f"(rotary_dim={rotary_dim})")
     exponents = np.arange(0, rotary_dim, 2, dtype=np.float64) / rotary_dim
     inv_freq = 1.0 / theta**exponents  # [R/2]
     attention_factor = 1.0
@@ -140,6 +149,8 @@ def rope_frequencies(rotary_dim: int, theta: float, scaling: RopeScaling | None)
             inv_freq = _llama3_inv_freq(inv_freq, scaling)
         else:
             inv_freq, attention_factor = _yarn_inv_freq(inv_freq, rotary_dim, theta, scaling), _yarn_factor(scaling)
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, dtype=np.float64)
     return inv_freq.astype(np.float32), attention_factor
 
 
