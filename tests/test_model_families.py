@@ -10,6 +10,7 @@ import pytest
 import torch
 from jax_engine import LLM, SamplingParams
 from jax_engine.loader import load_checkpoint
+from jax_engine.models import CausalLM
 from jax_engine.models.registry import ARCHITECTURES
 from tests.engine_helpers import engine_logits
 from tests.test_llama_vs_hf import PROMPT, hf_logits
@@ -41,6 +42,13 @@ VARIANTS = {
 # Where ALiBi or a window change attention, every backend is checked; elsewhere the default (cpu) one.
 ATTENTION_VARIANTS = ("mistral-window", "falcon-rw", "bloom", "mpt", "phi3")
 CHUNKS = ([len(PROMPT)], [5, 1, 7, 1, 1, 6])  # one prefill; chunks and single decode-like tokens
+
+
+def test_an_unknown_activation_is_an_error_naming_it(tmp_path):
+    make_tiny_checkpoint(tmp_path, "gpt2", activation_function="relu6")
+    checkpoint = load_checkpoint(str(tmp_path))
+    with pytest.raises(ValueError, match="hidden_act='relu6' is not supported"):
+        CausalLM.from_hf_weights(checkpoint.config, checkpoint.weights)
 
 
 def test_every_family_has_a_variant():

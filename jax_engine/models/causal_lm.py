@@ -22,7 +22,7 @@ from flax import nnx
 from jax_engine.attention.metadata import AttentionFn, AttentionMetadata
 from jax_engine.linear import dequantize, linear
 from jax_engine.model_config import ModelConfig
-from jax_engine.models.layers import StepContext, normalize
+from jax_engine.models.layers import ACTIVATIONS, StepContext, normalize
 from jax_engine.models.registry import architecture
 from jax_engine.models.rope import rope_frequencies, rope_tables
 from jax_engine.models.weights import StoredWeights
@@ -49,6 +49,8 @@ class CausalLM(nnx.Module):
         if quantization == "gguf" and not blocks:
             raise ValueError("quantization='gguf' keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks, and this model has "
                              "none (Checkpoint.blocks is empty): pass a .gguf file with such tensors")
+        if cfg.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act={cfg.hidden_act!r} is not supported; supported: {sorted(ACTIVATIONS)}")
         spec = architecture(cfg.architecture).weights(cfg)
         stored = StoredWeights(weights, blocks or {}, quantization, dtype)
         return cls(cfg, stored.layers(spec, cfg.num_layers), stored.top(spec))

@@ -29,6 +29,7 @@ from jax_engine.models.rope import apply_rope
 # HF `hidden_act` names -> the function. "gelu" is the exact (erf) GELU; the others are its tanh form.
 ACTIVATIONS = {
     "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
     "relu": jax.nn.relu,
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
@@ -102,8 +103,9 @@ def self_attention(cfg: ModelConfig, w: dict, layer: jax.Array, h: jax.Array, ct
     if "q_norm" in w:  # Qwen3 RMS-normalises each query and key head before RoPE
         q, k = rms_norm(q, w["q_norm"][layer], cfg.norm_eps), rms_norm(k, w["k_norm"][layer], cfg.norm_eps)
     if ctx.rope is not None:
-        q, k = apply_rope(q, *ctx.rope, interleaved=cfg.rope_interleaved), apply_rope(
-            k, *ctx.rope, interleaved=cfg.rope_interleaved)
+        cos, sin = ctx.rope
+        q = apply_rope(q, cos, sin, interleaved=cfg.rope_interleaved)
+        k = apply_rope(k, cos, sin, interleaved=cfg.rope_interleaved)
     out = ctx.attend(cfg, q, k, v, layer)
     return project(out.reshape(tokens, N * D), w, "o", layer)
 
