@@ -62,6 +62,10 @@ class LLMEngine:
         generation_config = resolve_generation_config(args.generation_config, checkpoint.generation_config)
         self.default_sampling_fields = default_sampling_fields(args.generation_config, generation_config)
         if self.default_sampling_fields:
+            try:  # a bad value fails here, once, not in every request that takes the defaults
+                self.get_default_sampling_params()
+            except ValueError as error:
+                raise ValueError(f"the generation config's sampling defaults: {error}") from None
             logger.info("default sampling parameters %s come from the model's generation config; "
                         "generation_config='vllm' ignores them", self.default_sampling_fields)
         self.eos_token_ids = tuple(dict.fromkeys(checkpoint.eos_token_ids +

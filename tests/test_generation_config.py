@@ -53,6 +53,9 @@ def test_generation_config_vllm_or_another_directory(checkpoint_dir, tmp_path):
     assert other.llm_engine.eos_token_ids == (257, 7)
     with pytest.raises(FileNotFoundError, match="generation_config='/nowhere'"):
         LLM(str(checkpoint_dir), generation_config="/nowhere", **args)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"top_p": 1.5}))
+    with pytest.raises(ValueError, match="generation config's sampling defaults: top_p"):
+        LLM(str(checkpoint_dir), generation_config=str(tmp_path), **args)
 
 
 def test_request_fields_win_over_the_generation_config_on_the_server():

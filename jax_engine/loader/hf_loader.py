@@ -9,6 +9,7 @@ from jax_engine.loader.safetensors_file import SafetensorsWeights, checkpoint_fi
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.registry import architecture
 
+
 def config_from_hf(hf: dict) -> ModelConfig:
     """Translate an HF config.json dictionary into a ModelConfig, by its family (models/registry.py)."""
     return architecture(hf.get("model_type")).config(hf)
