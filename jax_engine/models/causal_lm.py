@@ -98,7 +98,8 @@ class CausalLM(nnx.Module):
 
     def _embed(self, top: dict, token_ids: jax.Array, positions: jax.Array, dtype) -> jax.Array:
         cfg = self.cfg
-        x = dequantize(top["embed"][token_ids], _rows(top.get("embed_scale"), token_ids), dtype,
+        scale = top.get("embed_scale")
+        x = dequantize(top["embed"][token_ids], None if scale is None else scale[token_ids], dtype,
                        cfg.embedding_size or cfg.hidden_size)  # [T, E]
         if cfg.embedding_multiplier != 1.0:  # Gemma; in the activations' dtype, as HF does
             x = x * jnp.asarray(cfg.embedding_multiplier, dtype)
@@ -117,8 +118,4 @@ class CausalLM(nnx.Module):
         scale = top.get(f"{name}_scale")
         logits = linear(hidden, top[name][...], None if scale is None else scale[...], out_dtype=jnp.float32)
         return logits if "lm_head_bias" not in top else logits + top["lm_head_bias"][...].astype(jnp.float32)
-
-
-def _rows(scale: jax.Array | None, token_ids: jax.Array) -> jax.Array | None:
-    return None if scale is None else scale[token_ids]
 

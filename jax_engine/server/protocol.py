@@ -32,8 +32,10 @@ class StreamOptions(APIModel):
     include_usage: bool = False
 
 
-# The sampling fields a model's generation config may set, and the value when neither it nor the request does.
-_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0}
+# The sampling fields a model's generation config may set, and the value when neither it nor the request does:
+# SamplingParams' own default.
+_DEFAULTS = {name: getattr(SamplingParams(), name) for name in
+             ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
 
 
 class SamplingRequest(APIModel):
