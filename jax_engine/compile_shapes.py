@@ -67,7 +67,17 @@ def _step_inputs(runner: ModelRunner, num_tokens: int) -> tuple:
     i32 = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
     metadata = AttentionMetadata(i32(num_tokens), i32(num_tokens), i32(rows, runner.max_blocks_per_seq), i32(rows),
                                  i32(rows + 1), i32(0), i32(0, 0), 0)
-    return (runner.model, runner.k_cache, runner.v_cache, i32(num_tokens), metadata, i32(runner.max_num_seqs))
+    return (runner.model, runner.k_cache, runner.v_cache, *_placed(runner, (i32(num_tokens), metadata,
+                                                                            i32(runner.max_num_seqs))))
+
+
+def _placed(runner: ModelRunner, host_args):
+    """Host arguments as the runner passes them: on the default device, or replicated over the model's mesh
+    (a program compiled for that layout must be lowered with it)."""
+    if runner.replicated is None:
+        return host_args
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.result_type(x), sharding=runner.replicated),
+                        host_args)
 
 
 def _sampling_batch(rows: int, flags: SamplerFlags) -> SamplingBatch:
@@ -83,16 +93,17 @@ def _programs(runner: ModelRunner, max_num_batched_tokens: int) -> list[Program]
     for tokens in all_buckets(bucket_tokens, max_num_batched_tokens):
         args = _step_inputs(runner, tokens)
         programs.append(Program(step_key(*args[3:]), _forward, args, static=(runner.backend.attend,)))
-    hidden = jax.ShapeDtypeStruct((runner.max_num_seqs, runner.model.cfg.hidden_size), runner.k_cache.dtype)
+    shape = jax.ShapeDtypeStruct
+    hidden = shape((runner.max_num_seqs, runner.model.cfg.hidden_size), runner.k_cache.dtype, sharding=runner.replicated)
     for rows in all_buckets(bucket, runner.max_num_seqs):
-        logits = jax.ShapeDtypeStruct((rows, runner.model.cfg.vocab_size), jnp.float32)
+        logits = shape((rows, runner.model.cfg.vocab_size), jnp.float32, sharding=runner.replicated)
         programs.append(Program(("logits", rows), _logits,
-                                (runner.model, hidden, np.zeros(rows, np.int32), logits)))
+                                (runner.model, hidden, *_placed(runner, (np.zeros(rows, np.int32),)), logits)))
         for flags in STARTUP_SAMPLER_FLAGS:
             batch = _sampling_batch(rows, flags)
-            programs.append(Program(sampler_key(batch), sample, (logits, batch), {"scratch": logits}))
+            programs.append(Program(sampler_key(batch), sample, (logits, _placed(runner, batch)), {"scratch": logits}))
     for copies in all_buckets(lambda n: bucket(n, 8), runner.max_num_seqs):  # copy-on-write of forked blocks
-        indices = np.zeros(copies, np.int32)
+        indices = _placed(runner, np.zeros(copies, np.int32))
         programs.append(Program(("copy", copies), _copy_blocks,
                                 (runner.k_cache, runner.v_cache, indices, indices)))
     return programs

@@ -55,6 +55,8 @@ class EngineArgs:
             $JAX_ENGINE_CACHE_DIR/compiled (~/.cache/jax_engine/compiled), "" keeps nothing.
         generation_config: where requests' default sampling parameters come from: "auto", the model's
             generation_config.json (vLLM's default); "vllm", vLLM's own defaults; or a directory holding one.
+        tensor_parallel_size: devices each layer is split over, Megatron-style (jax_engine/distributed/); on
+            several hosts, the devices of every process (see jax_engine.distributed.initialize).
     """
 
     model: str | None = None
@@ -76,6 +78,7 @@ class EngineArgs:
     enforce_eager: bool = False
     compilation_cache_dir: str = "auto"
     generation_config: str = "auto"
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, limit: str) -> None:
@@ -95,6 +98,8 @@ class EngineArgs:
         check(self.swap_space >= 0, "swap_space", ">= 0 (GiB)")
         check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend", f"one of {ATTENTION_BACKENDS}")
         check(isinstance(self.seed, int), "seed", "an int")
+        check(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1, "tensor_parallel_size",
+              ">= 1")
         check(self.quantization is None or self.quantization in QUANTIZATIONS, "quantization",
               f"None or one of {list(QUANTIZATIONS)}")
 
@@ -162,9 +167,10 @@ def resolve_block_size(block_size: int | None, backend: AttentionBackend) -> int
     return block_size or backend.default_block_size
 
 
-def bytes_per_block(cfg: ModelConfig, block_size: int, dtype) -> int:
-    """K and V of `block_size` tokens in every layer."""
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
+def bytes_per_block(cfg: ModelConfig, block_size: int, dtype, kv_heads: int | None = None) -> int:
+    """K and V of `block_size` tokens in every layer, for `kv_heads` heads (a device's share; all by default)."""
+    kv_heads = cfg.num_kv_heads if kv_heads is None else kv_heads
+    return 2 * cfg.num_layers * block_size * kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
 
 
 def kv_cache_bytes(args: EngineArgs, weight_bytes: int) -> int:
@@ -179,18 +185,22 @@ def kv_cache_bytes(args: EngineArgs, weight_bytes: int) -> int:
 
 
 def plan_kv_cache(args: EngineArgs, cfg: ModelConfig, dtype, backend: AttentionBackend,
-                  max_model_len: int) -> tuple[int, int, int]:
-    """(block size, device blocks, host swap blocks) for this model, dtype, backend and memory budget."""
+                  max_model_len: int, kv_heads_per_device: int | None = None) -> tuple[int, int, int]:
+    """(block size, device blocks, host swap blocks) for this model, dtype, backend and memory budget.
+
+    The budget is per device, as vLLM's: under tensor parallelism a block costs each device its own KV
+    heads' share (`kv_heads_per_device`), and each holds 1 / tensor_parallel_size of the weights.
+    """
     block_size = resolve_block_size(args.block_size, backend)
-    block_bytes = bytes_per_block(cfg, block_size, dtype)
-    weight_bytes = cfg.num_params * np.dtype(dtype).itemsize
+    block_bytes = bytes_per_block(cfg, block_size, dtype, kv_heads_per_device)
+    weight_bytes = cfg.num_params * np.dtype(dtype).itemsize // args.tensor_parallel_size
     num_blocks = args.num_gpu_blocks_override or kv_cache_bytes(args, weight_bytes) // block_bytes
     num_host_blocks = int(args.swap_space * GiB) // block_bytes
     if num_blocks * block_size < max_model_len:
         raise ValueError(
             f"the KV cache holds {num_blocks * block_size} tokens ({num_blocks} blocks of {block_size}) "
             f"but max_model_len is {max_model_len}: raise kv_cache_memory_bytes or lower max_model_len")
-    logger.info("# %s blocks: %d, # host (swap) blocks: %d (%.2f GiB KV cache, %d tokens)",
+    logger.info("# %s blocks: %d, # host (swap) blocks: %d (%.2f GiB KV cache per device, %d tokens)",
                 platform().upper(), num_blocks, num_host_blocks, num_blocks * block_bytes / GiB,
                 num_blocks * block_size)
     return block_size, num_blocks, num_host_blocks

@@ -12,6 +12,7 @@ The files are executables: like JAX's cache directory, the store must only hold 
 
 import functools
 import hashlib
+import io
 import logging
 import os
 import pickle
@@ -59,9 +60,17 @@ def environment_key() -> str:
 
 
 def signature(args: tuple, kwargs: dict) -> str:
-    """The pytree structure and every leaf's shape and dtype: all a compiled program knows of its inputs."""
+    """The pytree structure and every leaf's shape, dtype and placement: all a compiled program knows of its
+    inputs (the same shapes split over a mesh are another program)."""
     leaves, tree = jax.tree.flatten((args, kwargs))
-    return f"{tree}|{[(tuple(np.shape(x)), str(x.dtype if hasattr(x, 'dtype') else np.result_type(x))) for x in leaves]}"
+    return f"{tree}|{[(tuple(np.shape(x)), str(x.dtype if hasattr(x, 'dtype') else np.result_type(x)), _placement(x)) for x in leaves]}"
+
+
+def _placement(x) -> str:
+    sharding = getattr(x, "sharding", None)
+    if sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return ""
+    return f"{sharding.spec}@{[d.id for d in sharding.mesh.devices.flat]}"
 
 
 class ExecutableStore:
@@ -84,15 +93,19 @@ class ExecutableStore:
         if not path.exists():
             return None
         try:
-            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-            return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+            payload, in_tree, out_tree, device_ids = _DeviceUnpickler(io.BytesIO(path.read_bytes())).load()
+            devices = {d.id: d for d in jax.devices()}
+            return serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
+                                                             execution_devices=[devices[i] for i in device_ids])
         except Exception as error:  # a truncated or foreign file must not stop the engine
             logger.warning("could not load %s (%s: %s); compiling it again", path, type(error).__name__, error)
             return None
 
     def save(self, path: Path, compiled: jax.stages.Compiled) -> None:
         try:
-            payload = pickle.dumps(serialize_executable.serialize(compiled))
+            file = io.BytesIO()
+            _DevicePickler(file).dump((*serialize_executable.serialize(compiled), _device_ids(compiled)))
+            payload = file.getvalue()
             self.directory.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(f".{os.getpid()}.tmp")
             partial.write_bytes(payload)
@@ -104,6 +117,26 @@ class ExecutableStore:
         compiled = lower().compile()
         self.save(path, compiled)
         return compiled
+
+
+def _device_ids(compiled: jax.stages.Compiled) -> list[int]:
+    """The devices a program runs on, in its mesh's order (a program loads onto exactly these)."""
+    for sharding in jax.tree.leaves(compiled.input_shardings):
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            return [d.id for d in sharding.mesh.devices.flat]
+    return [next(iter(jax.tree.leaves(compiled.input_shardings)[0].device_set)).id]
+
+
+class _DevicePickler(pickle.Pickler):
+    """Pickles the devices a program's argument tree names (a model split over a mesh) by their id."""
+
+    def persistent_id(self, obj):
+        return ("device", obj.id) if isinstance(obj, jax.Device) else None
+
+
+class _DeviceUnpickler(pickle.Unpickler):
+    def persistent_load(self, pid):
+        return {d.id: d for d in jax.devices()}[pid[1]]
 
 
 def _prune(root: Path, keep: Path) -> None:

@@ -18,6 +18,7 @@ from jax_engine.beam_search import BeamSearchParams
 from jax_engine.compile_shapes import compile_step_shapes, use_compilation_cache
 from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_dtype, resolve_scheduler_config
 from jax_engine.core.kv_cache_manager import KVCacheManager
+from jax_engine.distributed.tensor_parallel import make_mesh
 from jax_engine.core.scheduler import Scheduler, SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
 from jax_engine.input_processor import InputProcessor, Prompt, cache_salt
@@ -45,16 +46,18 @@ class LLMEngine:
         started = time.perf_counter()
         self.args = args
         use_compilation_cache(args.compilation_cache_dir)
+        mesh = make_mesh(args.tensor_parallel_size)  # checked before anything loads
         checkpoint = checkpoint or load_checkpoint(args.model)
         self.model_config = cfg = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.dtype = resolve_dtype(args.dtype)
         self.scheduler_config = resolve_scheduler_config(args, cfg)
-        model = CausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype, args.quantization,
-                                                 checkpoint.blocks)
+        model = CausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype, args.quantization, checkpoint.blocks,
+                                         mesh)
         self.attention_backend = get_attention_backend(args.attention_backend, platform())
         block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, self.dtype, self.attention_backend,
-                                                                self.scheduler_config.max_model_len)
+                                                                self.scheduler_config.max_model_len,
+                                                                model.kv_heads_per_device)
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
         self.runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, self.scheduler_config.max_model_len,

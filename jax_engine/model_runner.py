@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
 from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
@@ -87,14 +88,15 @@ class RecycledBuffers:
     two, the logits and the sampler's scratch; only buffers of the latest shape are kept.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sharding=None) -> None:
+        self.sharding = sharding  # where the logits live: the default device, or replicated over a mesh
         self.shape: tuple | None = None
         self.free: list[jax.Array] = []
 
     def take(self, shape: tuple) -> jax.Array:
         if self.shape == shape and self.free:
             return self.free.pop()
-        return jax.device_put(np.zeros(shape, np.float32))  # a transfer: jnp.zeros would compile per shape
+        return jax.device_put(np.zeros(shape, np.float32), self.sharding)  # a transfer: jnp.zeros compiles per shape
 
     def give(self, buffer: jax.Array) -> None:
         if buffer.shape != self.shape:
@@ -119,18 +121,19 @@ class ModelRunner:
 
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
                  max_model_len: int, max_num_seqs: int, backend: AttentionBackend, dtype) -> None:
-        cfg = model.cfg
         self.model = model
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.num_slots = num_blocks * block_size
         self.backend = backend
         self.max_blocks_per_seq = cdiv(max_model_len, block_size)
-        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.k_cache = jnp.zeros(shape, dtype)
-        self.v_cache = jnp.zeros(shape, dtype)
+        # Under tensor parallelism the cache is split on KV heads and the step's inputs are replicated.
+        self.replicated = None if model.parallel is None else NamedSharding(model.parallel.mesh, P())
+        shape = model.kv_cache_shape(num_blocks, block_size)
+        self.k_cache = jnp.zeros(shape, dtype, device=model.kv_cache_sharding())
+        self.v_cache = jnp.zeros(shape, dtype, device=model.kv_cache_sharding())
         # The host pool for swapped-out blocks lives in NumPy (CPU RAM) memory.
-        host_shape = (cfg.num_layers, num_host_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        host_shape = model.kv_cache_shape(num_host_blocks, block_size)
         self.host_k = np.zeros(host_shape, np.dtype(dtype))
         self.host_v = np.zeros(host_shape, np.dtype(dtype))
         # Programs compiled or loaded at start-up, by step_key, sampler_key, ("logits", rows), ("copy", n);
@@ -138,7 +141,7 @@ class ModelRunner:
         self.programs: dict[tuple, jax.stages.Compiled] = {}
         self.compiled_shapes: set[tuple] = set()
         self.compile_seconds = 0.0
-        self.recycled = RecycledBuffers()
+        self.recycled = RecycledBuffers(self.replicated)
 
     # ------------------------------------------------------------------------- block copies
     def apply_block_moves(self, out: SchedulerOutput) -> None:
@@ -249,7 +252,8 @@ class ModelRunner:
         """Run the step. Returns (hidden states of the sampling rows [max_num_seqs, H], all of them [T, H])."""
         key = step_key(inputs.token_ids, inputs.metadata, inputs.logits_indices)
         started = time.perf_counter()
-        token_ids, metadata, logits_indices = jax.device_put((inputs.token_ids, inputs.metadata, inputs.logits_indices))
+        token_ids, metadata, logits_indices = jax.device_put((inputs.token_ids, inputs.metadata, inputs.logits_indices),
+                                                             self.replicated)
         args = (self.model, self.k_cache, self.v_cache, token_ids, metadata, logits_indices)
         program = self.programs.get(key)
         if program is not None:

@@ -12,14 +12,21 @@ middle of someone's stream. What the scan costs: XLA's dot reads a layer's weigh
 of the stack, 10-20% on float32 steps of 20-128 tokens; the few-rows kernel (small decode batches) and
 16-bit and int8 weights (widened on the way anyway) read the stack in place. The paged KV cache is one array
 for all layers, donated by the caller and updated in place by every layer in turn.
+
+With tensor parallelism (distributed/tensor_parallel.py) the weights and the cache are split over a mesh and
+the same step runs on every device's slices under `shard_map`, with a psum after each row-parallel projection.
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, PartitionSpec as P
 
 from jax_engine.attention.metadata import AttentionFn, AttentionMetadata
+from jax_engine.distributed.tensor_parallel import AXIS, TensorParallel
 from jax_engine.linear import dequantize, linear
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.layers import ACTIVATIONS, StepContext, normalize
@@ -31,20 +38,24 @@ from jax_engine.models.weights import StoredWeights
 class CausalLM(nnx.Module):
     """Decoder-only transformer; `__call__` runs a step's tokens through it over the paged cache."""
 
-    def __init__(self, cfg: ModelConfig, layers: dict[str, jax.Array], top: dict[str, jax.Array]) -> None:
-        """`layers`: every layer's weights stacked [L, ...] by name; `top`: embed, final_norm, lm_head, ..."""
+    def __init__(self, cfg: ModelConfig, layers: dict[str, jax.Array], top: dict[str, jax.Array],
+                 parallel: TensorParallel | None = None) -> None:
+        """`layers`: every layer's weights stacked [L, ...] by name; `top`: embed, final_norm, lm_head, ...;
+        `parallel`: how they are split over a mesh (already laid out and placed by it), or None."""
         self.cfg = cfg
+        self.parallel = parallel
         self.layers = nnx.Dict({name: nnx.Param(a) for name, a in layers.items()})
         self.top = nnx.Dict({name: nnx.Param(a) for name, a in top.items()})
 
     @classmethod
     def from_hf_weights(cls, cfg: ModelConfig, weights, dtype=jnp.float32, quantization: str | None = None,
-                        blocks: dict[str, np.ndarray] | None = None) -> "CausalLM":
+                        blocks: dict[str, np.ndarray] | None = None, mesh: Mesh | None = None) -> "CausalLM":
         """Build the model from HF-named NumPy weights (Checkpoint.weights and .blocks).
 
         `quantization` ("bf16", "int8", "gguf" or None) is how the projections, the embedding and the LM head
         are stored; norms and biases keep `dtype`. "gguf" keeps the matrices found in `blocks` (a GGUF file's
-        raw Q8_0 / Q4_0 / Q4_1 rows) as they are, and the rest in `dtype`.
+        raw Q8_0 / Q4_0 / Q4_1 rows) as they are, and the rest in `dtype`. `mesh`: a "tp" mesh of more than one
+        device splits the model over it (tensor parallelism).
         """
         if quantization == "gguf" and not blocks:
             raise ValueError("quantization='gguf' keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks, and this model has "
@@ -53,7 +64,25 @@ class CausalLM(nnx.Module):
             raise ValueError(f"hidden_act={cfg.hidden_act!r} is not supported; supported: {sorted(ACTIVATIONS)}")
         spec = architecture(cfg.architecture).weights(cfg)
         stored = StoredWeights(weights, blocks or {}, quantization, dtype)
-        return cls(cfg, stored.layers(spec, cfg.num_layers), stored.top(spec))
+        layers, top = stored.layers(spec, cfg.num_layers), stored.top(spec)
+        if mesh is None or mesh.shape[AXIS] == 1:
+            return cls(cfg, layers, top)
+        parallel = TensorParallel.create(cfg, mesh)
+        return cls(cfg, parallel.shard(cfg, layers, stacked=True), parallel.shard(cfg, top, stacked=False), parallel)
+
+    @property
+    def kv_heads_per_device(self) -> int:
+        return self.cfg.num_kv_heads if self.parallel is None else self.parallel.kv_heads_per_device
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """[L, blocks, block_size, K, D]; under tensor parallelism K counts every device's KV heads (padding
+        and replicas included), so that each device's share is its own heads."""
+        devices = 1 if self.parallel is None else self.parallel.size
+        return (self.cfg.num_layers, num_blocks, block_size, devices * self.kv_heads_per_device, self.cfg.head_dim)
+
+    def kv_cache_sharding(self):
+        """Where the KV cache lives: split on KV heads over the mesh, or None (the default device)."""
+        return None if self.parallel is None else self.parallel.cache_sharding()
 
     # ---------------------------------------------------------------------------------- forward
     def __call__(self, token_ids: jax.Array, k_cache: jax.Array, v_cache: jax.Array, metadata: AttentionMetadata,
@@ -70,52 +99,90 @@ class CausalLM(nnx.Module):
         Returns:
             (hidden [T, H] after the final norm, k_cache, v_cache).
         """
-        cfg, top = self.cfg, {name: p[...] for name, p in self.top.items()}
-        L, num_blocks, block_size = k_cache.shape[:3]
-        k_flat = k_cache.reshape(L, num_blocks * block_size, *k_cache.shape[3:])  # [L, S, K, D]
-        rope = None
-        if cfg.position_embedding == "rope":
-            inv_freq, attention_factor = rope_frequencies(cfg.rotary_dim or cfg.head_dim, cfg.rope_theta,
-                                                          cfg.rope_scaling, cfg.rope_freq_factors)
-            rope = rope_tables(metadata.positions, inv_freq, attention_factor)
         layers = {name: p[...] for name, p in self.layers.items()}  # [L, ...] each
-        layer_fn = architecture(cfg.architecture).layer
-
-        def layer_step(carry, layer):
-            x, k_flat, v_flat = carry
-            ctx = StepContext(metadata, attention, block_size, rope, k_flat, v_flat)
-            x = layer_fn(cfg, layers, layer, x, ctx)
-            return (x, ctx.k_flat, ctx.v_flat), None
-
-        carry = (self._embed(top, token_ids, metadata.positions, layers["attn_norm"].dtype), k_flat,
-                 v_cache.reshape(k_flat.shape))
-        (x, k_flat, v_flat), _ = jax.lax.scan(layer_step, carry, jnp.arange(L, dtype=jnp.int32))
-        if "final_norm" in top:  # OPT's post-norm variants end without one
-            x = normalize(cfg, x, top["final_norm"], top.get("final_norm_bias"))
-        if "project_out" in top:  # OPT-350m: hidden -> the embedding's width
-            x = linear(x, top["project_out"], None)
-        return x, k_flat.reshape(k_cache.shape), v_flat.reshape(v_cache.shape)
-
-    def _embed(self, top: dict, token_ids: jax.Array, positions: jax.Array, dtype) -> jax.Array:
-        cfg = self.cfg
-        scale = top.get("embed_scale")
-        x = dequantize(top["embed"][token_ids], None if scale is None else scale[token_ids], dtype,
-                       cfg.embedding_size or cfg.hidden_size)  # [T, E]
-        if cfg.embedding_multiplier != 1.0:  # Gemma; in the activations' dtype, as HF does
-            x = x * jnp.asarray(cfg.embedding_multiplier, dtype)
-        if "project_in" in top:
-            x = linear(x, top["project_in"], None).astype(dtype)
-        if "positions" in top:  # learned absolute positions (OPT's table starts at position_offset)
-            x = x + top["positions"][positions + cfg.position_offset]
-        if "embed_norm" in top:  # BLOOM normalises the embeddings
-            x = normalize(cfg, x, top["embed_norm"], top.get("embed_norm_bias"))
-        return x
+        top = {name: p[...] for name, p in self.top.items()}
+        if self.parallel is None:
+            return _step(self.cfg, None, attention, layers, top, token_ids, k_cache, v_cache, metadata)
+        parallel, cache = self.parallel, self.parallel.cache_sharding().spec
+        step = functools.partial(_step, parallel.local_config(self.cfg), self.parallel, attention)
+        return jax.shard_map(step, mesh=parallel.mesh, check_vma=False,
+                             in_specs=(parallel.specs(layers, stacked=True), parallel.specs(top, stacked=False),
+                                       P(), cache, cache, P()),
+                             out_specs=(P(), cache, cache))(layers, top, token_ids, k_cache, v_cache, metadata)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """[S, H] -> [S, V] float32 logits."""
-        top = self.top
+        """[S, H] -> [S, V] float32 logits (under tensor parallelism, every device's vocabulary rows gathered)."""
         name = "embed" if self.cfg.tie_word_embeddings else "lm_head"
-        scale = top.get(f"{name}_scale")
-        logits = linear(hidden, top[name][...], None if scale is None else scale[...], out_dtype=jnp.float32)
-        return logits if "lm_head_bias" not in top else logits + top["lm_head_bias"][...].astype(jnp.float32)
+        head = {n: self.top[n][...] for n in (name, f"{name}_scale", "lm_head_bias") if n in self.top}
+        if self.parallel is None:
+            return _logits(name, head, hidden)
 
+        def gathered(head, hidden):
+            return jax.lax.all_gather(_logits(name, head, hidden), AXIS, axis=1, tiled=True)
+
+        logits = jax.shard_map(gathered, mesh=self.parallel.mesh, check_vma=False,
+                               in_specs=(self.parallel.specs(head, stacked=False), P()), out_specs=P())(head, hidden)
+        return logits[:, : self.cfg.vocab_size]  # the padding rows of the last device's share
+
+
+def _logits(name: str, head: dict, hidden: jax.Array) -> jax.Array:
+    logits = linear(hidden, head[name], head.get(f"{name}_scale"), out_dtype=jnp.float32)
+    return logits if "lm_head_bias" not in head else logits + head["lm_head_bias"].astype(jnp.float32)
+
+
+def _step(cfg: ModelConfig, parallel: TensorParallel | None, attention: AttentionFn, layers: dict, top: dict,
+          token_ids: jax.Array, k_cache: jax.Array, v_cache: jax.Array, metadata: AttentionMetadata):
+    """CausalLM.__call__ on whole arrays, or on one device's slices (`cfg` then has its head counts)."""
+    L, num_blocks, block_size = k_cache.shape[:3]
+    k_flat = k_cache.reshape(L, num_blocks * block_size, *k_cache.shape[3:])  # [L, S, K, D]
+    rope = None
+    if cfg.position_embedding == "rope":
+        inv_freq, attention_factor = rope_frequencies(cfg.rotary_dim or cfg.head_dim, cfg.rope_theta,
+                                                      cfg.rope_scaling, cfg.rope_freq_factors)
+        rope = rope_tables(metadata.positions, inv_freq, attention_factor)
+    all_reduce = None if parallel is None else functools.partial(jax.lax.psum, axis_name=AXIS)
+    slopes = cfg.alibi_slopes if parallel is None else parallel.alibi_slopes
+    if slopes is not None:  # [N], or [devices, N] of which this device takes its row
+        slopes = jnp.asarray(slopes, jnp.float32)
+        slopes = slopes if parallel is None else slopes[jax.lax.axis_index(AXIS)]
+    layer_fn = architecture(cfg.architecture).layer
+
+    def layer_step(carry, layer):
+        x, k_flat, v_flat = carry
+        ctx = StepContext(metadata, attention, block_size, rope, k_flat, v_flat, slopes, all_reduce)
+        x = layer_fn(cfg, layers, layer, x, ctx)
+        return (x, ctx.k_flat, ctx.v_flat), None
+
+    x = _embed(cfg, top, token_ids, metadata.positions, layers["attn_norm"].dtype, all_reduce)
+    (x, k_flat, v_flat), _ = jax.lax.scan(layer_step, (x, k_flat, v_cache.reshape(k_flat.shape)),
+                                          jnp.arange(L, dtype=jnp.int32))
+    if "final_norm" in top:  # OPT's post-norm variants end without one
+        x = normalize(cfg, x, top["final_norm"], top.get("final_norm_bias"))
+    if "project_out" in top:  # OPT-350m: hidden -> the embedding's width
+        x = linear(x, top["project_out"], None)
+    return x, k_flat.reshape(k_cache.shape), v_flat.reshape(v_cache.shape)
+
+
+def _embed(cfg: ModelConfig, top: dict, token_ids: jax.Array, positions: jax.Array, dtype, all_reduce) -> jax.Array:
+    """The tokens' embeddings [T, E]. Split by vocabulary, each device looks up the tokens in its rows, zeros
+    for the others, and `all_reduce` adds the devices' lookups up."""
+    rows, ours = token_ids, None
+    if all_reduce is not None:
+        share = top["embed"].shape[0]
+        rows = token_ids - jax.lax.axis_index(AXIS) * share
+        ours = (rows >= 0) & (rows < share)
+        rows = jnp.where(ours, rows, 0)
+    scale = top.get("embed_scale")
+    x = dequantize(top["embed"][rows], None if scale is None else scale[rows], dtype,
+                   cfg.embedding_size or cfg.hidden_size)  # [T, E]
+    if all_reduce is not None:
+        x = all_reduce(jnp.where(ours[:, None], x, jnp.zeros_like(x)))
+    if cfg.embedding_multiplier != 1.0:  # Gemma; in the activations' dtype, as HF does
+        x = x * jnp.asarray(cfg.embedding_multiplier, dtype)
+    if "project_in" in top:
+        x = linear(x, top["project_in"], None).astype(dtype)
+    if "positions" in top:  # learned absolute positions (OPT's table starts at position_offset)
+        x = x + top["positions"][positions + cfg.position_offset]
+    if "embed_norm" in top:  # BLOOM normalises the embeddings
+        x = normalize(cfg, x, top["embed_norm"], top.get("embed_norm_bias"))
+    return x

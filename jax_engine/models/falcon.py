@@ -67,9 +67,9 @@ def layer(cfg: ModelConfig, w: dict, i, x, ctx):
     attn = self_attention(cfg, w, i, h, ctx)
     if not cfg.parallel_residual:
         x = x + attn
-        return x + mlp(cfg, w, i, norm(cfg, w, "mlp_norm", i, x))
+        return x + mlp(cfg, w, i, norm(cfg, w, "mlp_norm", i, x), ctx)
     h_mlp = norm(cfg, w, "mlp_norm", i, x) if "mlp_norm" in w else h
-    return x + attn + mlp(cfg, w, i, h_mlp)
+    return x + attn + mlp(cfg, w, i, h_mlp, ctx)
 
 
 FALCON = Architecture("falcon", "FalconForCausalLM", config, weights, layer)

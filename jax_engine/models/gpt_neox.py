@@ -51,9 +51,9 @@ def weights(cfg: ModelConfig) -> WeightMap:
 def layer(cfg: ModelConfig, w: dict, i, x, ctx):
     attn = self_attention(cfg, w, i, norm(cfg, w, "attn_norm", i, x), ctx)
     if cfg.parallel_residual:
-        return x + attn + mlp(cfg, w, i, norm(cfg, w, "mlp_norm", i, x))
+        return x + attn + mlp(cfg, w, i, norm(cfg, w, "mlp_norm", i, x), ctx)
     x = x + attn
-    return x + mlp(cfg, w, i, norm(cfg, w, "mlp_norm", i, x))
+    return x + mlp(cfg, w, i, norm(cfg, w, "mlp_norm", i, x), ctx)
 
 
 GPT_NEOX = Architecture("gpt_neox", "GPTNeoXForCausalLM", config, weights, layer)

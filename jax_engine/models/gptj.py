@@ -42,7 +42,7 @@ def weights(cfg: ModelConfig) -> WeightMap:
 
 def layer(cfg: ModelConfig, w: dict, i, x, ctx):
     h = norm(cfg, w, "attn_norm", i, x)
-    return x + self_attention(cfg, w, i, h, ctx) + mlp(cfg, w, i, h)
+    return x + self_attention(cfg, w, i, h, ctx) + mlp(cfg, w, i, h, ctx)
 
 
 GPTJ = Architecture("gptj", "GPTJForCausalLM", config, weights, layer)

@@ -16,6 +16,7 @@ feature's weights together and int8 keeps one scale per output feature (see line
 Dimension names: T tokens, H hidden, N query heads, K KV heads, D head dim, I MLP width.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
@@ -62,9 +63,13 @@ def norm(cfg: ModelConfig, w: dict, name: str, layer: jax.Array, x: jax.Array) -
     return normalize(cfg, x, w[name][layer], None if bias is None else bias[layer])
 
 
-def project(x: jax.Array, w: dict, name: str, layer: jax.Array) -> jax.Array:
-    """x @ the layer's projection w_<name>, transposed (scaled when int8), plus its bias if it has one."""
+def project(x: jax.Array, w: dict, name: str, layer: jax.Array, reduce: Callable | None = None) -> jax.Array:
+    """x @ the layer's projection w_<name>, transposed (scaled when int8), plus its bias if it has one.
+
+    `reduce` sums a row-parallel projection's partial products across devices, before the bias is added once.
+    """
     y = linear(x, w[f"w_{name}"], w.get(f"w_{name}_scale"), layer=layer)
+    y = y if reduce is None else reduce(y)
     bias = w.get(f"b_{name}")
     return y if bias is None else y + bias[layer].astype(y.dtype)
 
@@ -74,7 +79,9 @@ class StepContext:
     """What every layer's attention needs in a step, and the paged KV cache it carries from layer to layer.
 
     One is made per layer inside the scan (see CausalLM.__call__); `attend` replaces the caches it holds with
-    the updated ones, so a family's layer function never threads caches by hand.
+    the updated ones, so a family's layer function never threads caches by hand. Under tensor parallelism
+    (distributed/tensor_parallel.py) the arrays are one device's heads, and `all_reduce` sums the partial
+    products of the row-parallel projections across devices; alone, it is the identity.
     """
 
     metadata: AttentionMetadata
@@ -83,13 +90,14 @@ class StepContext:
     rope: tuple[jax.Array, jax.Array] | None  # (cos, sin) of the step's positions, or None without RoPE
     k_flat: jax.Array  # [L, S, K, D]
     v_flat: jax.Array
+    alibi_slopes: jax.Array | None = None  # [N] of this device's query heads
+    all_reduce: Callable[[jax.Array], jax.Array] | None = None
 
     def attend(self, cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, layer: jax.Array) -> jax.Array:
         """Write k, v into the cache and attend q over every sequence's context. q [T, N, D] -> [T, N, D]."""
-        slopes = None if cfg.alibi_slopes is None else jnp.asarray(cfg.alibi_slopes, jnp.float32)
         out, self.k_flat, self.v_flat = self.attention(
             q, k, v, self.k_flat, self.v_flat, layer, self.metadata, self.block_size, cfg.attention_scale,
-            sliding_window=cfg.sliding_window, alibi_slopes=slopes)
+            sliding_window=cfg.sliding_window, alibi_slopes=self.alibi_slopes)
         return out
 
 
@@ -107,20 +115,20 @@ def self_attention(cfg: ModelConfig, w: dict, layer: jax.Array, h: jax.Array, ct
         q = apply_rope(q, cos, sin, interleaved=cfg.rope_interleaved)
         k = apply_rope(k, cos, sin, interleaved=cfg.rope_interleaved)
     out = ctx.attend(cfg, q, k, v, layer)
-    return project(out.reshape(tokens, N * D), w, "o", layer)
+    return project(out.reshape(tokens, N * D), w, "o", layer, ctx.all_reduce)
 
 
-def mlp(cfg: ModelConfig, w: dict, layer: jax.Array, h: jax.Array) -> jax.Array:
+def mlp(cfg: ModelConfig, w: dict, layer: jax.Array, h: jax.Array, ctx: StepContext) -> jax.Array:
     """Gated (act(gate) * up, Llama's SwiGLU) when the layer has w_gate_up, else act(up); then down."""
     act = ACTIVATIONS[cfg.hidden_act]
     if "w_gate_up" in w:
         gate_up = project(h, w, "gate_up", layer)
         gate, up = jnp.split(gate_up, 2, axis=-1)
-        return project(act(gate) * up, w, "down", layer)
-    return project(act(project(h, w, "up", layer)), w, "down", layer)
+        return project(act(gate) * up, w, "down", layer, ctx.all_reduce)
+    return project(act(project(h, w, "up", layer)), w, "down", layer, ctx.all_reduce)
 
 
 def pre_norm_layer(cfg: ModelConfig, w: dict, layer: jax.Array, x: jax.Array, ctx: StepContext) -> jax.Array:
     """The block most families use (Llama, GPT-2, BLOOM, MPT, OPT): x + attn(norm(x)), then x + mlp(norm(x))."""
     x = x + self_attention(cfg, w, layer, norm(cfg, w, "attn_norm", layer, x), ctx)
-    return x + mlp(cfg, w, layer, norm(cfg, w, "mlp_norm", layer, x))
+    return x + mlp(cfg, w, layer, norm(cfg, w, "mlp_norm", layer, x), ctx)

@@ -55,7 +55,7 @@ def layer(cfg: ModelConfig, w: dict, i, x, ctx):
     if cfg.norm_before:
         return pre_norm_layer(cfg, w, i, x, ctx)
     x = norm(cfg, w, "attn_norm", i, x + self_attention(cfg, w, i, x, ctx))
-    return norm(cfg, w, "mlp_norm", i, x + mlp(cfg, w, i, x))
+    return norm(cfg, w, "mlp_norm", i, x + mlp(cfg, w, i, x, ctx))
 
 
 OPT = Architecture("opt", "OPTForCausalLM", config, weights, layer)
