@@ -56,7 +56,12 @@ class EngineArgs:
         generation_config: where requests' default sampling parameters come from: "auto", the model's
             generation_config.json (vLLM's default); "vllm", vLLM's own defaults; or a directory holding one.
         tensor_parallel_size: devices each layer is split over, Megatron-style (jax_engine/distributed/); on
-            several hosts, the devices of every process (see jax_engine.distributed.initialize).
+            several hosts, the devices of all of them.
+        nnodes: processes (hosts) the devices come from; with more than one, node_rank 0 runs the engine and
+            the others run `jax-engine serve --headless` (jax_engine/distributed/multihost.py).
+        node_rank: this process's rank among the nnodes.
+        master_addr: the address of node_rank 0, where JAX's coordinator listens.
+        master_port: the port of JAX's coordinator.
     """
 
     model: str | None = None
@@ -79,6 +84,10 @@ class EngineArgs:
     compilation_cache_dir: str = "auto"
     generation_config: str = "auto"
     tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29501
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, limit: str) -> None:
@@ -100,6 +109,8 @@ class EngineArgs:
         check(isinstance(self.seed, int), "seed", "an int")
         check(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1, "tensor_parallel_size",
               ">= 1")
+        check(isinstance(self.nnodes, int) and self.nnodes >= 1, "nnodes", ">= 1")
+        check(isinstance(self.node_rank, int) and 0 <= self.node_rank < self.nnodes, "node_rank", "in [0, nnodes)")
         check(self.quantization is None or self.quantization in QUANTIZATIONS, "quantization",
               f"None or one of {list(QUANTIZATIONS)}")
 

@@ -54,7 +54,7 @@ def environment_key() -> str:
     device = jax.devices()[0]
     kernels = (attention_kernel.kernel_unavailable_reason() is None, matmul.kernel_unavailable_reason() is None)
     parts = (source_digest(), jax.__version__, jaxlib.__version__, flax.__version__, device.platform, device.device_kind,
-             jax.device_count(), platform.machine(), native.cpu_signature(), kernels, os.environ.get("XLA_FLAGS"),
+             jax.device_count(), jax.process_index(), jax.process_count(), platform.machine(), native.cpu_signature(), kernels, os.environ.get("XLA_FLAGS"),
              jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
     return repr(parts)
 

@@ -18,6 +18,7 @@ from jax_engine.beam_search import BeamSearchParams
 from jax_engine.compile_shapes import compile_step_shapes, use_compilation_cache
 from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_dtype, resolve_scheduler_config
 from jax_engine.core.kv_cache_manager import KVCacheManager
+from jax_engine.distributed import multihost
 from jax_engine.distributed.tensor_parallel import make_mesh
 from jax_engine.core.scheduler import Scheduler, SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
@@ -45,6 +46,8 @@ class LLMEngine:
         """Load the model (or take an already loaded `checkpoint`), size the KV cache, build the loop."""
         started = time.perf_counter()
         self.args = args
+        if args.nnodes > 1:  # before anything asks JAX for its devices
+            multihost.initialize(args.nnodes, args.node_rank, args.master_addr, args.master_port)
         use_compilation_cache(args.compilation_cache_dir)
         mesh = make_mesh(args.tensor_parallel_size)  # checked before anything loads
         checkpoint = checkpoint or load_checkpoint(args.model)
@@ -58,6 +61,8 @@ class LLMEngine:
         block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, self.dtype, self.attention_backend,
                                                                 self.scheduler_config.max_model_len,
                                                                 model.kv_heads_per_device)
+        if args.nnodes > 1:  # every host's cache must have the driver's block count (free memory may differ)
+            num_blocks, num_host_blocks = multihost.agree((num_blocks, num_host_blocks))
         self.kv_cache_manager = KVCacheManager(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
         self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
         self.runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, self.scheduler_config.max_model_len,
@@ -83,12 +88,25 @@ class LLMEngine:
         self._stats = EngineStats()
         self.startup_compile_seconds = 0.0 if args.enforce_eager else compile_step_shapes(
             self.runner, self.scheduler_config.max_num_batched_tokens, args.compilation_cache_dir)
+        if args.nnodes > 1 and args.node_rank == 0:
+            self.runner = multihost.DriverRunner(self.runner)
         logger.info("engine ready in %.1f s (attention backend %r)", time.perf_counter() - started,
                     self.attention_backend.name)
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
         return cls(args)
+
+    def run_worker(self) -> None:
+        """On a host of node_rank > 0: make the driver's device calls until it shuts down (`serve --headless`)."""
+        if self.args.node_rank == 0:
+            raise ValueError("run_worker is for node_rank > 0; node_rank 0 runs the engine")
+        multihost.run_worker(self.runner)
+
+    def shutdown(self) -> None:
+        """Release the other hosts' workers (also done at exit); a single-host engine has nothing to release."""
+        if isinstance(self.runner, multihost.DriverRunner):
+            self.runner.shutdown()
 
     # ------------------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
@@ -188,7 +206,7 @@ class LLMEngine:
                 rows.append(row)
                 samplers.append(sampler)
         try:
-            return list(zip(samplers, self.runner.sample(sampling_hidden, rows, samplers)))
+            return list(zip(samplers, self.runner.sample(sampling_hidden, rows, self.runner.sampling_batch(samplers))))
         except Exception:  # some sequence's values do not pack into the sampler's arrays: it fails alone
             for seq in samplers:
                 with self._failing_alone(seq):

@@ -22,7 +22,7 @@ from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
 from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
 from jax_engine.core.scheduler import SchedulerOutput
 from jax_engine.models import CausalLM
-from jax_engine.sampler import SampledToken, sample, sampling_batch
+from jax_engine.sampler import SampledToken, SamplingBatch, sample, sampling_batch, to_host
 from reference.block_manager import cdiv
 
 logger = logging.getLogger(__name__)
@@ -148,13 +148,18 @@ class ModelRunner:
         """Swap out, swap in, then copy-on-write, before the step that relies on them."""
         if out.swap_out:
             src, dst = map(list, zip(*out.swap_out.items()))
-            self.host_k[:, dst] = np.asarray(self.k_cache[:, jnp.array(src)])
-            self.host_v[:, dst] = np.asarray(self.v_cache[:, jnp.array(src)])
+            for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)):
+                moved = cache[:, np.asarray(src)]
+                for shard in moved.addressable_shards:  # each device's heads (all of them on one device)
+                    layers, _, slots, heads, dims = shard.index
+                    host[layers, dst, slots, heads, dims] = np.asarray(shard.data)
         if out.swap_in:
             src, dst = map(list, zip(*out.swap_in.items()))
-            dst_idx = jnp.array(dst)
-            self.k_cache = self.k_cache.at[:, dst_idx].set(jnp.asarray(self.host_k[:, src]))
-            self.v_cache = self.v_cache.at[:, dst_idx].set(jnp.asarray(self.host_v[:, src]))
+            self.k_cache, self.v_cache = (
+                cache.at[:, np.asarray(dst)].set(jax.make_array_from_callback(
+                    (cache.shape[0], len(src), *cache.shape[2:]), cache.sharding,
+                    lambda index, host=host: host[index[0], src, *index[2:]]))
+                for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)))
         if out.copies:  # padded to a bucket so that copy counts do not each compile
             src, dst = (np.array(x, np.int32) for x in zip(*out.copies))
             padding = bucket(len(src), 8) - len(src)
@@ -268,26 +273,30 @@ class ModelRunner:
                         len(self.compiled_shapes), key[1][0], key[2][0], key[2][1], time.perf_counter() - started)
         return sampling_hidden, hidden
 
-    def sample(self, sampling_hidden: jax.Array, rows: list[int], seqs: list) -> list[SampledToken]:
-        """A token for each of `seqs`, from the logits of `sampling_hidden[rows]` (parallel samples share their
-        parent's row). The logits and the sampler's scratch live in recycled buffers."""
-        if not seqs:
+    def sampling_batch(self, seqs: list) -> SamplingBatch:
+        """The sampler's arrays for `seqs`, one row each, padded to the row bucket `sample` uses."""
+        return sampling_batch(seqs, bucket(len(seqs)), self.model.cfg.vocab_size)
+
+    def sample(self, sampling_hidden: jax.Array, rows: list[int], batch: SamplingBatch) -> list[SampledToken]:
+        """A token for each of `rows` of `sampling_hidden` (parallel samples share their parent's row), drawn
+        with the matching row of `batch` (see sampling_batch). The logits and the sampler's scratch live in
+        recycled buffers."""
+        if not rows:
             return []
         padded = np.zeros(bucket(len(rows)), np.int32)
         padded[: len(rows)] = rows
-        vocab = self.model.cfg.vocab_size
         logits_program = self.programs.get(("logits", len(padded)), _logits)
-        logits = logits_program(self.model, sampling_hidden, padded, self.recycled.take((len(padded), vocab)))
-        batch = sampling_batch(seqs, len(padded), vocab)
+        logits = logits_program(self.model, sampling_hidden, padded,
+                                self.recycled.take((len(padded), self.model.cfg.vocab_size)))
         sampler = self.programs.get(sampler_key(batch), sample)
         result, scratch = sampler(logits, batch, scratch=self.recycled.take(logits.shape))
         self.recycled.give(scratch)
         self.recycled.give(logits)
-        return result.rows(len(seqs))
+        return result.rows(len(rows))
 
     def all_logits(self, hidden: jax.Array) -> np.ndarray:
         """Logits of every row of a step's hidden states."""
-        return np.asarray(_all_logits(self.model, hidden))
+        return to_host(_all_logits(self.model, hidden))
 
     def token_logprobs(self, hidden: jax.Array, rows: list[int], targets: list[int], num_top: int):
         """(logprob, rank, top ids, top logprobs) of each target token at its row, as NumPy arrays."""
@@ -295,4 +304,4 @@ class ModelRunner:
         rows_arr, targets_arr = np.zeros(padded, np.int32), np.zeros(padded, np.int32)
         rows_arr[: len(rows)], targets_arr[: len(rows)] = rows, targets
         result = _token_logprobs(self.model, hidden, rows_arr, targets_arr, max(num_top, 1))
-        return tuple(np.asarray(x)[: len(rows)] for x in result)
+        return tuple(to_host(x)[: len(rows)] for x in result)

@@ -67,9 +67,14 @@ class SamplerOutput:
 
     def rows(self, count: int) -> list["SampledToken"]:
         """The first `count` rows, copied to the host."""
-        host = [np.asarray(x) for x in (self.tokens, self.logprobs, self.ranks, self.top_ids, self.top_logprobs)]
+        host = [to_host(x) for x in (self.tokens, self.logprobs, self.ranks, self.top_ids, self.top_logprobs)]
         return [SampledToken(int(host[0][i]), float(host[1][i]), int(host[2][i]), host[3][i], host[4][i])
                 for i in range(count)]
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """A replicated result as a NumPy array: this process's copy (on several hosts the others hold theirs)."""
+    return np.asarray(x.addressable_data(0))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may reach a hub at run time
 
+# tests/multi_device/ needs several devices: tests/test_multi_device.py runs it in a process that has them.
+collect_ignore = [] if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "") else ["multi_device"]
+
 
 @pytest.fixture(scope="session")
 def default_checkpoint():

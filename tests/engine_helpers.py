@@ -13,10 +13,12 @@ from jax_engine.sequence import Sequence
 
 
 def engine_logits(checkpoint, token_ids: list[int], chunk_sizes: list[int], block_size: int = 4,
-                  backend: str = "xla", dtype=jnp.float32, quantization: str | None = None) -> np.ndarray:
-    """Logits at every position, computed chunk by chunk through ModelRunner.prepare/execute."""
-    model = CausalLM.from_hf_weights(checkpoint.config, checkpoint.weights, dtype, quantization,
-                                             checkpoint.blocks)
+                  backend: str = "xla", dtype=jnp.float32, quantization: str | None = None,
+                  mesh=None) -> np.ndarray:
+    """Logits at every position, computed chunk by chunk through ModelRunner.prepare/execute (the model split
+    over `mesh`, when given)."""
+    model = CausalLM.from_hf_weights(checkpoint.config, checkpoint.weights, dtype, quantization, checkpoint.blocks,
+                                     mesh)
     num_blocks = -(-len(token_ids) // block_size) + 2
     runner = ModelRunner(model, num_blocks, block_size, 0, len(token_ids) + 8, 1, get_attention_backend(backend, "cpu"),
                          dtype)

@@ -51,13 +51,13 @@ def wait_until_healthy(url: str, timeout: float, process: subprocess.Popen | Non
     raise TimeoutError(f"{url} did not become healthy in {timeout} s")
 
 
-def start_server_process(*args: str, log_path: str,
-                         command: tuple[str, ...] = ("-m", "jax_engine", "serve")) -> tuple[subprocess.Popen, str]:
+def start_server_process(*args: str, log_path: str, command: tuple[str, ...] = ("-m", "jax_engine", "serve"),
+                         env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """`python -m jax_engine serve ARGS` on a free port; returns (process, base url) once /health answers."""
     port = free_port()
     log = open(log_path, "w")
-    process = subprocess.Popen([sys.executable, *command, "--port", str(port), *args],
-                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = subprocess.Popen([sys.executable, *command, "--port", str(port), *args], stdout=log,
+                               stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(url, timeout=180, process=process)

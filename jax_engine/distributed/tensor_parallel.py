@@ -167,7 +167,11 @@ class TensorParallel:
             spec = self.spec(name, stacked)
             if spec != P():
                 axis = (1 if stacked else 0) + (name in _COLUMN_SPLIT)
-                array = _take(array, self._rows(name, cfg), axis)
+                order = self._rows(name, cfg)
+                if array.shape[axis] != len(set(order) - {EMPTY}):  # the config does not describe this weight
+                    raise ValueError(f"{name} {array.shape} does not match the model config's head counts, "
+                                     f"MLP width or vocabulary: it cannot be split over {self.size} devices")
+                array = _take(array, order, axis)
             placed[name] = put(np.asarray(array), NamedSharding(self.mesh, spec))
         return placed
 

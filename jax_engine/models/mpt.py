@@ -21,7 +21,8 @@ def config(c: dict) -> ModelConfig:
     hidden, heads = c["d_model"], c["n_heads"]
     return ModelConfig(
         architecture="mpt", vocab_size=c["vocab_size"], hidden_size=hidden,
-        intermediate_size=c["expansion_ratio"] * hidden, num_layers=c["n_layers"], num_heads=heads,
+        intermediate_size=4 * hidden,  # transformers' MptMLP is 4 x d_model, whatever expansion_ratio says
+        num_layers=c["n_layers"], num_heads=heads,
         num_kv_heads=heads, head_dim=hidden // heads, rope_theta=0.0, norm_eps=c["layer_norm_epsilon"],
         max_position_embeddings=c["max_seq_len"], tie_word_embeddings=c["tie_word_embeddings"], norm="layer",
         hidden_act="gelu", gated_mlp=False, position_embedding="alibi",

@@ -49,6 +49,9 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         engine.start()
         yield
         await engine.stop()
+        # Release other hosts' workers now: after a signal, uvicorn ends the process by raising it again,
+        # which skips the engine's atexit hook.
+        engine.engine.shutdown()
 
     # No /docs or /redoc: their pages load scripts from a CDN. The schema stays at /openapi.json.
     app = FastAPI(title="jax-engine OpenAI-compatible server", lifespan=lifespan, docs_url=None, redoc_url=None)

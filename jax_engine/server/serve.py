@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
                         help="seconds a client has to send a request's headers")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--headless", action="store_true",
+                        help="a worker host (--node-rank > 0): no HTTP server, only the driver's device calls")
 
 
 def server_config(ns: argparse.Namespace, model_name: str) -> ServerConfig:
@@ -78,6 +80,13 @@ def main(ns: argparse.Namespace) -> None:
 
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     args = EngineArgs.from_cli_args(ns, model=ns.model_tag or ns.model)
+    if ns.headless != (args.node_rank > 0):
+        raise ValueError("--headless goes with --node-rank > 0 (a worker host), and only there")
+    if ns.headless:
+        from jax_engine.llm_engine import LLMEngine
+
+        LLMEngine(args).run_worker()
+        return
     config = server_config(ns, ns.served_model_name or args.model or DEFAULT_MODEL_NAME)
     status = run_server(AsyncLLMEngine.from_engine_args(args), config, ns.host, ns.port, ns.log_level)
     if status:

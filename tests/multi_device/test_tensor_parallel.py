@@ -1,0 +1,124 @@
+"""Tensor parallelism (jax_engine/distributed/tensor_parallel.py) against the unsplit model: tp = 2, 3 and 4
+over SmolLM2's 9 query / 3 KV heads (3 divides them; 2 and 4 pad with empty heads), and over tiny random
+checkpoints of every family (vocabularies and MLP widths no tp divides, MQA, ALiBi, biases)."""
+
+import re
+
+import jax
+import numpy as np
+import pytest
+
+from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
+from jax_engine.compile_shapes import _programs
+from jax_engine.distributed.tensor_parallel import head_layout, make_mesh
+from jax_engine.loader import load_checkpoint
+from tests.engine_helpers import engine_logits
+from tests.test_llama_vs_hf import PROMPT
+from tests.test_model_families import VARIANTS
+from tests.tiny_checkpoints import make_tiny_checkpoint
+
+SIZES = (2, 3, 4)
+PREFIX = "The history of paged memory in operating systems begins with"
+PROMPTS = [PREFIX + " the Atlas computer", PREFIX + " a question:", "def fibonacci(n):", "1, 2, 3, 5, 8,"]
+ENGINE_ARGS = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64, block_size=8, enforce_eager=True)
+
+
+@pytest.fixture(scope="module")
+def make_llm(default_checkpoint):
+    def make(tp: int, **kwargs) -> LLM:
+        args = EngineArgs(tensor_parallel_size=tp, **{**ENGINE_ARGS, **kwargs})
+        return LLM.from_engine(LLMEngine(args, checkpoint=default_checkpoint))
+
+    return make
+
+
+def generate(llm: LLM, params: SamplingParams) -> list[list[list[int]]]:
+    return [[c.token_ids for c in o.outputs] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def unsplit(make_llm):
+    """tp = 1's greedy tokens and seeded n = 2 samples, with the cache small enough to preempt."""
+    llm = make_llm(1, num_gpu_blocks_override=24)
+    return generate(llm, GREEDY), generate(llm, SAMPLES)
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+SAMPLES = SamplingParams(n=2, temperature=0.8, seed=7, max_tokens=12, ignore_eos=True)
+
+
+@pytest.mark.parametrize("tp", SIZES)
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_default_model_tokens_equal_unsplit(make_llm, unsplit, tp, preemption_mode):
+    """4 prompts x 40 greedy tokens in 24 blocks of 8 (preempted on the way); then n = 2 seeded samples of the
+    same prompts, whose blocks are then cached: the same tokens as tp = 1."""
+    llm = make_llm(tp, num_gpu_blocks_override=24, preemption_mode=preemption_mode)
+    engine = llm.llm_engine
+    assert engine.runner.k_cache.sharding.spec[3] == "tp" and len(engine.runner.k_cache.sharding.device_set) == tp
+    assert generate(llm, GREEDY) == unsplit[0]
+    assert engine.scheduler.num_preemptions > 0
+    assert generate(llm, SAMPLES) == unsplit[1]
+    assert engine.kv_cache_manager.prefix_cache_hits > 0
+    assert engine.kv_cache_manager.usage == 0  # nothing lost
+
+
+@pytest.mark.parametrize("tp", SIZES)
+def test_default_model_logits_close_to_unsplit(default_checkpoint, tp):
+    """Every position's logits, prefill and decode-sized chunks: the psums add the partial products in another
+    order than one matmul does, so float32 rounding differs: ~5e-5 of logits up to ~30 seen, 2e-4 bound."""
+    chunks = [9, 1, 1, 10]
+    ids = default_checkpoint.tokenizer.encode(" ".join(PROMPTS))[:21]
+    expected = engine_logits(default_checkpoint, ids, chunks, block_size=8, backend="cpu")
+    split = engine_logits(default_checkpoint, ids, chunks, block_size=8, backend="cpu", mesh=make_mesh(tp))
+    assert np.abs(split - expected).max() < 2e-4
+    assert (split.argmax(-1) == expected.argmax(-1)).all()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_family_splits(tmp_path, variant):
+    """Tiny random checkpoints (4 heads over 2 KV heads, 1 with MQA, 6 in BLOOM; vocabulary 258; MLP 128 or 256),
+    prefill and chunked decode, tp = 2, 3, 4 on the cpu backend, the xla one too where ALiBi or windows apply."""
+    model_type, overrides = VARIANTS[variant]
+    make_tiny_checkpoint(tmp_path, model_type, **overrides)
+    checkpoint = load_checkpoint(str(tmp_path))
+    for backend in ("cpu", "xla") if "mistral" in variant or model_type in ("bloom", "mpt", "falcon", "phi3") else ("cpu",):
+        expected = engine_logits(checkpoint, PROMPT, [9, 1, 11], backend=backend)
+        for tp in SIZES:
+            split = engine_logits(checkpoint, PROMPT, [9, 1, 11], backend=backend, mesh=make_mesh(tp))
+            assert np.abs(split - expected).max() < 1e-5, (backend, tp)  # same bound as vs HF (test_model_families)
+
+
+def test_step_has_one_all_reduce_after_attention_and_one_after_the_mlp(make_llm):
+    """The compiled step's collectives: in the layer loop's body exactly two all-reduces (o and down), one
+    more for the embedding lookup, nothing that gathers or moves weights; the logits one all-gather."""
+    runner = make_llm(3).llm_engine.runner
+    programs = _programs(runner, 64)
+    step = next(p for p in programs if p.key[0] == "step").lower().compile().as_text()
+    logits = next(p for p in programs if p.key[0] == "logits").lower().compile().as_text()
+    reduces = re.findall(r"all-reduce(?:-start)?\(.*op_name=\"([^\"]+)\"", step)
+    assert len(reduces) == 3
+    assert sum("while/body" in name for name in reduces) == 2
+    for op in ("all-gather", "all-to-all", "collective-permute", "reduce-scatter"):
+        assert not re.search(rf" {op}(-start)?\(", step), op
+    assert len(re.findall(r" all-gather(?:-start)?\(", logits)) == 1
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "tp", "per_device"), [
+    (9, 3, 3, (3, 1)), (9, 3, 2, (6, 2)), (9, 3, 4, (3, 1)), (8, 2, 4, (2, 1)), (4, 1, 4, (1, 1)), (6, 6, 4, (2, 2))])
+def test_head_layout(heads, kv_heads, tp, per_device):
+    """Every query head lands on one device, with the KV head it reads (GQA: local j reads j // group)."""
+    layout = head_layout(heads, kv_heads, tp)
+    assert {(len(q), len(kv)) for q, kv in zip(layout.q, layout.kv)} == {per_device}
+    placed = sorted(h for q in layout.q for h in q if h >= 0)
+    assert placed == list(range(heads))
+    for q, kv in zip(layout.q, layout.kv):
+        group = len(q) // len(kv)
+        for j, head in enumerate(q):
+            if head >= 0:
+                assert kv[j // group] == head // (heads // kv_heads)
+
+
+def test_more_devices_than_exist_is_an_error():
+    with pytest.raises(ValueError, match=r"tensor_parallel_size must be <= the number of devices \(4"):
+        LLM(tensor_parallel_size=8)
+    assert jax.device_count() == 4
