@@ -14,7 +14,7 @@ from jax_engine.distributed.tensor_parallel import head_layout, make_mesh
 from jax_engine.loader import load_checkpoint
 from tests.engine_helpers import engine_logits
 from tests.test_llama_vs_hf import PROMPT
-from tests.test_model_families import VARIANTS
+from tests.test_model_families import ATTENTION_VARIANTS, VARIANTS
 from tests.tiny_checkpoints import make_tiny_checkpoint
 
 SIZES = (2, 3, 4)
@@ -74,14 +74,21 @@ def test_default_model_logits_close_to_unsplit(default_checkpoint, tp):
     assert (split.argmax(-1) == expected.argmax(-1)).all()
 
 
+def backends(variant: str) -> tuple[str, ...]:
+    """The cpu kernel for every variant; xla too where ALiBi or a window change attention; the Pallas kernels
+    (interpreted on CPU, slow) for one GQA and one ALiBi variant."""
+    extra = ("xla",) if variant in ATTENTION_VARIANTS else ()
+    return ("cpu", *extra, *(("pallas",) if variant in ("llama", "bloom") else ()))
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_family_splits(tmp_path, variant):
     """Tiny random checkpoints (4 heads over 2 KV heads, 1 with MQA, 6 in BLOOM; vocabulary 258; MLP 128 or 256),
-    prefill and chunked decode, tp = 2, 3, 4 on the cpu backend, the xla one too where ALiBi or windows apply."""
+    prefill and chunked decode, tp = 2, 3, 4, through every attention backend under shard_map."""
     model_type, overrides = VARIANTS[variant]
     make_tiny_checkpoint(tmp_path, model_type, **overrides)
     checkpoint = load_checkpoint(str(tmp_path))
-    for backend in ("cpu", "xla") if "mistral" in variant or model_type in ("bloom", "mpt", "falcon", "phi3") else ("cpu",):
+    for backend in backends(variant):
         expected = engine_logits(checkpoint, PROMPT, [9, 1, 11], backend=backend)
         for tp in SIZES:
             split = engine_logits(checkpoint, PROMPT, [9, 1, 11], backend=backend, mesh=make_mesh(tp))
