@@ -1,8 +1,8 @@
-"""SmolLM2 split over 1, 2, 3 and 4 CPU devices: what each device holds, same greedy text."""
+"""SmolLM2 split over 1 to 4 CPU devices: what device 0 holds; the greedy text."""
 
 import os
 
-# XLA splits the host CPU into devices only before JAX starts (GPUs are devices as they are).
+# XLA splits the host CPU into devices only before JAX starts (GPUs are devices as is).
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
 
 from jax_engine import LLM, SamplingParams  # noqa: E402
@@ -12,8 +12,10 @@ print("tp  q/k/v rows  o cols  KV heads  KV cache on device 0   layout of q head
 texts = []
 for tp in (1, 2, 3, 4):
     llm = LLM(tensor_parallel_size=tp, max_model_len=128, num_gpu_blocks_override=16,
-              block_size=8, max_num_seqs=4, max_num_batched_tokens=64, enforce_eager=True)
-    model, runner = llm.llm_engine.runner.model, llm.llm_engine.runner
+              block_size=8, max_num_seqs=4, max_num_batched_tokens=64,
+              enforce_eager=True)
+    runner = llm.llm_engine.runner
+    model = runner.model
     w_qkv = model.layers["w_qkv"][...].addressable_shards[0].data  # [L, rows, H]
     w_o = model.layers["w_o"][...].addressable_shards[0].data  # [L, H, cols]
     cache = runner.k_cache.addressable_shards[0].data  # [L, blocks, block size, K, D]
