@@ -44,6 +44,9 @@ class InputProcessor:
         text, token_ids = self._prompt_token_ids(prompt)
         if not token_ids:
             raise ValueError("prompt must not be empty")
+        keep = getattr(params, "truncate_prompt_tokens", None)
+        if keep is not None:  # vLLM's left truncation: the prompt's last tokens (-1: as many as fit)
+            token_ids = token_ids[-(self.max_model_len - 1 if keep == -1 else keep):]
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids must be in [0, vocab_size={self.vocab_size}), got {bad[:5]}")
@@ -82,3 +85,11 @@ class InputProcessor:
               f"token ids below vocab_size ({vocab})", params.stop_token_ids)
         check(params.min_tokens <= room, "min_tokens", f"<= the room left under max_model_len ({room} tokens)",
               params.min_tokens)
+        check(all(t < vocab for t in params.allowed_token_ids or ()), "allowed_token_ids",
+              f"token ids below vocab_size ({vocab})", params.allowed_token_ids)
+        check(all(t < vocab for t in params.logit_bias or {}), "logit_bias", f"keyed by token ids below vocab_size "
+              f"({vocab})", params.logit_bias)
+        if params.bad_words:
+            params.tokenize_bad_words(self.tokenizer)
+        check(all(t < vocab for w in params.bad_words_token_ids for t in w), "bad_words_token_ids",
+              f"token ids below vocab_size ({vocab})", params.bad_words_token_ids)

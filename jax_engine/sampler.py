@@ -28,11 +28,14 @@ class SamplerFlags:
     ban_tokens: bool
     min_p: bool = False
     logprobs: bool = False  # compute the sampled tokens' logprobs and ranks (only when someone asks)
+    allowed_tokens: bool = False  # some row keeps only its allowed_token_ids
+    logit_bias: bool = False
 
 
 @functools.partial(jax.tree_util.register_dataclass, meta_fields=("flags", "num_logprobs"),
                    data_fields=("temperature", "top_k", "top_p", "min_p", "seeds", "positions", "prompt_ids",
-                                "output_ids", "presence", "frequency", "repetition", "banned_ids"))
+                                "output_ids", "presence", "frequency", "repetition", "banned_ids", "allowed_ids",
+                                "bias_ids", "bias_values"))
 @dataclass(frozen=True)
 class SamplingBatch:
     """The sampler's input: one row per sequence (padded rows sample harmlessly and are dropped)."""
@@ -48,9 +51,12 @@ class SamplingBatch:
     presence: np.ndarray  # [R] float32
     frequency: np.ndarray  # [R] float32
     repetition: np.ndarray  # [R] float32
-    banned_ids: np.ndarray  # [R, Bn] int32: stop tokens masked before min_tokens, padded with V
+    banned_ids: np.ndarray  # [R, Bn] int32: stop tokens before min_tokens and bad words' next tokens, padded with V
     flags: SamplerFlags
     num_logprobs: int  # top logprobs to return per row (0 = none)
+    allowed_ids: np.ndarray  # [R, A] int32 allowed_token_ids, padded with V (a row with none keeps all)
+    bias_ids: np.ndarray  # [R, Bb] int32 logit_bias tokens, padded with V
+    bias_values: np.ndarray  # [R, Bb] float32 their biases
 
 
 @functools.partial(jax.tree_util.register_dataclass, meta_fields=(),
@@ -165,10 +171,19 @@ def sample(logits, batch: SamplingBatch, scratch=None) -> tuple[SamplerOutput, j
                                                           b.positions)
     raw_logits, spent = logits, scratch
     rows = logits.shape[0]
+    row_index = jnp.arange(rows)[:, None]
+    # The token controls first, in vLLM's order (reference.sampler.processed_logits), then the penalties.
+    if flags.allowed_tokens:
+        vocab = logits.shape[1]
+        allowed = jnp.zeros(logits.shape, bool).at[row_index, b.allowed_ids].set(True, mode="drop")
+        restricted = jnp.any(b.allowed_ids < vocab, axis=-1, keepdims=True)
+        logits = jnp.where(allowed | ~restricted, logits, _NEG_INF)
+    if flags.ban_tokens:
+        logits = logits.at[row_index, b.banned_ids].set(_NEG_INF, mode="drop")
+    if flags.logit_bias:
+        logits = logits.at[row_index, b.bias_ids].add(b.bias_values, mode="drop")
     if flags.penalties:
         logits = _apply_penalties(logits, b.prompt_ids, b.output_ids, b.presence, b.frequency, b.repetition)
-    if flags.ban_tokens:
-        logits = logits.at[jnp.arange(rows)[:, None], b.banned_ids].set(_NEG_INF, mode="drop")
     if flags.all_greedy:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     else:
@@ -208,21 +223,31 @@ def sampling_batch(requests: list, num_rows: int, vocab_size: int) -> "SamplingB
     """The sampling settings of `requests` (Sequences), one row each, padded to num_rows."""
     params = [r.sampling_params for r in requests]
     pad = num_rows - len(requests)
+    empty = [[] for _ in range(pad)]
 
     def column(values, dtype, fill):
         return np.array(list(values) + [fill] * pad, dtype)
 
+    def ids(rows: list[list[int]], used: bool) -> np.ndarray:  # [num_rows, width] padded with V, or unused
+        return _padded(rows + empty, vocab_size) if used else np.zeros((num_rows, 1), np.int32)
+
+    banned = [_banned_tokens(r, p) for r, p in zip(requests, params)]
+    biases = [list((p.logit_bias or {}).items()) for p in params]
     flags = SamplerFlags(
         all_greedy=all(p.greedy for p in params),
         top_k_or_p=any(not p.greedy and (p.top_k > 0 or p.top_p < 1) for p in params),
         penalties=any(p.uses_penalties for p in params),
-        ban_tokens=any(r.num_output_tokens < p.min_tokens for r, p in zip(requests, params)),
+        ban_tokens=any(banned),
         min_p=any(not p.greedy and p.min_p > 0 for p in params),
         logprobs=any(p.logprobs is not None for p in params),
+        allowed_tokens=any(p.allowed_token_ids is not None for p in params),
+        logit_bias=any(biases),
     )
-    empty = [[] for _ in range(num_rows)]
-    banned = [list(p.stop_token_ids) + ([] if p.ignore_eos else list(r.eos_token_ids))
-              if r.num_output_tokens < p.min_tokens else [] for r, p in zip(requests, params)]
+    bias_values = np.zeros((num_rows, 1), np.float32)
+    if flags.logit_bias:
+        bias_values = np.zeros(ids([[t for t, _ in b] for b in biases], True).shape, np.float32)
+        for row, bias in enumerate(biases):
+            bias_values[row, : len(bias)] = [v for _, v in bias]
     return SamplingBatch(
         temperature=column((p.temperature for p in params), np.float32, 0.0),
         top_k=column((max(p.top_k, 0) for p in params), np.int32, 0),
@@ -230,17 +255,31 @@ def sampling_batch(requests: list, num_rows: int, vocab_size: int) -> "SamplingB
         min_p=column((p.min_p for p in params), np.float32, 0.0),
         seeds=column((r.seed for r in requests), np.uint32, 0),
         positions=column((r.num_tokens for r in requests), np.int32, 0),
-        prompt_ids=_padded([r.prompt_token_ids for r in requests] + empty[len(requests):], vocab_size)
-        if flags.penalties else np.zeros((num_rows, 1), np.int32),
-        output_ids=_padded([r.output_token_ids for r in requests] + empty[len(requests):], vocab_size)
-        if flags.penalties else np.zeros((num_rows, 1), np.int32),
+        prompt_ids=ids([r.prompt_token_ids for r in requests], flags.penalties),
+        output_ids=ids([r.output_token_ids for r in requests], flags.penalties),
         presence=column((p.presence_penalty for p in params), np.float32, 0.0),
         frequency=column((p.frequency_penalty for p in params), np.float32, 0.0),
         repetition=column((p.repetition_penalty for p in params), np.float32, 1.0),
-        banned_ids=_padded(banned + empty[len(requests):], vocab_size),
+        banned_ids=_padded(banned + empty, vocab_size),
         flags=flags,
         num_logprobs=bucket_logprobs(max((p.logprobs or 0 for p in params), default=0)),
+        allowed_ids=ids([list(p.allowed_token_ids or ()) for p in params], flags.allowed_tokens),
+        bias_ids=ids([[t for t, _ in b] for b in biases], flags.logit_bias),
+        bias_values=bias_values,
     )
+
+
+def _banned_tokens(seq, params) -> list[int]:
+    """Tokens this row may not sample now: stop tokens before min_tokens, and the next token of every bad word
+    whose other tokens end the output (reference.sampler.processed_logits)."""
+    banned = []
+    if seq.num_output_tokens < params.min_tokens:
+        banned += list(params.stop_token_ids) + ([] if params.ignore_eos else list(seq.eos_token_ids))
+    output = seq.output_token_ids
+    for *prefix, last in params.bad_words_token_ids:
+        if len(prefix) <= len(output) and list(output[len(output) - len(prefix):]) == prefix:
+            banned.append(last)
+    return banned
 
 
 def bucket_logprobs(n: int) -> int:

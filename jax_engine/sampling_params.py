@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from reference.request import MAX_BAD_WORDS
 from reference.request import SamplingParams as _ReferenceSamplingParams
 from reference.request import check, check_bool, check_int, check_real
 
@@ -47,6 +48,12 @@ class SamplingParams(_ReferenceSamplingParams):
         prompt_logprobs: the same for every prompt token.
         skip_special_tokens: leave special tokens out of the text.
         include_stop_str_in_output: keep the matched stop string in the text.
+        logit_bias: {token id: bias in [-100, 100]} added to the logits (at most 300 entries).
+        allowed_token_ids: sample only among these tokens.
+        bad_words: words never generated: the last token of a word is banned wherever the output ends with
+            its other tokens (each word tokenized alone and after a space, as vLLM does).
+        truncate_prompt_tokens: keep only the prompt's last k tokens (left truncation); -1 keeps what
+            max_model_len allows.
     """
 
     n: int = 1
@@ -59,6 +66,8 @@ class SamplingParams(_ReferenceSamplingParams):
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    bad_words: tuple[str, ...] = ()
+    truncate_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -76,6 +85,21 @@ class SamplingParams(_ReferenceSamplingParams):
             self._set(name, check_int(getattr(self, name), name, 0, MAX_LOGPROBS, optional=True))
         for name in ("skip_special_tokens", "include_stop_str_in_output"):
             self._set(name, check_bool(getattr(self, name), name))
+        words = self.bad_words if self.bad_words is not None else ()
+        check(isinstance(words, (list, tuple)) and len(words) <= MAX_BAD_WORDS
+              and all(isinstance(w, str) and 0 < len(w) <= MAX_STOP_STRING_LENGTH for w in words), "bad_words",
+              f"a list of at most {MAX_BAD_WORDS} non-empty strings of at most {MAX_STOP_STRING_LENGTH} characters",
+              words)
+        self._set("bad_words", tuple(words))
+        if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens != -1:
+            self._set("truncate_prompt_tokens", check_int(self.truncate_prompt_tokens, "truncate_prompt_tokens", 1))
+
+    def tokenize_bad_words(self, tokenizer) -> None:
+        """Resolve bad_words into bad_words_token_ids with the model's tokenizer (vLLM's rule: each word alone and
+        after a space, without special tokens); the input processor calls it once per request."""
+        words = {tuple(tokenizer.encode(text, add_special_tokens=False))
+                 for word in self.bad_words for text in (word, " " + word.lstrip())}
+        self._set("bad_words_token_ids", tuple(sorted(w for w in words if w)))
 
     @property
     def uses_penalties(self) -> bool:

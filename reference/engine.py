@@ -119,7 +119,8 @@ class ReferenceEngine:
         sampled = {}
         for request_id, row in zip(batch.sampling_ids, logits):
             request = self.scheduler.requests[request_id]
-            sampled[request_id] = sample(row, request.sampling_params, request.num_tokens, self.rng)
+            sampled[request_id] = sample(row, request.sampling_params, request.num_tokens, self.rng,
+                                         request.output_token_ids)
         return self.scheduler.update_from_output(out, sampled, self.eos_token_ids)
 
     def _prepare_batch(self, out: SchedulerOutput) -> Batch:

@@ -34,6 +34,11 @@ MIN_TEMPERATURE = 0.01
 # What a sampler packs into int32 arrays; token ids must also be below the model's vocabulary size.
 INT32_MAX = 2**31 - 1
 MAX_STOP_TOKEN_IDS = 256
+# Bounds on what one request's token controls may ask of every step's sampler.
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on logit_bias entries
+MAX_BIAS = 100.0  # OpenAI's range for a bias: [-100, 100]
+MAX_ALLOWED_TOKEN_IDS = 1 << 20
+MAX_BAD_WORDS = 256
 
 
 def _shown(value) -> str:
@@ -103,6 +108,10 @@ class SamplingParams:
     0.01 is raised to 0.01, as vLLM does. top_k 0 or -1, top_p 1 and min_p 0 disable those filters. With a
     `seed`, the token at position p is drawn from a random stream that depends only on (seed, p).
     Every field is checked on construction: a ValueError names the field and its limit.
+
+    Token controls, applied to the logits before anything else (vLLM's order; see sampler.processed_logits):
+    `allowed_token_ids` keeps only those tokens; `bad_words_token_ids` bans the last token of each word
+    whose other tokens end the output so far; `logit_bias` adds a bias in [-100, 100] to a token's logit.
     """
 
     temperature: float = 1.0
@@ -113,6 +122,9 @@ class SamplingParams:
     max_tokens: int | None = 16
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         temperature = check_real(self.temperature, "temperature", 0, FLOAT32_MAX)
@@ -127,6 +139,17 @@ class SamplingParams:
         stop_token_ids = self.stop_token_ids if self.stop_token_ids is not None else ()
         self._set("stop_token_ids", token_id_tuple(stop_token_ids, "stop_token_ids", MAX_STOP_TOKEN_IDS))
         self._set("ignore_eos", check_bool(self.ignore_eos, "ignore_eos"))
+        self._set("logit_bias", _logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            allowed = token_id_tuple(self.allowed_token_ids, "allowed_token_ids", MAX_ALLOWED_TOKEN_IDS)
+            check(len(allowed) > 0, "allowed_token_ids", "a non-empty list of token ids or None", allowed)
+            self._set("allowed_token_ids", allowed)
+        words = self.bad_words_token_ids or ()
+        check(isinstance(words, (list, tuple)) and len(words) <= MAX_BAD_WORDS, "bad_words_token_ids",
+              f"at most {MAX_BAD_WORDS} token-id sequences", words)
+        words = tuple(token_id_tuple(w, "bad_words_token_ids", MAX_STOP_TOKEN_IDS) for w in words)
+        check(all(words), "bad_words_token_ids", "non-empty token-id sequences", words)
+        self._set("bad_words_token_ids", words)
 
     def _set(self, name: str, value) -> None:
         """Store a checked field in its normal form (a frozen dataclass has no plain setattr)."""
@@ -135,6 +158,15 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _logit_bias(bias) -> dict[int, float] | None:
+    if bias is None:
+        return None
+    check(isinstance(bias, dict) and len(bias) <= MAX_LOGIT_BIAS, "logit_bias",
+          f"a dict of at most {MAX_LOGIT_BIAS} token id -> bias entries", bias)
+    return {check_int(token, "logit_bias", 0, INT32_MAX): check_real(value, "logit_bias", -MAX_BIAS, MAX_BIAS)
+            for token, value in bias.items()}
 
 
 @dataclass

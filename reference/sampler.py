@@ -1,6 +1,7 @@
 """Turning one row of logits into the next token: greedy, or filtered sampling.
 
-The filters follow vLLM's order: temperature, then top-k, top-p and min-p on the probabilities, then a
+First the request's token controls change the logits (allowed tokens, bad words, logit bias); then the
+filters follow vLLM's order: temperature, then top-k, top-p and min-p on the probabilities, then a
 draw. A seeded request draws from `numpy.random.default_rng([seed, position])`, so its token at a given
 position never depends on what else shares the batch, or on preemption.
 """
@@ -13,6 +14,22 @@ from reference.request import SamplingParams
 def softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max())
     return e / e.sum()
+
+
+def processed_logits(logits: np.ndarray, params: SamplingParams, output_ids=()) -> np.ndarray:
+    """The logits after the token controls, in vLLM's order: allowed tokens, bad words, logit bias."""
+    logits = np.array(logits, np.float64)
+    if params.allowed_token_ids is not None:
+        allowed = np.zeros(len(logits), bool)
+        allowed[list(params.allowed_token_ids)] = True
+        logits[~allowed] = -np.inf
+    output_ids = list(output_ids)
+    for *prefix, last in params.bad_words_token_ids:  # banned where the output already ends with the rest
+        if len(prefix) <= len(output_ids) and output_ids[len(output_ids) - len(prefix):] == prefix:
+            logits[last] = -np.inf
+    for token, bias in (params.logit_bias or {}).items():
+        logits[token] += bias
+    return logits
 
 
 def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -32,7 +49,8 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return probs / probs.sum()
 
 
-def sample(logits: np.ndarray, params: SamplingParams, position: int, rng: np.random.Generator) -> int:
+def sample(logits: np.ndarray, params: SamplingParams, position: int, rng: np.random.Generator,
+           output_ids=()) -> int:
     """The next token for one request.
 
     Args:
@@ -40,7 +58,9 @@ def sample(logits: np.ndarray, params: SamplingParams, position: int, rng: np.ra
         params: its sampling parameters.
         position: position of the token being sampled (the request's current length).
         rng: the engine's generator, used only by unseeded requests.
+        output_ids: the tokens it generated so far (bad words look at them).
     """
+    logits = processed_logits(logits, params, output_ids)
     if params.greedy:
         return int(np.argmax(logits))  # ties go to the lowest token id
     if params.seed is not None:

@@ -31,7 +31,12 @@ VALID = st.fixed_dictionaries({
     "repetition_penalty": st.floats(0.5, 2), "stop": st.lists(st.text(min_size=1, max_size=3), max_size=3),
     "min_tokens": st.integers(0, 1), "logprobs": st.one_of(st.none(), st.integers(0, 5)),
     "prompt_logprobs": st.one_of(st.none(), st.integers(0, 2)), "skip_special_tokens": st.booleans(),
-    "include_stop_str_in_output": st.booleans()})
+    "include_stop_str_in_output": st.booleans(),
+    "logit_bias": st.one_of(st.none(), st.dictionaries(st.integers(0, 257), st.floats(-100, 100), max_size=3)),
+    "allowed_token_ids": st.one_of(st.none(), st.lists(st.integers(0, 257), min_size=1, max_size=4)),
+    "bad_words_token_ids": st.lists(st.lists(st.integers(0, 257), min_size=1, max_size=2), max_size=2),
+    "bad_words": st.lists(st.text(min_size=1, max_size=3), max_size=2),
+    "truncate_prompt_tokens": st.one_of(st.none(), st.just(-1), st.integers(1, 6))})
 EXTREME_INTS = [-(2**63) - 1, -(2**63), -(2**31) - 1, -2, -1, 0, 1, 2, 257, 258, 259, 2**31 - 1, 2**31, 2**32,
                 2**63, 2**64, 10**400]
 EXTREME_FLOATS = [float("nan"), float("inf"), -float("inf"), -1.0, -0.0, 1e-300, 1e-45, 1e-5, 0.5, 1e30, 3.5e38,
@@ -44,6 +49,12 @@ EXTREMES |= {name: EXTREME_FLOATS + EXTREME_INTS + ODD
 EXTREMES |= {name: ODD for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output")}
 EXTREMES["stop_token_ids"] = ODD + [[value] for value in EXTREME_INTS + ODD]
 EXTREMES["stop"] = ODD + [[value] for value in ODD] + [["x"] * 100, ["x" * 2000]]
+EXTREMES["truncate_prompt_tokens"] = EXTREME_INTS + ODD
+EXTREMES["logit_bias"] = ODD + [{value: 1.0} for value in EXTREME_INTS + ODD[:3]] + [
+    {0: value} for value in EXTREME_FLOATS + ODD] + [{i: 1.0 for i in range(301)}]
+EXTREMES["allowed_token_ids"] = ODD + [[value] for value in EXTREME_INTS + ODD] + [list(range(258)) * 2]
+EXTREMES["bad_words_token_ids"] = ODD + [[value] for value in ODD] + [[[value]] for value in EXTREME_INTS + ODD]
+EXTREMES["bad_words"] = ODD + [[value] for value in ODD] + [["x"] * 300, ["x" * 2000]]
 assert set(EXTREMES) == set(FIELDS), "a new SamplingParams field needs its values here"
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from reference import SamplingParams, sample
-from reference.sampler import filtered_probs
+from reference.sampler import filtered_probs, processed_logits
 
 LOGITS = np.log(np.array([0.5, 0.2, 0.15, 0.1, 0.05]))
 
@@ -44,3 +44,23 @@ def test_unseeded_draws_follow_the_distribution():
     rng = np.random.default_rng(0)
     counts = np.bincount([sample(LOGITS, SamplingParams(), 0, rng) for _ in range(4000)], minlength=5) / 4000
     np.testing.assert_allclose(counts, np.exp(LOGITS), atol=0.03)  # ~4 standard errors at n = 4000
+
+
+def test_token_controls_change_the_logits_in_vllms_order():
+    logits = np.zeros(6)
+    params = SamplingParams(allowed_token_ids=[1, 2, 3], bad_words_token_ids=[[2], [4, 3], [5, 1]],
+                            logit_bias={1: 5.0, 0: 9.0})
+    # 2 is always banned (a one-token word); 3 only after a 4; 1 only after a 5. 0 is not allowed, whatever its bias.
+    assert list(processed_logits(logits, params, [0])) == [-np.inf, 5.0, -np.inf, 0.0, -np.inf, -np.inf]
+    assert list(processed_logits(logits, params, [0, 4])) == [-np.inf, 5.0, -np.inf, -np.inf, -np.inf, -np.inf]
+    assert processed_logits(logits, params, [5])[1] == -np.inf
+    assert processed_logits(logits, params, [])[1] == 5.0  # a word longer than the output never matches
+
+
+def test_token_controls_are_checked():
+    with pytest.raises(ValueError, match="logit_bias must be a number in"):
+        SamplingParams(logit_bias={1: 101.0})
+    with pytest.raises(ValueError, match="allowed_token_ids must be a non-empty list"):
+        SamplingParams(allowed_token_ids=[])
+    with pytest.raises(ValueError, match="bad_words_token_ids must be non-empty token-id sequences"):
+        SamplingParams(bad_words_token_ids=[[]])

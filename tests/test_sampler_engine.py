@@ -9,7 +9,7 @@ from jax_engine.outputs import RequestMetrics
 from jax_engine.sampler import sample, sampling_batch
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
-from reference.sampler import filtered_probs
+from reference.sampler import filtered_probs, processed_logits
 
 VOCAB = 32
 
@@ -111,3 +111,38 @@ def test_min_tokens_bans_stop_and_eos_tokens():
     assert run([early], logits)[0][0] == 2
     done = make_request(SamplingParams(temperature=0, min_tokens=2), output=[3, 3])
     assert run([done], logits)[0][0] == 0
+
+
+@given(seed=st.integers(0, 2**31 - 1), temperature=st.sampled_from([0.0, 0.7, 1.0]),
+       allowed=st.one_of(st.none(), st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6)),
+       bias=st.dictionaries(st.integers(0, VOCAB - 1), st.floats(-100, 100), max_size=4),
+       bad=st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=3), max_size=3),
+       output=st.lists(st.integers(0, VOCAB - 1), max_size=4))
+def test_token_controls_follow_the_reference(seed, temperature, allowed, bias, bad, output):
+    """allowed_token_ids, bad words and logit_bias, mixed in one batch with a row that has none: a greedy
+    row takes the reference's argmax, a sampled one a token the reference can draw."""
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 2, (2, VOCAB)).astype(np.float32)
+    params = SamplingParams(temperature=temperature, seed=seed, allowed_token_ids=allowed, logit_bias=bias or None,
+                            bad_words_token_ids=bad)
+    expected = processed_logits(logits[0], params, output)
+    if np.isneginf(expected).all():
+        return  # every allowed token is a bad word here: nothing can be sampled
+    plain = SamplingParams(temperature=temperature, seed=seed)
+    tokens = run([make_request(params, seed=seed, output=output), make_request(plain, seed=seed)], logits)[0]
+    if temperature == 0:
+        assert tokens[0] == np.argmax(expected)
+        assert tokens[1] == np.argmax(logits[1])
+    else:
+        assert filtered_probs(expected, params)[tokens[0]] > 0
+
+
+def test_logit_bias_and_allowed_tokens_move_the_distribution():
+    flat = np.zeros((2000, VOCAB), np.float32)
+    biased = SamplingParams(temperature=1.0, logit_bias={3: 2.0})
+    tokens = run([make_request(biased, seed=s) for s in range(2000)], flat)[0]
+    expected = np.exp(2.0) / (np.exp(2.0) + VOCAB - 1)  # ~0.19 for token 3, 1/39 for each other
+    assert abs(np.mean(tokens == 3) - expected) < 0.035
+    allowed = SamplingParams(temperature=1.0, allowed_token_ids=[4, 9])
+    tokens = run([make_request(allowed, seed=s) for s in range(200)], flat[:200])[0]
+    assert set(tokens) == {4, 9}
