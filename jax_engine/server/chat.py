@@ -9,8 +9,8 @@ from jax_engine.outputs import Logprob
 from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import ChatCompletionRequest
 from jax_engine.server.state import ServerState
-from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, collect, finite, merge, refuse_if_busy, sse,
-                                       sse_error, usage)
+from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, collect, finite, merge, prompt_logprobs,
+                                       refuse_if_busy, sse, sse_error, usage)
 
 
 def _token_logprob(lp: Logprob) -> dict:
@@ -61,8 +61,9 @@ class ChatCompletions:
         choices = [{"index": d.index, "message": {"role": "assistant", "content": d.text},
                     "logprobs": _logprobs(d, num_top), "finish_reason": d.finish_reason}
                    for d in DeltaTracker.for_params(params).deltas(0, final)]
-        return {"id": request_id, "object": "chat.completion", "created": int(time.time()),
-                "model": state.model_name, "choices": choices, "usage": usage([final])}
+        answer = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
+                  "model": state.model_name, "choices": choices, "usage": usage([final])}
+        return answer if params.prompt_logprobs is None else {**answer, "prompt_logprobs": prompt_logprobs(final)}
 
     async def _events(self, request_id: str, body: ChatCompletionRequest, streams, tracker: DeltaTracker,
                       num_top: int) -> AsyncIterator[str]:

@@ -4,11 +4,12 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+from jax_engine.outputs import RequestOutput
 from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import CompletionRequest
 from jax_engine.server.state import ServerState
-from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, collect, finite, merge, sse, sse_error,
-                                       usage)
+from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, collect, finite, merge, prompt_logprobs, sse,
+                                       sse_error, usage)
 
 
 def _prompts(prompt: str | list) -> list[str | list[int]]:
@@ -20,20 +21,27 @@ def _prompts(prompt: str | list) -> list[str | list[int]]:
     return list(prompt)
 
 
-def _logprobs(delta: Delta, offset: int) -> dict | None:
-    """The legacy logprobs object: tokens, their logprobs, the top alternatives, and text offsets."""
-    if delta.logprobs is None:
+def _logprobs(token_ids: list[int], entries: list | None, offset: int, decode) -> dict | None:
+    """The legacy logprobs object: tokens, their logprobs, the top alternatives, and text offsets. A prompt's
+    first token has no entry (None): nothing precedes it."""
+    if entries is None:
         return None
     tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
-    for token_id, entry in zip(delta.token_ids, delta.logprobs):
-        chosen = entry[token_id]
-        tokens.append(chosen.decoded_token)
-        token_logprobs.append(finite(chosen.logprob))
-        top_logprobs.append({lp.decoded_token: finite(lp.logprob) for lp in entry.values()})
+    for token_id, entry in zip(token_ids, entries):
+        text = entry[token_id].decoded_token if entry else decode([token_id])
+        tokens.append(text)
+        token_logprobs.append(finite(entry[token_id].logprob) if entry else None)
+        top_logprobs.append({lp.decoded_token: finite(lp.logprob) for lp in entry.values()} if entry else None)
         text_offset.append(offset)
-        offset += len(chosen.decoded_token)
+        offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
             "text_offset": text_offset}
+
+
+def _joined(first: dict | None, second: dict | None) -> dict | None:
+    if first is None or second is None:
+        return first or second
+    return {key: first[key] + second[key] for key in first}
 
 
 class Completions:
@@ -41,30 +49,64 @@ class Completions:
         self.state = state
 
     async def create(self, body: CompletionRequest, cache_salt: str | None = None):
-        """Validate, queue every prompt, then answer in one body or as server-sent events."""
+        """Validate, queue every prompt, then answer in one body or as server-sent events.
+
+        echo puts the prompt before the text, and with logprobs its tokens' logprobs before the text's (the way
+        lm-eval scores answers); max_tokens=0 with echo scores the prompt alone: one token is generated, as
+        vLLM does, and left out.
+        """
         state = self.state
-        params = state.sampling_params(body, body.max_tokens, body.logprobs)
+        scoring_only = body.max_tokens == 0
+        if scoring_only and not body.echo:
+            raise APIError(400, "max_tokens must be >= 1 unless echo is true (which then returns the prompt alone)",
+                           "max_tokens")
+        if body.echo and body.logprobs is not None:
+            body = body.model_copy(update={"prompt_logprobs": body.logprobs})
+        params = state.sampling_params(body, 1 if scoring_only else body.max_tokens, body.logprobs)
         prompts = _prompts(body.prompt)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = await add_streams(state, request_id, prompts, params, cache_salt)
         echoes = [await state.off_loop(lambda p=p: self._prompt_text(p)) if body.echo else "" for p in prompts]
-        if body.stream:
+        if body.stream and not scoring_only:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), echoes)
         finals = await collect(streams)
         tracker = DeltaTracker.for_params(params)
-        choices = sorted((self._choice(d, echoes[i]) for i, o in enumerate(finals) for d in tracker.deltas(i, o)),
-                         key=lambda c: c["index"])
-        return {"id": request_id, "object": "text_completion", "created": int(time.time()),
-                "model": state.model_name, "choices": choices, "usage": usage(finals)}
+        choices = sorted((self._choice(d, echoes[i], o, scoring_only) for i, o in enumerate(finals)
+                          for d in tracker.deltas(i, o)), key=lambda c: c["index"])
+        counts = usage(finals)
+        if scoring_only:
+            counts = {**counts, "completion_tokens": 0, "total_tokens": counts["prompt_tokens"]}
+        head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name}
+        if body.stream:  # scoring only: the whole answer in one event per choice
+            return self._single_events(head, choices, counts if body.include_usage else None)
+        return {**head, "choices": choices, "usage": counts}
 
     def _prompt_text(self, prompt: str | list[int]) -> str:
         return prompt if isinstance(prompt, str) else self.state.tokenizer.decode(prompt)
 
-    @staticmethod
-    def _choice(delta: Delta, echo: str) -> dict:
+    def _choice(self, delta: Delta, echo: str, output: RequestOutput | None = None, scoring_only: bool = False) -> dict:
         prefix = echo if delta.first else ""
-        return {"index": delta.index, "text": prefix + delta.text, "logprobs": _logprobs(delta, len(prefix)),
-                "finish_reason": delta.finish_reason}
+        decode = self.state.tokenizer.decode
+        prompt = None
+        if prefix and output is not None and output.prompt_logprobs is not None:
+            prompt = _logprobs(output.prompt_token_ids, output.prompt_logprobs, 0, decode)
+        if scoring_only:
+            return {"index": delta.index, "text": prefix, "logprobs": prompt, "finish_reason": "length",
+                    "prompt_logprobs": prompt_logprobs(output)}
+        generated = _logprobs(delta.token_ids, delta.logprobs, len(prefix), decode)
+        choice = {"index": delta.index, "text": prefix + delta.text, "logprobs": _joined(prompt, generated),
+                  "finish_reason": delta.finish_reason}
+        if delta.first and output is not None and output.prompt_logprobs is not None:  # vLLM's field, as well
+            choice["prompt_logprobs"] = prompt_logprobs(output)
+        return choice
+
+    @staticmethod
+    async def _single_events(head: dict, choices: list[dict], counts: dict | None) -> AsyncIterator[str]:
+        for choice in choices:
+            yield sse({**head, "choices": [choice]})
+        if counts is not None:
+            yield sse({**head, "choices": [], "usage": counts})
+        yield sse("[DONE]")
 
     async def _events(self, request_id: str, body: CompletionRequest, streams, tracker: DeltaTracker,
                       echoes: list[str]) -> AsyncIterator[str]:
@@ -74,7 +116,7 @@ class Completions:
             async for i, output in merge(streams):
                 finals[i] = output
                 for delta in tracker.deltas(i, output):
-                    yield sse({**head, "choices": [self._choice(delta, echoes[i])]})
+                    yield sse({**head, "choices": [self._choice(delta, echoes[i], output)]})
             if body.include_usage:
                 yield sse({**head, "choices": [], "usage": usage([finals[i] for i in range(len(streams))])})
         except Exception as error:  # the engine died mid-stream: say so in the stream, then end it

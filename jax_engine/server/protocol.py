@@ -63,6 +63,13 @@ class SamplingRequest(APIModel):
     user: str | None = None
     cache_salt: Text | None = Field(None, min_length=1, description="vLLM's: prefix-cache hits only between "
                                     "requests with the same salt")
+    logit_bias: dict[str, Finite] | None = Field(None, description="token id (a string, as OpenAI's) -> bias "
+                                                  "in [-100, 100]")
+    allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
+    bad_words: list[Text] | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, description="keep the prompt's last k tokens")
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="vLLM's: logprobs of every "
+                                        "prompt token")
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         defaults: dict | None = None) -> SamplingParams:
@@ -81,7 +88,18 @@ class SamplingRequest(APIModel):
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
             logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output)
+            include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=self._logit_bias(),
+            allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words or (),
+            truncate_prompt_tokens=self.truncate_prompt_tokens, prompt_logprobs=self.prompt_logprobs)
+
+    def _logit_bias(self) -> dict[int, float] | None:
+        """OpenAI keys logit_bias by token ids written as strings."""
+        if self.logit_bias is None:
+            return None
+        bad = [key for key in self.logit_bias if not key.isdigit()]
+        if bad:
+            raise ValueError(f"logit_bias must be keyed by token ids (strings of digits), got {bad[0]!r}")
+        return {int(key): value for key, value in self.logit_bias.items()}
 
     def _or_default(self, name: str, defaults: dict):
         value = getattr(self, name)
@@ -94,7 +112,7 @@ class SamplingRequest(APIModel):
 
 class CompletionRequest(SamplingRequest):
     prompt: Text | list[Text] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    max_tokens: int | None = Field(16, ge=0, description="0 with echo: score the prompt, generate nothing")
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 

@@ -150,6 +150,15 @@ def usage(finals: list[RequestOutput]) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
+def prompt_logprobs(output: RequestOutput) -> list[dict | None] | None:
+    """vLLM's `prompt_logprobs` field: per prompt position {token id: {logprob, rank, decoded_token}}, None first."""
+    if output.prompt_logprobs is None:
+        return None
+    return [None if entry is None else {str(token): {"logprob": finite(lp.logprob), "rank": lp.rank,
+                                                     "decoded_token": lp.decoded_token} for token, lp in entry.items()}
+            for entry in output.prompt_logprobs]
+
+
 def finite(logprob: float) -> float:
     """JSON has no -inf: report impossible tokens as vLLM does, with a very negative number."""
     return max(logprob, -9999.0)

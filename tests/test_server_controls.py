@@ -1,0 +1,88 @@
+"""The token controls and prompt scoring over HTTP, with the official openai client: logit_bias (OpenAI's
+string keys), allowed_token_ids, bad_words, truncate_prompt_tokens, prompt_logprobs, and echo with
+max_tokens=0 (how lm-eval scores multiple-choice answers)."""
+
+import numpy as np
+import openai
+import pytest
+
+from jax_engine import SamplingParams
+from tests.server_helpers import TINY_ENGINE_ARGS, cli_flags, start_server_process, stop_server_process
+
+MODEL = "SmolLM2-135M-Instruct"
+PROMPT = "The capital of France is"
+ENGINE = {**TINY_ENGINE_ARGS, "num_gpu_blocks_override": 64}
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    process, url = start_server_process(*cli_flags(**ENGINE), log_path=str(log))
+    yield openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    stop_server_process(process)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def complete(client, **fields):
+    standard = {k: fields.pop(k) for k in ("max_tokens", "logit_bias", "echo", "logprobs") if k in fields}
+    return client.completions.create(model=MODEL, prompt=fields.pop("prompt", PROMPT), temperature=0,
+                                     **{"max_tokens": 8, **standard}, extra_body=fields)
+
+
+def test_logit_bias_with_string_keys(client, llm):
+    forced = llm.get_tokenizer().encode(" Lyon", add_special_tokens=False)[0]
+    text = complete(client, logit_bias={str(forced): 100}).choices[0].text
+    assert text == " Lyon" * 8
+
+
+def test_allowed_tokens_and_bad_words(client, llm):
+    tokenizer = llm.get_tokenizer()
+    allowed = tokenizer.encode(" yes no", add_special_tokens=False)
+    text = complete(client, allowed_token_ids=allowed).choices[0].text
+    assert set(tokenizer.encode(text, add_special_tokens=False)) <= set(allowed)
+    assert "Paris" in complete(client).choices[0].text
+    assert "Paris" not in complete(client, bad_words=["Paris"]).choices[0].text
+
+
+def test_truncate_prompt_tokens(client, llm):
+    ids = llm.get_tokenizer().encode("Once upon a time, far away. " + PROMPT)
+    assert complete(client, prompt=ids, truncate_prompt_tokens=5).choices[0].text == \
+        complete(client, prompt=ids[-5:]).choices[0].text
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt(client, llm):
+    """lm-eval's loglikelihood request: the prompt back, with the logprob of each of its tokens given the ones
+    before (None for the first), equal to what the engine's prompt_logprobs computes."""
+    answer = complete(client, max_tokens=0, echo=True, logprobs=1)
+    choice = answer.choices[0]
+    ids = llm.get_tokenizer().encode(PROMPT)
+    assert choice.text == PROMPT and choice.finish_reason == "length"
+    assert answer.usage.completion_tokens == 0 and answer.usage.prompt_tokens == len(ids)
+    assert choice.logprobs.token_logprobs[0] is None and len(choice.logprobs.token_logprobs) == len(ids)
+    assert "".join(choice.logprobs.tokens) == PROMPT
+    expected = llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, prompt_logprobs=1),
+                            use_tqdm=False)[0].prompt_logprobs
+    np.testing.assert_allclose(choice.logprobs.token_logprobs[1:], [e[t].logprob for t, e in zip(ids[1:], expected[1:])],
+                               atol=1e-4)
+
+
+def test_echo_with_logprobs_puts_the_prompts_before_the_text(client):
+    choice = complete(client, echo=True, logprobs=0, max_tokens=4).choices[0]
+    assert choice.text.startswith(PROMPT) and len(choice.text) > len(PROMPT)
+    assert choice.logprobs.token_logprobs[0] is None
+    assert "".join(choice.logprobs.tokens) == choice.text
+
+
+def test_prompt_logprobs_field(client):
+    choice = complete(client, prompt_logprobs=2, max_tokens=2).choices[0]
+    entries = choice.model_extra["prompt_logprobs"]
+    assert entries[0] is None and all(1 <= len(e) <= 3 for e in entries[1:])
+
+
+def test_bad_values_are_400s_naming_the_field(client):
+    for fields, name in (({"max_tokens": 0}, "max_tokens"), ({"logit_bias": {"abc": 1}}, "logit_bias"),
+                         ({"logit_bias": {"5": 101}}, "logit_bias"), ({"allowed_token_ids": [10**7]}, "allowed_token_ids"),
+                         ({"allowed_token_ids": []}, "allowed_token_ids"), ({"truncate_prompt_tokens": -2}, "truncate")):
+        with pytest.raises(openai.BadRequestError, match=name):
+            complete(client, **fields)
+    assert complete(client).choices[0].text  # still serving
