@@ -15,12 +15,16 @@ ENGINE = {**TINY_ENGINE_ARGS, "num_gpu_blocks_override": 64}
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    process, url = start_server_process(*cli_flags(**ENGINE), log_path=str(log))
+def server_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("server") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def client(server_log):
+    process, url = start_server_process(*cli_flags(**ENGINE), log_path=str(server_log))
     yield openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
     stop_server_process(process)
-    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+    assert "Traceback" not in server_log.read_text(), server_log.read_text()[-3000:]
 
 
 def complete(client, **fields):
@@ -86,3 +90,51 @@ def test_bad_values_are_400s_naming_the_field(client):
         with pytest.raises(openai.BadRequestError, match=name):
             complete(client, **fields)
     assert complete(client).choices[0].text  # still serving
+
+
+def _openai_fields(module) -> list[str]:
+    return sorted(module.CompletionCreateParamsBase.__annotations__)
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_every_field_of_openais_schema_is_honoured_refused_or_warned(client, server_log, endpoint):
+    """Each field of the official client's request type, sent with a value of its type: the server either
+    implements it (a declared field), or answers 400 naming it, or accepts it with a warning (IGNORED_FIELDS)."""
+    from openai.types import completion_create_params
+    from openai.types.chat import completion_create_params as chat_create_params
+
+    from jax_engine.server.protocol import IGNORED_FIELDS, ChatCompletionRequest, CompletionRequest
+
+    module, request = ((completion_create_params, CompletionRequest) if endpoint == "completions"
+                       else (chat_create_params, ChatCompletionRequest))
+    http = client._client
+    url = f"{client.base_url}{'completions' if endpoint == 'completions' else 'chat/completions'}"
+    body = ({"prompt": PROMPT} if endpoint == "completions" else {"messages": [{"role": "user", "content": "Hi"}]})
+    refused = []
+    for name in _openai_fields(module):
+        if name in request.model_fields:
+            continue  # implemented; the other tests use them
+        reply = http.post(url, json={**body, "max_tokens": 2, name: SAMPLE_VALUES.get(name, {"x": 1})})
+        if name in IGNORED_FIELDS:
+            assert reply.status_code == 200, (name, reply.text)
+        else:
+            assert reply.status_code == 400, (name, reply.text)
+            error = reply.json()["error"]
+            assert error["param"] == name and name in error["message"]
+            refused.append(name)
+    assert ("best_of" in refused) if endpoint == "completions" else {"tools", "response_format"} <= set(refused)
+    if endpoint == "chat":  # "store" sent twice: one warning
+        assert http.post(url, json={**body, "max_tokens": 2, "store": True}).status_code == 200
+        assert server_log.read_text().count("request field 'store' is accepted and ignored") == 1
+
+
+# Values of the right type for OpenAI's fields (the server must refuse or ignore them whatever they are).
+SAMPLE_VALUES = {"best_of": 2, "suffix": "x", "store": True, "metadata": {"a": "b"}, "service_tier": "auto",
+                 "parallel_tool_calls": True, "response_format": {"type": "json_object"}, "reasoning_effort": "low",
+                 "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto",
+                 "modalities": ["text"], "verbosity": "low", "prompt_cache_key": "k", "safety_identifier": "s"}
+
+
+def test_unknown_fields_are_refused(client):
+    with pytest.raises(openai.BadRequestError, match="guided_json is not supported"):
+        complete(client, guided_json={"type": "object"})

@@ -105,6 +105,7 @@ def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
+        state.check_fields(body)
         state.check_model(body.model)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
@@ -121,6 +122,7 @@ def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
+        state.check_fields(body)
         state.check_model(body.model)
         state.check_token_ids(body.tokens, "tokens")
         return {"prompt": await state.off_loop(lambda: state.tokenizer.decode(body.tokens))}

@@ -24,8 +24,21 @@ Text = Annotated[str, AfterValidator(_unicode)]
 
 
 class APIModel(BaseModel):
-    # Unknown fields are accepted and ignored, like vLLM. Strict: "5" is no integer and true is no token id.
+    # Strict: "5" is no integer and true is no token id. Unknown fields of the parts of a body are ignored.
     model_config = ConfigDict(extra="ignore", strict=True)
+
+
+# Fields of OpenAI's request schemas that change nothing this server could honour or a client could see:
+# accepted, with a warning logged once per field name, as vLLM accepts them. Any other field this server does
+# not implement is refused with a 400 that names it (ServerState.check_fields), never silently dropped.
+IGNORED_FIELDS = frozenset({"store", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_options",
+                            "prompt_cache_retention", "safety_identifier", "moderation", "parallel_tool_calls"})
+
+
+class RequestBody(APIModel):
+    """A request's top-level body: unknown fields are kept (model_extra) to be refused or warned about."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(APIModel):
@@ -38,7 +51,7 @@ _DEFAULTS = {name: getattr(SamplingParams(), name) for name in
              ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
 
 
-class SamplingRequest(APIModel):
+class SamplingRequest(RequestBody):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -151,7 +164,7 @@ class ChatCompletionRequest(SamplingRequest):
         return conversation(self.messages)
 
 
-class TokenizeRequest(APIModel):
+class TokenizeRequest(RequestBody):
     prompt: Text | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
@@ -159,7 +172,7 @@ class TokenizeRequest(APIModel):
     model: str | None = None
 
 
-class DetokenizeRequest(APIModel):
+class DetokenizeRequest(RequestBody):
     tokens: list[int]
     model: str | None = None
 

@@ -2,6 +2,7 @@
 
 import asyncio
 import hashlib
+import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -12,8 +13,10 @@ from starlette.requests import Request
 from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.server.errors import APIError, bad_request
-from jax_engine.server.protocol import SamplingRequest
+from jax_engine.server.protocol import IGNORED_FIELDS, RequestBody, SamplingRequest
 
+logger = logging.getLogger(__name__)
+_warned_fields: set[str] = set()  # the ignored fields already logged, once per process
 T = TypeVar("T")
 PREFIX_CACHE_ISOLATION = ("none", "api-key")
 
@@ -84,8 +87,20 @@ class ServerState:
             raise APIError(400, f"model {model!r} does not exist; this server serves {self.model_name!r}", "model",
                            "model_not_found")
 
+    def check_fields(self, body: RequestBody) -> None:
+        """A 400 naming the first field this server does not implement; a warning (once per name) for the fields
+        it accepts and ignores (protocol.IGNORED_FIELDS)."""
+        for name in body.model_extra or {}:
+            if name not in IGNORED_FIELDS:
+                raise APIError(400, f"{name} is not supported by this server", name, "unsupported_field")
+            if name not in _warned_fields:
+                _warned_fields.add(name)
+                logger.warning("request field %r is accepted and ignored", name)
+
     def sampling_params(self, body: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        """Check the model and n against this server, then build the request's SamplingParams (400 if bad)."""
+        """Check the fields, the model and n against this server, then build the request's SamplingParams
+        (400 if bad)."""
+        self.check_fields(body)
         self.check_model(body.model)
         self.check_n(body.n)
         try:
