@@ -6,6 +6,8 @@ draw. A seeded request draws from `numpy.random.default_rng([seed, position])`, 
 position never depends on what else shares the batch, or on preemption.
 """
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from reference.request import SamplingParams
@@ -16,7 +18,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def processed_logits(logits: np.ndarray, params: SamplingParams, output_ids=()) -> np.ndarray:
+def processed_logits(logits: np.ndarray, params: SamplingParams, output_ids: Sequence[int] = ()) -> np.ndarray:
     """The logits after the token controls, in vLLM's order: allowed tokens, bad words, logit bias."""
     logits = np.array(logits, np.float64)
     if params.allowed_token_ids is not None:
@@ -50,7 +52,7 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 
 def sample(logits: np.ndarray, params: SamplingParams, position: int, rng: np.random.Generator,
-           output_ids=()) -> int:
+           output_ids: Sequence[int] = ()) -> int:
     """The next token for one request.
 
     Args:

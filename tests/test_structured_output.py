@@ -1,0 +1,139 @@
+"""Structured output through LLM.generate on the default model: JSON schemas, regexes, choices and grammars
+(Lark and GBNF), composed with parallel sampling, preemption (both modes), prefix caching and stop strings,
+and the same tokens whether a request runs alone or beside others."""
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+from jax_engine import SamplingParams
+from jax_engine.structured_output import StructuredOutputsParams
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                     "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                    "required": ["city", "zip"], "additionalProperties": False},
+        "pets": {"type": "array", "items": {"enum": ["cat", "dog", "fish"]}, "maxItems": 3},
+    },
+    "required": ["name", "age", "address", "pets"],
+    "additionalProperties": False,
+}
+PROMPT = "A person, as JSON:"
+
+
+def generate(llm, prompts, max_tokens=120, **fields):
+    params = SamplingParams(max_tokens=max_tokens, **fields)
+    return llm.generate(prompts, params, use_tqdm=False)
+
+
+def texts(outputs) -> list[str]:
+    return [c.text for o in outputs for c in o.outputs]
+
+
+def test_json_schema_outputs_validate_at_temperature_1(llm):
+    params = [SamplingParams(temperature=1.0, seed=seed, max_tokens=120, structured_outputs={"json": PERSON})
+              for seed in range(6)]
+    outputs = llm.generate([PROMPT] * 6, params, use_tqdm=False)
+    for completion in (c for o in outputs for c in o.outputs):
+        assert completion.finish_reason == "stop", completion.text
+        jsonschema.validate(json.loads(completion.text), PERSON)
+    assert len(set(texts(outputs))) == 6  # the grammar leaves the model its choices
+
+
+def test_regex_choice_and_grammars_match(llm):
+    [phone] = texts(generate(llm, ["Call me at"], temperature=0, structured_outputs={"regex": r"\(\d{3}\) \d{3}-\d{4}"}))
+    assert re.fullmatch(r"\(\d{3}\) \d{3}-\d{4}", phone)
+    choices = ["Paris", "Lyon", "Marseille in the south"]
+    [choice] = texts(generate(llm, ["The capital of France is"], temperature=0, structured_outputs={"choice": choices}))
+    assert choice == "Paris"
+    lark = 'start: "SELECT " column (", " column)* " FROM " table\ncolumn: /[a-z_]{1,10}/\ntable: "users" | "orders"'
+    [sql] = texts(generate(llm, ["SQL:"], temperature=0, structured_outputs={"grammar": lark}))
+    assert re.fullmatch(r"SELECT [a-z_]{1,10}(, [a-z_]{1,10})* FROM (users|orders)", sql)
+    gbnf = 'root ::= "The answer is " [0-9]+ "."'
+    [answer] = texts(generate(llm, ["What is 6 x 7?"], temperature=0, structured_outputs={"grammar": gbnf}))
+    assert re.fullmatch(r"The answer is [0-9]+\.", answer)
+    [obj] = texts(generate(llm, [PROMPT], temperature=0, structured_outputs={"json_object": True}))
+    assert isinstance(json.loads(obj), dict)
+
+
+def test_compact_json_has_no_whitespace_between_tokens(llm):
+    params = StructuredOutputsParams(json=PERSON, disable_any_whitespace=True)
+    [text] = texts(generate(llm, [PROMPT], temperature=0, structured_outputs=params))
+    value = json.loads(text)
+    assert text == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def test_greedy_constrained_output_is_the_same_alone_and_in_a_batch(llm):
+    constrained = dict(temperature=0, structured_outputs={"json": PERSON})
+    alone = texts(generate(llm, [PROMPT], **constrained))
+    others = ["Once upon a time", "def fibonacci(n):", "The capital of France is"]
+    mixed = llm.generate([*others[:2], PROMPT, others[2]],
+                         [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)] * 2
+                         + [SamplingParams(max_tokens=120, **constrained)]
+                         + [SamplingParams(temperature=1.0, seed=1, max_tokens=30)], use_tqdm=False)
+    assert texts(mixed[2:3]) == alone
+    assert "Paris" in texts(mixed[3:])[0] or texts(mixed[3:])[0]  # the unconstrained row is free text
+
+
+def test_parallel_samples_each_follow_the_grammar(llm):
+    [output] = generate(llm, [PROMPT], n=4, temperature=1.0, seed=3, structured_outputs={"json": PERSON})
+    assert len(output.outputs) == 4
+    for completion in output.outputs:
+        jsonschema.validate(json.loads(completion.text), PERSON)
+
+
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_the_matcher_survives_preemption(make_llm, llm, preemption_mode):
+    """Six requests share 24 blocks of 8 tokens: they preempt one another, and the outputs are those of an
+    engine with room for all."""
+    prompts = [f"Person number {i}, as JSON:" for i in range(6)]
+    fields = dict(temperature=1.0, seed=11, structured_outputs={"json": PERSON})
+    expected = texts(generate(llm, prompts, **fields))
+    small = make_llm(num_gpu_blocks_override=24, block_size=8, max_model_len=160, max_num_seqs=6,
+                     max_num_batched_tokens=64, preemption_mode=preemption_mode, swap_space=1)
+    got = texts(generate(small, prompts, **fields))
+    assert small.llm_engine.stats()["num_preemptions"] > 0
+    assert got == expected
+    for text in got:
+        jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_prefix_cache_hits_and_stop_strings(llm):
+    fields = dict(temperature=0, structured_outputs={"json": PERSON})
+    prompt = "Here is a long shared preamble about people and their pets, written out in JSON form. " * 4 + PROMPT
+    first, again = generate(llm, [prompt], 100, **fields), generate(llm, [prompt], 100, **fields)
+    assert again[0].num_cached_tokens > 0 and texts(again) == texts(first)
+    [cut] = generate(llm, [prompt], 100, stop=['"address"'], **fields)
+    assert cut.outputs[0].finish_reason == "stop" and cut.outputs[0].stop_reason == '"address"'
+    assert texts(first)[0].startswith(cut.outputs[0].text)
+
+
+def test_a_grammar_that_cannot_finish_ends_with_length(llm):
+    [output] = generate(llm, [PROMPT], max_tokens=5, temperature=0, structured_outputs={"json": PERSON})
+    completion = output.outputs[0]
+    assert completion.finish_reason == "length" and len(completion.token_ids) == 5
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(completion.text)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"json": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}, "structured_outputs.json is invalid"),
+    ({"json": "{not json"}, "structured_outputs.json is invalid"),
+    ({"regex": "(unclosed"}, "structured_outputs.regex is invalid"),
+    ({"grammar": "start: missing_rule"}, "structured_outputs.grammar is invalid"),
+    ({"regex": "a", "choice": ["b"]}, "structured_outputs must be exactly one of"),
+    ({"choice": []}, "structured_outputs must be exactly one of"),
+    ({"choice": ["a", 3]}, "structured_outputs.choice must be a list"),
+    ({"regexp": "a"}, "structured_outputs must be a dict with keys among"),
+])
+def test_bad_constraints_are_refused_before_admission(llm, fields, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        generate(llm, [PROMPT], structured_outputs=fields)
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert texts(generate(llm, [PROMPT], max_tokens=4, temperature=0))  # still serving
