@@ -57,6 +57,9 @@ class EngineArgs:
             generation_config.json (vLLM's default); "vllm", vLLM's own defaults; or a directory holding one.
         tensor_parallel_size: devices each layer is split over, Megatron-style (jax_engine/distributed/); on
             several hosts, the devices of all of them.
+        data_parallel_size: engine replicas, each on its own tensor_parallel_size devices, behind one server
+            (`jax-engine serve`); requests go to the replica with the fewest unfinished requests
+            (jax_engine/distributed/data_parallel.py).
         nnodes: processes (hosts) the devices come from; with more than one, node_rank 0 runs the engine and
             the others run `jax-engine serve --headless` (jax_engine/distributed/multihost.py).
         node_rank: this process's rank among the nnodes.
@@ -84,6 +87,7 @@ class EngineArgs:
     compilation_cache_dir: str = "auto"
     generation_config: str = "auto"
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
@@ -109,6 +113,7 @@ class EngineArgs:
         check(isinstance(self.seed, int), "seed", "an int")
         check(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1, "tensor_parallel_size",
               ">= 1")
+        check(isinstance(self.data_parallel_size, int) and self.data_parallel_size >= 1, "data_parallel_size", ">= 1")
         check(isinstance(self.nnodes, int) and self.nnodes >= 1, "nnodes", ">= 1")
         check(isinstance(self.node_rank, int) and 0 <= self.node_rank < self.nnodes, "node_rank", "in [0, nnodes)")
         check(self.quantization is None or self.quantization in QUANTIZATIONS, "quantization",

@@ -9,9 +9,12 @@
 """
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Iterator
+
+import jax
 
 from jax_engine.attention import get_attention_backend
 from jax_engine.beam_search import BeamSearchParams
@@ -42,14 +45,30 @@ logger = logging.getLogger(__name__)
 class LLMEngine:
     """A continuous-batching engine over a paged KV cache."""
 
-    def __init__(self, args: EngineArgs, checkpoint: Checkpoint | None = None) -> None:
-        """Load the model (or take an already loaded `checkpoint`), size the KV cache, build the loop."""
+    def __init__(self, args: EngineArgs, checkpoint: Checkpoint | None = None, *, devices: list | None = None) -> None:
+        """Load the model (or take an already loaded `checkpoint`), size the KV cache, build the loop.
+
+        `devices`: the devices to run on, the mesh taking the first tensor_parallel_size of them (default:
+        jax.devices()); a data-parallel replica gets its own (jax_engine/distributed/data_parallel.py).
+        """
+        if args.data_parallel_size > 1 and devices is None:
+            raise ValueError(f"data_parallel_size > 1 (got {args.data_parallel_size}) is served by `jax-engine serve` "
+                             "(DataParallelEngine); LLM and LLMEngine run one replica: leave data_parallel_size at 1")
+        # With tensor_parallel_size 1 the model uses no mesh, and its weights, KV cache and step inputs go to
+        # JAX's default device: an engine given its devices makes that its first one (a thread-local setting)
+        # while it builds and while it steps.
+        first = None if devices is None else devices[0]
+        self._on_devices = contextlib.nullcontext if first is None else functools.partial(jax.default_device, first)
+        with self._on_devices():
+            self._build(args, checkpoint, devices)
+
+    def _build(self, args: EngineArgs, checkpoint: Checkpoint | None, devices: list | None) -> None:
         started = time.perf_counter()
         self.args = args
         if args.nnodes > 1:  # before anything asks JAX for its devices
             multihost.initialize(args.nnodes, args.node_rank, args.master_addr, args.master_port)
         use_compilation_cache(args.compilation_cache_dir)
-        mesh = make_mesh(args.tensor_parallel_size)  # checked before anything loads
+        mesh = make_mesh(args.tensor_parallel_size, devices)  # checked before anything loads
         checkpoint = checkpoint or load_checkpoint(args.model)
         self.model_config = cfg = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
@@ -163,6 +182,10 @@ class LLMEngine:
     # ---------------------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         """One iteration: schedule, run the model, sample, update, and report every request that progressed."""
+        with self._on_devices():
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         outputs, self._pending_outputs = self._pending_outputs, []
         out = self.scheduler.schedule()
         if self.trace is not None:

@@ -88,6 +88,12 @@ def main(ns: argparse.Namespace) -> None:
         LLMEngine(args).run_worker()
         return
     config = server_config(ns, ns.served_model_name or args.model or DEFAULT_MODEL_NAME)
-    status = run_server(AsyncLLMEngine.from_engine_args(args), config, ns.host, ns.port, ns.log_level)
+    if args.data_parallel_size > 1:
+        from jax_engine.distributed.data_parallel import DataParallelEngine
+
+        engine = DataParallelEngine.from_engine_args(args)
+    else:
+        engine = AsyncLLMEngine.from_engine_args(args)
+    status = run_server(engine, config, ns.host, ns.port, ns.log_level)
     if status:
         sys.exit(status)
