@@ -84,7 +84,7 @@ def _sampling_batch(rows: int, flags: SamplerFlags) -> SamplingBatch:
     f32, i32 = (lambda fill: np.full(rows, fill, np.float32)), (lambda *shape: np.zeros(shape, np.int32))
     return SamplingBatch(f32(1.0), i32(rows), f32(1.0), f32(0.0), np.zeros(rows, np.uint32), i32(rows),
                          i32(rows, 1), i32(rows, 1), f32(0.0), f32(0.0), f32(1.0), i32(rows, 1), flags, 0,
-                         i32(rows, 1), i32(rows, 1), np.zeros((rows, 1), np.float32))
+                         i32(rows, 1), i32(rows, 1), np.zeros((rows, 1), np.float32), i32(rows, 1))
 
 
 def _programs(runner: ModelRunner, max_num_batched_tokens: int) -> list[Program]:

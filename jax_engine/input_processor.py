@@ -7,6 +7,7 @@ is a ValueError that names the field and its limit.
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.model_config import ModelConfig
 from jax_engine.sampling_params import SamplingParams
+from jax_engine.structured_output.grammar import GrammarCompiler
 from reference.request import check, is_int, is_unicode
 from reference.scheduler import SchedulerConfig
 
@@ -21,19 +22,22 @@ def cache_salt(prompt: Prompt) -> str | None:
 
 
 def chat_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                add_special_tokens: bool = False) -> dict:
+                add_special_tokens: bool = False, tools: list[dict] | None = None) -> dict:
     """A conversation through the tokenizer's chat template, tokenized once: vLLM's TokensPrompt with its text.
 
     The template writes the special tokens it wants (a BOS among them), so the text is encoded without the
     tokenizer's own (vLLM's rule): encoding it as a plain prompt would give BOS-adding tokenizers two.
     """
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                         **({"tools": tools} if tools else {}))
     return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=add_special_tokens)}
 
 
 class InputProcessor:
-    def __init__(self, tokenizer, model_config: ModelConfig, scheduler_config: SchedulerConfig) -> None:
+    def __init__(self, tokenizer, model_config: ModelConfig, scheduler_config: SchedulerConfig,
+                 grammar_compiler: GrammarCompiler) -> None:
         self.tokenizer = tokenizer
+        self.grammar_compiler = grammar_compiler
         self.vocab_size = model_config.vocab_size
         self.max_model_len = scheduler_config.max_model_len
         self.max_num_seqs = scheduler_config.max_num_seqs
@@ -89,6 +93,8 @@ class InputProcessor:
               f"token ids below vocab_size ({vocab})", params.allowed_token_ids)
         check(all(t < vocab for t in params.logit_bias or {}), "logit_bias", f"keyed by token ids below vocab_size "
               f"({vocab})", params.logit_bias)
+        if params.structured_outputs is not None and params.compiled_grammar is None:
+            params._set("compiled_grammar", self.grammar_compiler.compile(params.structured_outputs))
         if params.bad_words:
             params.tokenize_bad_words(self.tokenizer)
         check(all(t < vocab for w in params.bad_words_token_ids for t in w), "bad_words_token_ids",

@@ -37,6 +37,7 @@ from jax_engine.sampler import SampledToken, sampling_batch
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
 from jax_engine.sequence_group import SequenceFactory, SequenceGroup
+from jax_engine.structured_output.grammar import GrammarCompiler
 from reference.request import RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -97,9 +98,10 @@ class LLMEngine:
                         "generation_config='vllm' ignores them", self.default_sampling_fields)
         self.eos_token_ids = tuple(dict.fromkeys(checkpoint.eos_token_ids +
                                                  token_ids(generation_config.get("eos_token_id"))))
-        self.input_processor = InputProcessor(self.tokenizer, cfg, self.scheduler_config)
+        self.grammar_compiler = GrammarCompiler(self.tokenizer, cfg.vocab_size, self.eos_token_ids)
+        self.input_processor = InputProcessor(self.tokenizer, cfg, self.scheduler_config, self.grammar_compiler)
         self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
-        self._new_sequence = SequenceFactory(self.tokenizer, self.eos_token_ids, args.seed)
+        self._new_sequence = SequenceFactory(self.tokenizer, self.eos_token_ids, args.seed, self.grammar_compiler)
         self._groups: dict[str, SequenceGroup] = {}
         self._pending_outputs: list[RequestOutput] = []  # aborted requests, reported on the next step
         self._arrivals = 0
@@ -205,6 +207,8 @@ class LLMEngine:
             if seq.status is RequestStatus.FINISHED_ERROR:  # its request failed earlier in this step
                 continue
             with self._failing_alone(seq):
+                if seq.grammar is not None:
+                    seq.grammar.accept(token.token)
                 if (status := self.output_processor.process_token(seq, token)) is not None:
                     self.scheduler.finish(seq, status)
         return outputs + self._request_outputs(out)
@@ -228,8 +232,12 @@ class LLMEngine:
             for sampler in self._groups[seq.request_id].sampling_seqs(seq) if not seq.status.is_finished else []:
                 rows.append(row)
                 samplers.append(sampler)
+        # The grammar masks are computed here, on the host, while the device still runs the step's forward pass.
+        grammars = [seq.grammar for seq in samplers]
+        bitmask = self.grammar_compiler.fill_bitmask(grammars) if any(grammars) else None
         try:
-            return list(zip(samplers, self.runner.sample(sampling_hidden, rows, self.runner.sampling_batch(samplers))))
+            batch = self.runner.sampling_batch(samplers, bitmask)
+            return list(zip(samplers, self.runner.sample(sampling_hidden, rows, batch)))
         except Exception:  # some sequence's values do not pack into the sampler's arrays: it fails alone
             for seq in samplers:
                 with self._failing_alone(seq):

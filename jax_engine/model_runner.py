@@ -273,9 +273,9 @@ class ModelRunner:
                         len(self.compiled_shapes), key[1][0], key[2][0], key[2][1], time.perf_counter() - started)
         return sampling_hidden, hidden
 
-    def sampling_batch(self, seqs: list) -> SamplingBatch:
+    def sampling_batch(self, seqs: list, grammar_bitmask: np.ndarray | None = None) -> SamplingBatch:
         """The sampler's arrays for `seqs`, one row each, padded to the row bucket `sample` uses."""
-        return sampling_batch(seqs, bucket(len(seqs)), self.model.cfg.vocab_size)
+        return sampling_batch(seqs, bucket(len(seqs)), self.model.cfg.vocab_size, grammar_bitmask)
 
     def sample(self, sampling_hidden: jax.Array, rows: list[int], batch: SamplingBatch) -> list[SampledToken]:
         """A token for each of `rows` of `sampling_hidden` (parallel samples share their parent's row), drawn

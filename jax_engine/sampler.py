@@ -1,4 +1,4 @@
-"""Batched, jitted sampling: penalties, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+"""Batched, jitted sampling: grammar bitmasks, token controls, penalties, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
 
 Randomness: row r draws one uniform number from `fold_in(key(seed_r), position_r)` and inverts the
 filtered distribution's CDF. A seeded request's token at a position therefore depends only on (seed,
@@ -30,12 +30,13 @@ class SamplerFlags:
     logprobs: bool = False  # compute the sampled tokens' logprobs and ranks (only when someone asks)
     allowed_tokens: bool = False  # some row keeps only its allowed_token_ids
     logit_bias: bool = False
+    structured: bool = False  # some row follows a grammar (its grammar_bitmask row)
 
 
 @functools.partial(jax.tree_util.register_dataclass, meta_fields=("flags", "num_logprobs"),
                    data_fields=("temperature", "top_k", "top_p", "min_p", "seeds", "positions", "prompt_ids",
                                 "output_ids", "presence", "frequency", "repetition", "banned_ids", "allowed_ids",
-                                "bias_ids", "bias_values"))
+                                "bias_ids", "bias_values", "grammar_bitmask"))
 @dataclass(frozen=True)
 class SamplingBatch:
     """The sampler's input: one row per sequence (padded rows sample harmlessly and are dropped)."""
@@ -57,6 +58,8 @@ class SamplingBatch:
     allowed_ids: np.ndarray  # [R, A] int32 allowed_token_ids, padded with V (a row with none keeps all)
     bias_ids: np.ndarray  # [R, Bb] int32 logit_bias tokens, padded with V
     bias_values: np.ndarray  # [R, Bb] float32 their biases
+    # [R, ceil(V / 32)] int32: bit t % 32 of word t // 32 allows token t (structured output; else [R, 1])
+    grammar_bitmask: np.ndarray
 
 
 @functools.partial(jax.tree_util.register_dataclass, meta_fields=(),
@@ -151,6 +154,12 @@ def _draw(weights, seeds, positions):
     return block * _CDF_BLOCK + jnp.minimum(offset, _last_positive(inner))
 
 
+def _unpack_bitmask(bitmask: jax.Array, vocab: int) -> jax.Array:
+    """[R, W] int32 words -> [R, V] bool: token t is bit t % 32 of word t // 32."""
+    token = jnp.arange(vocab)
+    return (jnp.right_shift(bitmask[:, token // 32], token % 32) & 1).astype(bool)
+
+
 @functools.partial(jax.jit, donate_argnames=("scratch",))
 def sample(logits, batch: SamplingBatch, scratch=None) -> tuple[SamplerOutput, jax.Array | None]:
     """Sample one token per row.
@@ -172,7 +181,10 @@ def sample(logits, batch: SamplingBatch, scratch=None) -> tuple[SamplerOutput, j
     raw_logits, spent = logits, scratch
     rows = logits.shape[0]
     row_index = jnp.arange(rows)[:, None]
-    # The token controls first, in vLLM's order (reference.sampler.processed_logits), then the penalties.
+    # A grammar's mask first (vLLM applies it to the logits before its sampler), then the token controls in
+    # vLLM's order (reference.sampler.processed_logits), then the penalties.
+    if flags.structured:
+        logits = jnp.where(_unpack_bitmask(b.grammar_bitmask, logits.shape[1]), logits, _NEG_INF)
     if flags.allowed_tokens:
         vocab = logits.shape[1]
         allowed = jnp.zeros(logits.shape, bool).at[row_index, b.allowed_ids].set(True, mode="drop")
@@ -219,8 +231,10 @@ def _padded(rows: list[list[int]], fill: int, minimum: int = 1) -> np.ndarray:
     return out
 
 
-def sampling_batch(requests: list, num_rows: int, vocab_size: int) -> "SamplingBatch":
-    """The sampling settings of `requests` (Sequences), one row each, padded to num_rows."""
+def sampling_batch(requests: list, num_rows: int, vocab_size: int,
+                   grammar_bitmask: np.ndarray | None = None) -> "SamplingBatch":
+    """The sampling settings of `requests` (Sequences), one row each, padded to num_rows; `grammar_bitmask`
+    holds the rows' grammar masks (GrammarCompiler.fill_bitmask) when some row follows a grammar."""
     params = [r.sampling_params for r in requests]
     pad = num_rows - len(requests)
     empty = [[] for _ in range(pad)]
@@ -242,6 +256,7 @@ def sampling_batch(requests: list, num_rows: int, vocab_size: int) -> "SamplingB
         logprobs=any(p.logprobs is not None for p in params),
         allowed_tokens=any(p.allowed_token_ids is not None for p in params),
         logit_bias=any(biases),
+        structured=grammar_bitmask is not None,
     )
     bias_values = np.zeros((num_rows, 1), np.float32)
     if flags.logit_bias:
@@ -266,7 +281,13 @@ def sampling_batch(requests: list, num_rows: int, vocab_size: int) -> "SamplingB
         allowed_ids=ids([list(p.allowed_token_ids or ()) for p in params], flags.allowed_tokens),
         bias_ids=ids([[t for t, _ in b] for b in biases], flags.logit_bias),
         bias_values=bias_values,
+        grammar_bitmask=_padded_rows(grammar_bitmask, num_rows) if flags.structured else np.zeros((num_rows, 1), np.int32),
     )
+
+
+def _padded_rows(bitmask: np.ndarray, num_rows: int) -> np.ndarray:
+    """Padding rows allow every token."""
+    return np.concatenate([bitmask, np.full((num_rows - len(bitmask), bitmask.shape[1]), -1, np.int32)])
 
 
 def _banned_tokens(seq, params) -> list[int]:

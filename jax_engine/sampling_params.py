@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from jax_engine.structured_output import StructuredOutputsParams
 from reference.request import MAX_BAD_WORDS
 from reference.request import SamplingParams as _ReferenceSamplingParams
 from reference.request import check, check_bool, check_int, check_real
@@ -54,6 +55,8 @@ class SamplingParams(_ReferenceSamplingParams):
             its other tokens (each word tokenized alone and after a space, as vLLM does).
         truncate_prompt_tokens: keep only the prompt's last k tokens (left truncation); -1 keeps what
             max_model_len allows.
+        structured_outputs: constrain the output to a JSON schema, a regex, a choice or a grammar
+            (StructuredOutputsParams, or a dict of its fields).
     """
 
     n: int = 1
@@ -68,6 +71,10 @@ class SamplingParams(_ReferenceSamplingParams):
     include_stop_str_in_output: bool = False
     bad_words: tuple[str, ...] = ()
     truncate_prompt_tokens: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
+    # Not a field (no user sets it): the llguidance grammar compiled from structured_outputs by the input
+    # processor or the server (jax_engine/structured_output/grammar.py), kept with the params it was made from.
+    compiled_grammar = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -91,6 +98,10 @@ class SamplingParams(_ReferenceSamplingParams):
               f"a list of at most {MAX_BAD_WORDS} non-empty strings of at most {MAX_STOP_STRING_LENGTH} characters",
               words)
         self._set("bad_words", tuple(words))
+        if isinstance(self.structured_outputs, dict):
+            self._set("structured_outputs", StructuredOutputsParams.from_dict(self.structured_outputs))
+        check(self.structured_outputs is None or isinstance(self.structured_outputs, StructuredOutputsParams),
+              "structured_outputs", "a StructuredOutputsParams, a dict of its fields, or None", self.structured_outputs)
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens != -1:
             self._set("truncate_prompt_tokens", check_int(self.truncate_prompt_tokens, "truncate_prompt_tokens", 1))
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from jax_engine.detokenizer import IncrementalDetokenizer
 from jax_engine.outputs import PositionLogprobs, RequestMetrics
 from jax_engine.sampling_params import SamplingParams
+from jax_engine.structured_output.grammar import GrammarMatcher
 from reference.request import RequestStatus
 
 
@@ -36,6 +37,7 @@ class Sequence:
     stop_reason: int | str | None = None
     beam_proposals: list[tuple[int, float]] | None = None  # beam search: (token, logprob) this step
     fork_parent: "Sequence | None" = None  # a parallel sample waiting for its parent's prompt to be computed
+    grammar: GrammarMatcher | None = None  # structured output: where its output stands in its grammar
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

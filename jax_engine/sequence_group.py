@@ -16,14 +16,17 @@ from jax_engine.outputs import RequestMetrics
 from jax_engine.sampler import SampledToken
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
+from jax_engine.structured_output.grammar import GrammarCompiler
 from reference.request import RequestStatus
 
 
 class SequenceFactory:
-    """Makes a group's sequences: ids, resolved seeds, detokenizers, logprob lists."""
+    """Makes a group's sequences: ids, resolved seeds, detokenizers, logprob lists, grammar matchers."""
 
-    def __init__(self, tokenizer, eos_token_ids: tuple[int, ...], seed: int | None) -> None:
+    def __init__(self, tokenizer, eos_token_ids: tuple[int, ...], seed: int | None,
+                 grammars: GrammarCompiler) -> None:
         self.tokenizer = tokenizer
+        self.grammars = grammars
         self.eos_token_ids = eos_token_ids
         self._rng = np.random.default_rng(seed)  # seeds for requests that set none
 
@@ -36,6 +39,8 @@ class SequenceFactory:
                        seed & 0xFFFFFFFF, params.max_tokens or max_tokens, self.eos_token_ids, detokenizer, metrics)
         seq.logprobs = [] if params.logprobs is not None else None
         seq.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
+        if getattr(params, "compiled_grammar", None) is not None:  # each sample walks the grammar on its own
+            seq.grammar = self.grammars.matcher(params.compiled_grammar)
         return seq
 
 

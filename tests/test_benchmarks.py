@@ -103,3 +103,16 @@ def test_a_run_is_set_against_the_best_probe_around_it():
 
     slow, fast = Roofline(150.0, 40.0, 560.0, 75.0), Roofline(210.0, 30.0, 780.0, 56.0)
     assert best(slow, fast) == Roofline(210.0, 40.0, 780.0, 75.0)
+
+
+def test_structured_benchmark_times_masks_and_constrained_steps(tiny_checkpoint_dir):
+    command = [sys.executable, "-m", "jax_engine", "bench", "structured", "--model", tiny_checkpoint_dir,
+               "--batch-sizes", "2", "--input-len", "8", "--output-len", "6", "--num-requests", "2",
+               "--max-num-batched-tokens", "32", "--enforce-eager"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"llguidance mask per row: median +[\d.]+ us", result.stdout), result.stdout
+    step = re.search(r"batch +2: decode step 0 constrained +([\d.]+) ms +1 constrained +([\d.]+) ms +2 constrained "
+                     r"+([\d.]+) ms", result.stdout)
+    assert step and all(float(ms) > 0 for ms in step.groups()), result.stdout
+    assert re.search(r"json schema: +[\d.]+ output tok/s", result.stdout) and "free text:" in result.stdout

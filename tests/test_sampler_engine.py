@@ -146,3 +146,27 @@ def test_logit_bias_and_allowed_tokens_move_the_distribution():
     allowed = SamplingParams(temperature=1.0, allowed_token_ids=[4, 9])
     tokens = run([make_request(allowed, seed=s) for s in range(200)], flat[:200])[0]
     assert set(tokens) == {4, 9}
+
+
+@given(seed=st.integers(0, 2**31 - 1), temperature=st.sampled_from([0.0, 0.7, 1.0]),
+       allowed=st.lists(st.integers(0, 69), min_size=1, max_size=12, unique=True))
+def test_a_grammar_bitmask_keeps_what_the_reference_allows(seed, temperature, allowed):
+    """A row's grammar bitmask (bit t % 32 of word t // 32) acts as allowed_token_ids does in the reference, over
+    a vocabulary of 70 that ends inside its third word; the row beside it, with no grammar, is untouched."""
+    vocab = 70
+    logits = np.random.default_rng(seed).normal(0, 2, (2, vocab)).astype(np.float32)
+    bitmask = np.zeros((2, 3), np.uint32)
+    for t in allowed:
+        bitmask[0, t // 32] |= np.uint32(1 << (t % 32))
+    bitmask[1] = 0xFFFFFFFF
+    params = SamplingParams(temperature=temperature, seed=seed)
+    requests = [make_request(params, seed=seed), make_request(params, seed=seed)]
+    result, _ = sample(logits, sampling_batch(requests, 2, vocab, bitmask.view(np.int32)))
+    plain, _ = sample(logits, sampling_batch(requests, 2, vocab))
+    expected = processed_logits(logits[0], SamplingParams(temperature=temperature, seed=seed, allowed_token_ids=allowed))
+    token = int(result.tokens[0])
+    if temperature == 0:
+        assert token == np.argmax(expected)
+    else:
+        assert filtered_probs(expected, params)[token] > 0
+    assert int(result.tokens[1]) == int(plain.tokens[1])

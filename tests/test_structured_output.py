@@ -128,7 +128,8 @@ def test_a_grammar_that_cannot_finish_ends_with_length(llm):
     ({"regex": "(unclosed"}, "structured_outputs.regex is invalid"),
     ({"grammar": "start: missing_rule"}, "structured_outputs.grammar is invalid"),
     ({"regex": "a", "choice": ["b"]}, "structured_outputs must be exactly one of"),
-    ({"choice": []}, "structured_outputs must be exactly one of"),
+    ({"choice": []}, "structured_outputs.choice must be a list of 1 to"),
+    ({}, "structured_outputs must be exactly one of"),
     ({"choice": ["a", 3]}, "structured_outputs.choice must be a list"),
     ({"regexp": "a"}, "structured_outputs must be a dict with keys among"),
 ])

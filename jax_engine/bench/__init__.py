@@ -1,1 +1,1 @@
-"""Benchmarks, run as `jax-engine bench throughput | serve | sharing | kernels | batching | preemption | soak` (see docs/benchmarks.md)."""
+"""Benchmarks, run as `jax-engine bench <name>` (`jax-engine bench --help` lists them; see docs/benchmarks.md)."""

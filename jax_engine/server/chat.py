@@ -9,6 +9,7 @@ from jax_engine.outputs import Logprob
 from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import ChatCompletionRequest
 from jax_engine.server.state import ServerState
+from jax_engine.server.tools import ToolCallStream, with_tools
 from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, collect, finite, merge, prompt_logprobs,
                                        refuse_if_busy, sse, sse_error, usage)
 
@@ -30,13 +31,29 @@ def _logprobs(delta: Delta, num_top: int) -> dict | None:
 
 
 def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_prompt: bool,
-                       add_special_tokens: bool = False) -> dict:
-    """The conversation through the model's chat template, tokenized once (input_processor.chat_prompt);
-    a template error is the client's (400)."""
+                       add_special_tokens: bool = False, tools: list[dict] | None = None) -> dict:
+    """The conversation through the model's chat template, tokenized once (input_processor.chat_prompt), with
+    the tools shown to the model (server/tools.py); a template error is the client's (400)."""
+    renders_tools = "tools" in (state.tokenizer.chat_template or "")
+    if tools:
+        messages = with_tools(messages, tools, renders_tools)
     try:
-        return chat_prompt(state.tokenizer, messages, add_generation_prompt, add_special_tokens)
+        return chat_prompt(state.tokenizer, messages, add_generation_prompt, add_special_tokens,
+                           tools if tools and renders_tools else None)
     except Exception as error:  # jinja's TemplateError, or the template's own raise_exception
         raise APIError(400, f"messages could not be rendered with the chat template: {error}", "messages") from None
+
+
+def _message(d: Delta, tools: list[dict] | None, tool_choice: str | dict) -> dict:
+    """A finished choice's message and finish_reason, its tool calls parsed out when tools were shown."""
+    if not tools:
+        return {"message": {"role": "assistant", "content": d.text}, "finish_reason": d.finish_reason}
+    content, calls = ToolCallStream(tools, tool_choice).delta(d.text, finished=True)
+    message = {"role": "assistant", "content": content or None,
+               "tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in calls]}
+    # OpenAI's reasons: "tool_calls" when the model chose to call, "stop" when the call was forced by name.
+    reason = "tool_calls" if calls and not isinstance(tool_choice, dict) and d.finish_reason == "stop" else d.finish_reason
+    return {"message": message, "finish_reason": reason}
 
 
 class ChatCompletions:
@@ -51,15 +68,16 @@ class ChatCompletions:
         params = state.sampling_params(body, body.max_completion_tokens or body.max_tokens,
                                        num_top if body.logprobs else None)
         refuse_if_busy(state.engine)
+        tools, tool_choice = body.tool_list, body.effective_tool_choice
+        shown_tools = tools if tool_choice != "none" else None
         prompt = await state.off_loop(lambda: render_chat_prompt(state, body.conversation(), body.add_generation_prompt,
-                                                                 body.add_special_tokens))
+                                                                 body.add_special_tokens, shown_tools))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await add_streams(state, request_id, [prompt], params, cache_salt)
         if body.stream:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), num_top)
         [final] = await collect(streams)
-        choices = [{"index": d.index, "message": {"role": "assistant", "content": d.text},
-                    "logprobs": _logprobs(d, num_top), "finish_reason": d.finish_reason}
+        choices = [{"index": d.index, **_message(d, shown_tools, tool_choice), "logprobs": _logprobs(d, num_top)}
                    for d in DeltaTracker.for_params(params).deltas(0, final)]
         answer = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
                   "model": state.model_name, "choices": choices, "usage": usage([final])}
@@ -70,14 +88,23 @@ class ChatCompletions:
         head = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.state.model_name}
         final = None
+        tools, tool_choice = body.tool_list, body.effective_tool_choice
+        tool_streams = {}  # choice index -> its ToolCallStream, when tools were shown
         try:
             async for _, final in merge(streams):
                 for d in tracker.deltas(0, final):
                     if d.first:  # OpenAI opens each choice with the role alone
                         yield sse({**head, "choices": [{"index": d.index, "delta": {"role": "assistant", "content": ""},
                                                         "logprobs": None, "finish_reason": None}]})
-                    choice = {"index": d.index, "delta": {"content": d.text} if d.text else {},
-                              "logprobs": _logprobs(d, num_top), "finish_reason": d.finish_reason}
+                    delta, reason = {"content": d.text} if d.text else {}, d.finish_reason
+                    if tools and tool_choice != "none":
+                        stream = tool_streams.setdefault(d.index, ToolCallStream(tools, tool_choice))
+                        content, calls = stream.delta(d.text, finished=d.finish_reason is not None)
+                        delta = {**({"content": content} if content else {}), **({"tool_calls": calls} if calls else {})}
+                        if calls and not isinstance(tool_choice, dict) and reason == "stop":
+                            reason = "tool_calls"
+                    choice = {"index": d.index, "delta": delta, "logprobs": _logprobs(d, num_top),
+                              "finish_reason": reason}
                     yield sse({**head, "choices": [choice]})
             if body.include_usage:
                 yield sse({**head, "choices": [], "usage": usage([final])})

@@ -4,11 +4,14 @@ Limits that need no model live here, so the OpenAPI schema documents them and a 
 anything reaches the engine. Limits that depend on the model (prompt length, token ids) are the engine's.
 """
 
+import json
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from jax_engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
+from jax_engine.server.tools import TOOL_CALL_END, TOOL_CALL_START, tool_constraint
+from jax_engine.structured_output import StructuredOutputsParams
 from reference.request import is_unicode
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
@@ -51,6 +54,39 @@ _DEFAULTS = {name: getattr(SamplingParams(), name) for name in
              ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
 
 
+class JsonSchemaFormat(APIModel):
+    name: str = Field(max_length=64)
+    description: str | None = None
+    json_schema: dict | None = Field(None, alias="schema")  # pydantic's BaseModel owns the name `schema`
+    strict: bool | None = None
+
+
+class ResponseFormat(APIModel):
+    """OpenAI's response_format: free text, any JSON object, or JSON that validates against a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsBody(APIModel):
+    """vLLM's `structured_outputs` request field (StructuredOutputsParams)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    json_: dict | str | bool | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+
+# vLLM's older spelling of structured_outputs: one top-level field per kind.
+GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                 "guided_grammar": "grammar"}
+# Names vLLM takes for its grammar backends; this server has one (llguidance) and accepts the names that mean it.
+GRAMMAR_BACKENDS = ("auto", "guidance", "llguidance")
+
+
 class SamplingRequest(RequestBody):
     """Fields shared by completions and chat completions."""
 
@@ -83,6 +119,14 @@ class SamplingRequest(RequestBody):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, description="keep the prompt's last k tokens")
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="vLLM's: logprobs of every "
                                         "prompt token")
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = Field(None, description="vLLM's: json, regex, choice, "
+                                                             "grammar or json_object")
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: Literal[GRAMMAR_BACKENDS] | None = None
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         defaults: dict | None = None) -> SamplingParams:
@@ -103,7 +147,42 @@ class SamplingRequest(RequestBody):
             logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=self._logit_bias(),
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words or (),
-            truncate_prompt_tokens=self.truncate_prompt_tokens, prompt_logprobs=self.prompt_logprobs)
+            truncate_prompt_tokens=self.truncate_prompt_tokens, prompt_logprobs=self.prompt_logprobs,
+            structured_outputs=self.structured_output_params())
+
+    def structured_output_params(self) -> StructuredOutputsParams | None:
+        """The one constraint among response_format, structured_outputs and guided_*; ValueError naming the
+        fields when several are set."""
+        given = self._structured_outputs()
+        if len(given) > 1:
+            raise ValueError(f"only one structured-output constraint may be set, got {', '.join(given)}")
+        return next(iter(given.values()), None)
+
+    @property
+    def structured_output_field(self) -> str | None:
+        """The request field the constraint came from, as errors about it name it."""
+        name = next(iter(self._structured_outputs()), None)
+        return "response_format.json_schema.schema" if name == "response_format" else name
+
+    def _structured_outputs(self) -> dict[str, StructuredOutputsParams]:
+        given = {}
+        if self.response_format is not None and self.response_format.type != "text":
+            given["response_format"] = self._response_format_params()
+        if self.structured_outputs is not None:
+            fields = self.structured_outputs.model_dump(by_alias=True, exclude_defaults=True)
+            given["structured_outputs"] = StructuredOutputsParams(**fields)
+        for name, kind in GUIDED_FIELDS.items():
+            if getattr(self, name) is not None:
+                given[name] = StructuredOutputsParams(**{kind: getattr(self, name)})
+        return given
+
+    def _response_format_params(self) -> StructuredOutputsParams:
+        if self.response_format.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        schema = self.response_format.json_schema
+        if schema is None or schema.json_schema is None:
+            raise ValueError("response_format.json_schema.schema is required for type json_schema")
+        return StructuredOutputsParams(json=schema.json_schema)
 
     def _logit_bias(self) -> dict[int, float] | None:
         """OpenAI keys logit_bias by token ids written as strings."""
@@ -135,20 +214,66 @@ class TextPart(APIModel):
     text: Text
 
 
+class FunctionCall(APIModel):
+    name: str
+    arguments: str
+
+
+class MessageToolCall(APIModel):
+    """A tool call an earlier assistant message made (sent back by the client with the tool's answer)."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(APIModel):
     # Any other role string would reach the chat template as is, where it could forge a turn.
     role: Literal["system", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(part.text for part in self.content)
-        return self.content or ""
+        """The content as the template sees it; an assistant's tool calls are written as the model writes them."""
+        text = "".join(part.text for part in self.content) if isinstance(self.content, list) else self.content or ""
+        if self.tool_calls:
+            calls = [{"name": c.function.name, "arguments": _json_or_text(c.function.arguments)} for c in self.tool_calls]
+            text += f"{TOOL_CALL_START}{json.dumps(calls)}{TOOL_CALL_END}"
+        return text
+
+
+def _json_or_text(arguments: str):
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
     """Messages as the chat template takes them (text parts joined)."""
     return [{"role": m.role, "content": m.text()} for m in messages]
+
+
+class FunctionDefinition(APIModel):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(APIModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(APIModel):
+    name: str
+
+
+class NamedToolChoice(APIModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -159,9 +284,30 @@ class ChatCompletionRequest(SamplingRequest):
     add_generation_prompt: bool = True
     add_special_tokens: bool = Field(False, description="vLLM's: also add the tokenizer's own special tokens "
                                      "(a BOS) to the rendered template, which usually writes its own")
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="default: auto when tools are given, else none")
 
     def conversation(self) -> list[dict[str, str]]:
         return conversation(self.messages)
+
+    @property
+    def tool_list(self) -> list[dict]:
+        return [tool.model_dump(exclude_none=True) for tool in self.tools or ()]
+
+    @property
+    def effective_tool_choice(self) -> str | dict:
+        """tool_choice with OpenAI's default; ValueError for a choice without tools."""
+        if self.tool_choice is not None and self.tool_choice != "none" and not self.tools:
+            raise ValueError("tool_choice needs tools: a non-empty list of functions")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.model_dump()
+        return self.tool_choice or ("auto" if self.tools else "none")
+
+    def _structured_outputs(self) -> dict[str, StructuredOutputsParams]:
+        given, tool_choice = super()._structured_outputs(), self.effective_tool_choice  # checks tool_choice
+        constraint = tool_constraint(self.tool_list, tool_choice) if self.tools else None
+        return given if constraint is None else {**given, "tools": constraint}
 
 
 class TokenizeRequest(RequestBody):

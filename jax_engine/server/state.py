@@ -104,9 +104,17 @@ class ServerState:
         self.check_model(body.model)
         self.check_n(body.n)
         try:
-            return body.sampling_params(max_tokens, logprobs, self.engine.engine.default_sampling_fields)
+            params = body.sampling_params(max_tokens, logprobs, self.engine.engine.default_sampling_fields)
         except ValueError as error:
             raise bad_request(error) from None
+        if params.structured_outputs is not None:  # compiled here so that an error names the field sent
+            field = body.structured_output_field
+            try:
+                params._set("compiled_grammar", self.engine.engine.grammar_compiler.compile(params.structured_outputs,
+                                                                                           field))
+            except ValueError as error:
+                raise APIError(400, str(error), field) from None
+        return params
 
     def check_n(self, n: int) -> None:
         if n > self.config.max_n:
