@@ -76,8 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=serve_command.main)
     bench = commands.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)
-    for name in ("throughput", "latency", "quality", "serve", "soak", "sharing", "batching", "kernels", "preemption", "parallel",
-                 "structured", "plot"):
+    for name in ("throughput", "latency", "quality", "serve", "soak", "sharing", "batching", "kernels", "preemption",
+                 "parallel", "structured", "plot"):
         module = importlib.import_module(f"jax_engine.bench.{name}")
         sub = benchmarks.add_parser(name, help=module.__doc__.splitlines()[0])
         module.add_arguments(sub)

@@ -1,4 +1,5 @@
-"""Batched, jitted sampling: grammar bitmasks, token controls, penalties, temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+"""Batched, jitted sampling: grammar bitmasks, token controls, penalties, temperature, top-k, top-p, min-p,
+per-request seeds, logprobs.
 
 Randomness: row r draws one uniform number from `fold_in(key(seed_r), position_r)` and inverts the
 filtered distribution's CDF. A seeded request's token at a position therefore depends only on (seed,
@@ -14,6 +15,7 @@ import numpy as np
 
 from jax_engine.buckets import bucket
 from jax_engine.sampling_params import MAX_LOGPROBS
+from jax_engine.structured_output.grammar import ALL_ALLOWED
 
 _NEG_INF = -jnp.inf
 
@@ -184,7 +186,7 @@ def sample(logits, batch: SamplingBatch, scratch=None) -> tuple[SamplerOutput, j
     # A grammar's mask first (vLLM applies it to the logits before its sampler), then the token controls in
     # vLLM's order (reference.sampler.processed_logits), then the penalties.
     if flags.structured:
-        logits = jnp.where(_unpack_bitmask(b.grammar_bitmask, logits.shape[1]), logits, _NEG_INF)
+        logits = grammar_logits = jnp.where(_unpack_bitmask(b.grammar_bitmask, logits.shape[1]), logits, _NEG_INF)
     if flags.allowed_tokens:
         vocab = logits.shape[1]
         allowed = jnp.zeros(logits.shape, bool).at[row_index, b.allowed_ids].set(True, mode="drop")
@@ -194,6 +196,11 @@ def sample(logits, batch: SamplingBatch, scratch=None) -> tuple[SamplerOutput, j
         logits = logits.at[row_index, b.banned_ids].set(_NEG_INF, mode="drop")
     if flags.logit_bias:
         logits = logits.at[row_index, b.bias_ids].add(b.bias_values, mode="drop")
+    if flags.structured:
+        # Controls that leave a constrained row no token at all (min_tokens banning the EOS that is all a finished
+        # grammar allows; allowed_token_ids outside the grammar) give way to the grammar: its output stays valid.
+        nothing_left = jnp.all(logits == _NEG_INF, axis=-1, keepdims=True)
+        logits = jnp.where(nothing_left, grammar_logits, logits)
     if flags.penalties:
         logits = _apply_penalties(logits, b.prompt_ids, b.output_ids, b.presence, b.frequency, b.repetition)
     if flags.all_greedy:
@@ -281,13 +288,15 @@ def sampling_batch(requests: list, num_rows: int, vocab_size: int,
         allowed_ids=ids([list(p.allowed_token_ids or ()) for p in params], flags.allowed_tokens),
         bias_ids=ids([[t for t, _ in b] for b in biases], flags.logit_bias),
         bias_values=bias_values,
-        grammar_bitmask=_padded_rows(grammar_bitmask, num_rows) if flags.structured else np.zeros((num_rows, 1), np.int32),
+        grammar_bitmask=(_padded_rows(grammar_bitmask, num_rows) if flags.structured
+                         else np.zeros((num_rows, 1), np.int32)),
     )
 
 
 def _padded_rows(bitmask: np.ndarray, num_rows: int) -> np.ndarray:
     """Padding rows allow every token."""
-    return np.concatenate([bitmask, np.full((num_rows - len(bitmask), bitmask.shape[1]), -1, np.int32)])
+    padding = np.full((num_rows - len(bitmask), bitmask.shape[1]), ALL_ALLOWED, np.int32)
+    return np.concatenate([bitmask, padding])
 
 
 def _banned_tokens(seq, params) -> list[int]:

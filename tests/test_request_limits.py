@@ -36,7 +36,10 @@ VALID = st.fixed_dictionaries({
     "allowed_token_ids": st.one_of(st.none(), st.lists(st.integers(0, 257), min_size=1, max_size=4)),
     "bad_words_token_ids": st.lists(st.lists(st.integers(0, 257), min_size=1, max_size=2), max_size=2),
     "bad_words": st.lists(st.text(min_size=1, max_size=3), max_size=2),
-    "truncate_prompt_tokens": st.one_of(st.none(), st.just(-1), st.integers(1, 6))})
+    "truncate_prompt_tokens": st.one_of(st.none(), st.just(-1), st.integers(1, 6)),
+    "structured_outputs": st.sampled_from([None, {"regex": "[a-c]{1,4}"}, {"choice": ["ab", "c"]},
+                                           {"json": {"type": "array", "items": {"type": "integer"}}},
+                                           {"grammar": 'start: "x"+'}, {"json_object": True}])})
 EXTREME_INTS = [-(2**63) - 1, -(2**63), -(2**31) - 1, -2, -1, 0, 1, 2, 257, 258, 259, 2**31 - 1, 2**31, 2**32,
                 2**63, 2**64, 10**400]
 EXTREME_FLOATS = [float("nan"), float("inf"), -float("inf"), -1.0, -0.0, 1e-300, 1e-45, 1e-5, 0.5, 1e30, 3.5e38,
@@ -55,6 +58,8 @@ EXTREMES["logit_bias"] = ODD + [{value: 1.0} for value in EXTREME_INTS + ODD[:3]
 EXTREMES["allowed_token_ids"] = ODD + [[value] for value in EXTREME_INTS + ODD] + [list(range(258)) * 2]
 EXTREMES["bad_words_token_ids"] = ODD + [[value] for value in ODD] + [[[value]] for value in EXTREME_INTS + ODD]
 EXTREMES["bad_words"] = ODD + [[value] for value in ODD] + [["x"] * 300, ["x" * 2000]]
+EXTREMES["structured_outputs"] = ODD + [{kind: value} for kind in ("json", "regex", "choice", "grammar", "json_object")
+                                        for value in ODD + ["(", "x" * (2**20 + 1), [""], [1]]]
 assert set(EXTREMES) == set(FIELDS), "a new SamplingParams field needs its values here"
 
 
@@ -88,7 +93,8 @@ def _refused_at_once_or_finishes(engine: LLMEngine, kwargs: dict) -> None:
         params = SamplingParams(**kwargs)
         output = _run(engine, "arbitrary", params)
     except ValueError as error:  # at construction or at add time, never inside step()
-        assert str(error).split()[0] in [*kwargs, "prompt"], error  # it names the field
+        # It names the field (a nested one by its path: structured_outputs.json).
+        assert str(error).split()[0].split(".")[0] in [*kwargs, "prompt"], error
         assert not engine.has_unfinished_requests()
     else:
         vocab = engine.model_config.vocab_size

@@ -163,10 +163,22 @@ def test_a_grammar_bitmask_keeps_what_the_reference_allows(seed, temperature, al
     requests = [make_request(params, seed=seed), make_request(params, seed=seed)]
     result, _ = sample(logits, sampling_batch(requests, 2, vocab, bitmask.view(np.int32)))
     plain, _ = sample(logits, sampling_batch(requests, 2, vocab))
-    expected = processed_logits(logits[0], SamplingParams(temperature=temperature, seed=seed, allowed_token_ids=allowed))
+    reference_params = SamplingParams(temperature=temperature, seed=seed, allowed_token_ids=allowed)
+    expected = processed_logits(logits[0], reference_params)
     token = int(result.tokens[0])
     if temperature == 0:
         assert token == np.argmax(expected)
     else:
         assert filtered_probs(expected, params)[token] > 0
     assert int(result.tokens[1]) == int(plain.tokens[1])
+
+
+def test_controls_that_leave_a_grammar_row_nothing_give_way_to_the_grammar():
+    """A grammar that allows only EOS (token 0 here) beside min_tokens, which bans EOS: the grammar wins, in a
+    greedy and a sampled row; a row whose controls leave something keeps them."""
+    logits = np.random.default_rng(0).normal(0, 1, (3, VOCAB)).astype(np.float32)
+    only_eos = np.array([[1], [1], [0b1110]], np.int32)  # rows 0, 1: token 0; row 2: tokens 1-3
+    requests = [make_request(SamplingParams(temperature=t, min_tokens=5, seed=1)) for t in (0.0, 1.0)]
+    requests.append(make_request(SamplingParams(temperature=0, allowed_token_ids=[2, 9])))
+    result, _ = sample(logits, sampling_batch(requests, 3, VOCAB, only_eos))
+    assert [int(t) for t in result.tokens] == [0, 0, 2]

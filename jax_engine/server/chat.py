@@ -51,9 +51,12 @@ def _message(d: Delta, tools: list[dict] | None, tool_choice: str | dict) -> dic
     content, calls = ToolCallStream(tools, tool_choice).delta(d.text, finished=True)
     message = {"role": "assistant", "content": content or None,
                "tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in calls]}
-    # OpenAI's reasons: "tool_calls" when the model chose to call, "stop" when the call was forced by name.
-    reason = "tool_calls" if calls and not isinstance(tool_choice, dict) and d.finish_reason == "stop" else d.finish_reason
-    return {"message": message, "finish_reason": reason}
+    return {"message": message, "finish_reason": finish_reason(d.finish_reason, calls, tool_choice)}
+
+
+def finish_reason(reason: str | None, calls: list, tool_choice: str | dict) -> str | None:
+    """OpenAI's: "tool_calls" when the model chose to call, "stop" when the call was forced by name."""
+    return "tool_calls" if calls and not isinstance(tool_choice, dict) and reason == "stop" else reason
 
 
 class ChatCompletions:
@@ -100,9 +103,9 @@ class ChatCompletions:
                     if tools and tool_choice != "none":
                         stream = tool_streams.setdefault(d.index, ToolCallStream(tools, tool_choice))
                         content, calls = stream.delta(d.text, finished=d.finish_reason is not None)
-                        delta = {**({"content": content} if content else {}), **({"tool_calls": calls} if calls else {})}
-                        if calls and not isinstance(tool_choice, dict) and reason == "stop":
-                            reason = "tool_calls"
+                        delta = {"content": content} if content else {}
+                        delta |= {"tool_calls": calls} if calls else {}
+                        reason = finish_reason(reason, calls, tool_choice)
                     choice = {"index": d.index, "delta": delta, "logprobs": _logprobs(d, num_top),
                               "finish_reason": reason}
                     yield sse({**head, "choices": [choice]})

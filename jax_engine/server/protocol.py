@@ -238,7 +238,8 @@ class ChatMessage(APIModel):
         """The content as the template sees it; an assistant's tool calls are written as the model writes them."""
         text = "".join(part.text for part in self.content) if isinstance(self.content, list) else self.content or ""
         if self.tool_calls:
-            calls = [{"name": c.function.name, "arguments": _json_or_text(c.function.arguments)} for c in self.tool_calls]
+            calls = [{"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}
+                     for c in self.tool_calls]
             text += f"{TOOL_CALL_START}{json.dumps(calls)}{TOOL_CALL_END}"
         return text
 

@@ -104,8 +104,3 @@ class GrammarMatcher:
             return
         if not self.state.consume_token(token):
             raise RuntimeError(f"the grammar rejected token {token}: {self.state.get_error()}")
-
-    @property
-    def is_accepting(self) -> bool:
-        """The output so far is a complete match."""
-        return self.state.is_accepting()
