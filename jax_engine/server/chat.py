@@ -68,8 +68,8 @@ class ChatCompletions:
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
         num_top = body.top_logprobs or 0
-        params = state.sampling_params(body, body.max_completion_tokens or body.max_tokens,
-                                       num_top if body.logprobs else None)
+        params = await state.sampling_params(body, body.max_completion_tokens or body.max_tokens,
+                                             num_top if body.logprobs else None)
         refuse_if_busy(state.engine)
         tools, tool_choice = body.tool_list, body.effective_tool_choice
         shown_tools = tools if tool_choice != "none" else None

@@ -62,7 +62,7 @@ class Completions:
                            "max_tokens")
         if body.echo and body.logprobs is not None:
             body = body.model_copy(update={"prompt_logprobs": body.logprobs})
-        params = state.sampling_params(body, 1 if scoring_only else body.max_tokens, body.logprobs)
+        params = await state.sampling_params(body, 1 if scoring_only else body.max_tokens, body.logprobs)
         prompts = _prompts(body.prompt)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = await add_streams(state, request_id, prompts, params, cache_salt)

@@ -97,9 +97,10 @@ class ServerState:
                 _warned_fields.add(name)
                 logger.warning("request field %r is accepted and ignored", name)
 
-    def sampling_params(self, body: SamplingRequest, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    async def sampling_params(self, body: SamplingRequest, max_tokens: int | None,
+                              logprobs: int | None) -> SamplingParams:
         """Check the fields, the model and n against this server, then build the request's SamplingParams
-        (400 if bad)."""
+        (400 if bad), its grammar compiled off the event loop."""
         self.check_fields(body)
         self.check_model(body.model)
         self.check_n(body.n)
@@ -108,10 +109,10 @@ class ServerState:
         except ValueError as error:
             raise bad_request(error) from None
         if params.structured_outputs is not None:  # compiled here so that an error names the field sent
-            field = body.structured_output_field
+            field, compiler = body.structured_output_field, self.engine.engine.grammar_compiler
             try:
-                params._set("compiled_grammar", self.engine.engine.grammar_compiler.compile(params.structured_outputs,
-                                                                                           field))
+                grammar = await self.off_loop(lambda: compiler.compile(params.structured_outputs, field))
+                params._set("compiled_grammar", grammar)
             except ValueError as error:
                 raise APIError(400, str(error), field) from None
         return params
