@@ -39,7 +39,7 @@ class SequenceFactory:
                        seed & 0xFFFFFFFF, params.max_tokens or max_tokens, self.eos_token_ids, detokenizer, metrics)
         seq.logprobs = [] if params.logprobs is not None else None
         seq.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
-        if getattr(params, "compiled_grammar", None) is not None:  # each sample walks the grammar on its own
+        if params.compiled_grammar is not None:  # each sample walks the grammar on its own
             seq.grammar = self.grammars.matcher(params.compiled_grammar)
         return seq
 

@@ -74,13 +74,12 @@ def tool_constraint(tools: list[dict], tool_choice: str | dict) -> StructuredOut
 
 
 def parse_tool_calls(text: str, tools: list[dict], tool_choice: str | dict) -> tuple[str | None, list[ToolCall]]:
-    """(content, tool calls) of a finished completion under tool_choice."""
+    """(content, tool calls) of a finished completion under tool_choice ("auto", "required" or named; under
+    "none" the tools are not shown and nothing is parsed)."""
     if isinstance(tool_choice, dict):
         return None, [ToolCall(_named(tools, tool_choice)["function"]["name"], text)]
     if tool_choice == "required":
         return None, _calls(json.loads(text))
-    if tool_choice == "none":
-        return text, []
     return _parse_tagged(text)
 
 
