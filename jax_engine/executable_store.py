@@ -68,8 +68,10 @@ def signature(args: tuple, kwargs: dict) -> str:
 
 def _placement(x) -> str:
     sharding = getattr(x, "sharding", None)
-    if sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding):
+    if sharding is None:  # a host array: placed where the program runs
         return ""
+    if isinstance(sharding, jax.sharding.SingleDeviceSharding):  # a program loads onto its device only
+        return f"@{[d.id for d in sharding.device_set]}"
     return f"{sharding.spec}@{[d.id for d in sharding.mesh.devices.flat]}"
 
 
