@@ -71,6 +71,28 @@ def test_kernel_matches_the_plain_matmul(rows, k, n, kind, layers, seed):
 
 
 @needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 5, 6])
+def test_int8_sums_are_exact_at_the_extremes(rows):
+    """int8 weights of +-127 times rows of x that round to +-32767: the integer sums are the largest there are,
+    over more than two spans of exact int32 sums and a last, partial vector (8208 = 2 x 4096 + 16 inputs).
+    One and two rows take the VNNI path where the CPU has it (x split into bytes, weights + 128), more rows
+    vpmaddwd; both must give the exact integer sum, scaled once in float32."""
+    k, n = 8208, 24
+    rng = np.random.default_rng(rows)
+    w = (127 * rng.choice([-1, 1], size=(n, k))).astype(np.int8)
+    w[::3] = 127  # rows of one sign: the sums reach k x 127 x 32767 ~ 3.4e10, far past int32
+    x = rng.choice([-1.0, 1.0], size=(rows, k)).astype(np.float32) * 3.0
+    x[0] = 3.0
+    scale = rng.uniform(0.5, 2.0, n).astype(np.float32)
+    got = np.asarray(jax.jit(few_rows_matmul)(x, jnp.asarray(w), jnp.asarray(scale), 0))
+    x_int16 = np.rint(x * (np.float32(32767) / 3.0)).astype(np.int64)  # every |x| is the row's peak: +-32767
+    sums = x_int16 @ w.T.astype(np.int64)
+    assert np.abs(sums).max() > 2**31, "the case must reach past int32"
+    want = sums.astype(np.float32) * (np.float32(3.0) / np.float32(32767)) * scale  # as the kernel scales
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=0)
+
+
+@needs_kernel
 def test_kernel_refuses_a_layer_outside_the_stack():
     w = jnp.zeros((2, 8, 16), jnp.float32)
     with pytest.raises(Exception, match="layer 2 out of range"):

@@ -14,6 +14,12 @@
 // most half a step (~1.5e-5 of the row's largest value), far below the int8 weights' own rounding;
 // matmul.py's XLA path rounds x the same way.
 //
+// Where the CPU has AVX-512 VNNI, int8 weights skip the widening too: each int16 x is split into bytes,
+// x = 256 hi + lo (hi signed, lo unsigned), and vpdpbusd multiplies 64 unsigned bytes by 64 signed ones and
+// adds them in fours to 16 int32 sums, one instruction. lo (unsigned) pairs with the weights as stored; hi
+// (signed) pairs with the weights + 128 (a byte XOR: unsigned, 1..255), which adds 128 x sum(hi), taken off
+// at the end. The sums are the same integers as the int16 path's, with 2 instructions per 64 weights.
+//
 // GGUF blocks (quantization="gguf", see gguf_blocks.py) come as uint8 rows of Q8_0, Q4_0 or Q4_1 blocks of 32
 // weights, told apart by their bytes per block. They multiply x rounded to int16 like int8 weights: each
 // block's 32 products are summed exactly in int32 (at most 4 x 127 x 32767 per lane, below 2^24, so exact in
@@ -186,6 +192,10 @@ constexpr int64_t kAhead = 16384;
 // a shared counter; with 16 features an int8 item was 9 KB, and trading the counter's cache line that often
 // cost a fifth of the bandwidth (a stack of 576 x 576 int8 matrices, one row: 17.7 against 22.9 GB/s).
 constexpr int64_t kBytesPerItem = 36864;
+// int8 rows read one at a time (VNNI, below) take larger items: each item's start is a jump in the thread's
+// stream (a chain of SmolLM2's int8 layers at one row: 5.8 ms with 36 KB items, 4.7-5.1 with 144 KB, 5.2-5.4
+// with 288 KB, and 6.8-7.0 with 1 MB, too few items to share out evenly).
+constexpr int64_t kBytesPerOneRowItem = 147456;
 
 struct Problem {
   const float* x;
@@ -196,6 +206,9 @@ struct Problem {
   const int16_t* x_int16;  // int8 weights and GGUF blocks: x rounded to int16, x ~= x_int16 * x_step (per row)
   const float* x_step;
   const float* x_block_sums;  // GGUF blocks: [M, K/32] sums of x_int16 over each block (for Q4_1's minimum)
+  const uint8_t* x_low;  // int8 weights with VNNI: x_int16's low bytes [M, K] (unsigned),
+  const int8_t* x_high;  // its high bytes (signed): x_int16 = 256 x_high + x_low
+  const int64_t* x_high_sums;  // [M] sums of x_high over the row
 };
 
 // Each int32 lane sums products of at most 127 x 32767 (2^22); this many inputs per lane-sum (here 4096 / 8
@@ -263,6 +276,67 @@ inline void block_int8(const int16_t* x, const float* x_step, int64_t K, const i
   }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool kSplitsBytes = true;
+// x_int16 split into bytes for vpdpbusd (see the top of the file); returns sum(x_high) per row.
+void split_bytes(const int16_t* x_int16, int64_t rows, int64_t K, uint8_t* low, int8_t* high, int64_t* high_sums) {
+  for (int64_t m = 0; m < rows; ++m) {
+    high_sums[m] = 0;
+    for (int64_t k = m * K; k < (m + 1) * K; ++k) {
+      low[k] = static_cast<uint8_t>(x_int16[k] & 0xff);
+      high[k] = static_cast<int8_t>(x_int16[k] >> 8);  // arithmetic shift: the floor, so low is 0..255
+      high_sums[m] += high[k];
+    }
+  }
+}
+
+// block_int8 with vpdpbusd: 64 weights a step, the last step masked. Each int32 lane adds 4 products of at
+// most 255 x 128 per step, so a span of kExactSpan inputs (64 steps) stays below 2^24 and the span's 16 lanes
+// add up below 2^28.
+template <int ROWS, int FEATURES>
+inline void block_int8_vnni(const Problem& p, int64_t m0, const int8_t* w, float* y, const float* scale) {
+  const int64_t K = p.in_features, N = p.out_features;
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));  // w XOR 0x80 = w + 128 as an unsigned byte
+  int64_t total[ROWS][FEATURES] = {};
+  for (int64_t span = 0; span < K; span += kExactSpan) {
+    __m512i low_acc[ROWS][FEATURES], high_acc[ROWS][FEATURES];
+    for (int m = 0; m < ROWS; ++m) {
+      for (int f = 0; f < FEATURES; ++f) low_acc[m][f] = high_acc[m][f] = _mm512_setzero_si512();
+    }
+    const int64_t end = std::min(K, span + kExactSpan);
+    for (int64_t k = span; k < end; k += 64) {
+      const __mmask64 mask = end - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (end - k)) - 1;
+      __m512i wk[FEATURES], shifted[FEATURES];
+      for (int f = 0; f < FEATURES; ++f) {  // no software prefetch: one row at a time is one plain stream
+        wk[f] = _mm512_maskz_loadu_epi8(mask, w + f * K + k);
+        shifted[f] = _mm512_xor_si512(wk[f], flip);  // a masked-out 0 becomes 128, times a masked-out 0
+      }
+      for (int m = 0; m < ROWS; ++m) {
+        const __m512i low = _mm512_maskz_loadu_epi8(mask, p.x_low + (m0 + m) * K + k);
+        const __m512i high = _mm512_maskz_loadu_epi8(mask, p.x_high + (m0 + m) * K + k);
+        for (int f = 0; f < FEATURES; ++f) {
+          low_acc[m][f] = _mm512_dpbusd_epi32(low_acc[m][f], low, wk[f]);
+          high_acc[m][f] = _mm512_dpbusd_epi32(high_acc[m][f], shifted[f], high);
+        }
+      }
+    }
+    for (int m = 0; m < ROWS; ++m) {
+      for (int f = 0; f < FEATURES; ++f) {
+        total[m][f] += 256 * int64_t{_mm512_reduce_add_epi32(high_acc[m][f])} + _mm512_reduce_add_epi32(low_acc[m][f]);
+      }
+    }
+  }
+  for (int m = 0; m < ROWS; ++m) {
+    const int64_t correction = 256 * 128 * p.x_high_sums[m0 + m];  // the + 128 on the weights, times 256 hi
+    for (int f = 0; f < FEATURES; ++f) {
+      y[m * N + f] = static_cast<float>(total[m][f] - correction) * p.x_step[m0 + m] * scale[f];
+    }
+  }
+}
+#else
+constexpr bool kSplitsBytes = false;
+#endif
+
 // The same for GGUF blocks: per block, exact int32 sums of 32 products, times the block's d (float32).
 template <typename T, int ROWS, int FEATURES>
 inline void block_gguf(const int16_t* x, const float* x_step, const float* x_block_sums, int64_t K,
@@ -298,13 +372,23 @@ inline void block_gguf(const int16_t* x, const float* x_step, const float* x_blo
 // Rows m .. m + ROWS - 1 of x times the FEATURES output features from n, in register blocks.
 template <typename T, int ROWS, int FEATURES>
 inline void pass(const Problem& p, int64_t m, int64_t n) {
-  constexpr int kPerBlock = std::min(FEATURES, ROWS <= 2 ? 4 : 2);
+  // int8 weights times one or two rows of x, with VNNI, read one weight row at a time: a single stream per
+  // thread reads memory at twice the rate of four rows read side by side (34 against 18 GB/s on two cores),
+  // and vpdpbusd leaves little arithmetic to share. With more rows of x the work is arithmetic, where
+  // vpdpbusd on split bytes does no more multiply-adds a cycle than vpmaddwd (a chain of SmolLM2's int8
+  // layers at 8 rows: 17 ms against 13), so those take block_int8.
+  constexpr bool kStreamsOneRow = std::is_same_v<T, int8_t> && kSplitsBytes && ROWS <= 2;
+  constexpr int kPerBlock = kStreamsOneRow ? 1 : std::min(FEATURES, ROWS <= 2 ? 4 : 2);
   const int64_t K = p.in_features, N = p.out_features;
   for (int f = 0; f < FEATURES; f += kPerBlock) {
     float* y = p.y + m * N + n + f;
     if constexpr (kIsBlockFormat<T>) {
       const uint8_t* w = static_cast<const uint8_t*>(p.w) + (n + f) * (K / kBlock * T::kBytes);
       block_gguf<T, ROWS, kPerBlock>(p.x_int16 + m * K, p.x_step + m, p.x_block_sums + m * (K / kBlock), K, w, y, N);
+    } else if constexpr (kStreamsOneRow) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+      block_int8_vnni<ROWS, kPerBlock>(p, m, static_cast<const T*>(p.w) + (n + f) * K, y, p.scale + n + f);
+#endif
     } else if constexpr (std::is_same_v<T, int8_t>) {
       block_int8<ROWS, kPerBlock>(p.x_int16 + m * K, p.x_step + m, K, static_cast<const T*>(p.w) + (n + f) * K, y,
                                   N, p.scale + n + f);
@@ -335,6 +419,9 @@ struct WorkQueue {
   std::vector<int16_t> x_int16;  // int8 weights and GGUF blocks only
   std::vector<float> x_step;
   std::vector<float> x_block_sums;  // GGUF blocks only
+  std::vector<uint8_t> x_low;  // int8 weights with VNNI only
+  std::vector<int8_t> x_high;
+  std::vector<int64_t> x_high_sums;
   ffi::DataType dtype;
   int64_t block_bytes;  // GGUF blocks: 34, 18 or 20 (Q8_0, Q4_0, Q4_1)
   int64_t num_items;
@@ -423,12 +510,26 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
     work->problem.x_int16 = work->x_int16.data();
     work->problem.x_step = work->x_step.data();
   }
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  if (dtype == ffi::DataType::S8 && (x_dims[0] % kMaxRows == 1 || x_dims[0] % kMaxRows == 2)) {  // see pass()
+    work->x_low.resize(x_dims[0] * K);
+    work->x_high.resize(x_dims[0] * K);
+    work->x_high_sums.resize(x_dims[0]);
+    split_bytes(work->x_int16.data(), x_dims[0], K, work->x_low.data(), work->x_high.data(),
+                work->x_high_sums.data());
+    work->problem.x_low = work->x_low.data();
+    work->problem.x_high = work->x_high.data();
+    work->problem.x_high_sums = work->x_high_sums.data();
+  }
+#endif
   if (gguf_blocks) {  // each block's sum of x, for Q4_1's minimum
     work->x_block_sums.assign(x_dims[0] * (K / kBlock), 0.0f);
     for (int64_t i = 0; i < x_dims[0] * K; ++i) work->x_block_sums[i / kBlock] += work->x_int16[i];
     work->problem.x_block_sums = work->x_block_sums.data();
   }
-  work->features_per_item = std::max<int64_t>(4, kBytesPerItem / static_cast<int64_t>(row_bytes) / 4 * 4);
+  const bool one_row_items = dtype == ffi::DataType::S8 && kSplitsBytes && x_dims[0] <= 2;
+  const int64_t item_bytes = one_row_items ? kBytesPerOneRowItem : kBytesPerItem;
+  work->features_per_item = std::max<int64_t>(4, item_bytes / static_cast<int64_t>(row_bytes) / 4 * 4);
   work->num_items = (N + work->features_per_item - 1) / work->features_per_item;
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
