@@ -134,6 +134,15 @@ def _last_positive(x: jax.Array) -> jax.Array:
     return x.shape[-1] - 1 - jnp.argmax(x[..., ::-1] > 0, axis=-1)
 
 
+def _greedy(logits: jax.Array) -> jax.Array:
+    """The highest logit's token per row (the first of equal ones, as argmax).
+
+    NOTE: XLA:CPU's argmax (a reduce over (value, index) pairs) is slow: 49152 logits take 0.26 ms at 1 row and
+    28 ms at 256 rows on 2 cores, where top_k(1) takes 0.08 and 18 ms and returns the same token.
+    """
+    return jax.lax.top_k(logits, 1)[1][:, 0].astype(jnp.int32)
+
+
 def _draw(weights, seeds, positions):
     """Inverse-CDF sampling with one uniform per row from (seed, position).
 
@@ -204,7 +213,7 @@ def sample(logits, batch: SamplingBatch, scratch=None) -> tuple[SamplerOutput, j
     if flags.penalties:
         logits = _apply_penalties(logits, b.prompt_ids, b.output_ids, b.presence, b.frequency, b.repetition)
     if flags.all_greedy:
-        tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        tokens = _greedy(logits)
     else:
         scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
         if flags.top_k_or_p:
@@ -218,7 +227,7 @@ def sample(logits, batch: SamplingBatch, scratch=None) -> tuple[SamplerOutput, j
             spent = jax.lax.dynamic_update_slice(scratch, weights, (0, 0))
         # Greedy rows beside random ones take the argmax. Always computed: a flag for "some rows are greedy"
         # would double the sampler programs start-up loads, for a few ms at 256 rows.
-        tokens = jnp.where(temperature > 0, tokens, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+        tokens = jnp.where(temperature > 0, tokens, _greedy(logits))
     token_logprobs, ranks = jnp.zeros(rows), jnp.zeros(rows, jnp.int32)
     top_logprobs, top_ids = jnp.zeros((rows, 0)), jnp.zeros((rows, 0), jnp.int32)
     if flags.logprobs:
