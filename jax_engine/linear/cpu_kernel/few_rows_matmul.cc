@@ -192,10 +192,10 @@ constexpr int64_t kAhead = 16384;
 // a shared counter; with 16 features an int8 item was 9 KB, and trading the counter's cache line that often
 // cost a fifth of the bandwidth (a stack of 576 x 576 int8 matrices, one row: 17.7 against 22.9 GB/s).
 constexpr int64_t kBytesPerItem = 36864;
-// int8 rows read one at a time (VNNI, below) take larger items: each item's start is a jump in the thread's
-// stream (a chain of SmolLM2's int8 layers at one row: 5.8 ms with 36 KB items, 4.7-5.1 with 144 KB, 5.2-5.4
-// with 288 KB, and 6.8-7.0 with 1 MB, too few items to share out evenly).
-constexpr int64_t kBytesPerOneRowItem = 147456;
+// int8 weights times one or two rows with VNNI (below) take larger items: each item's start is a jump in the
+// thread's streams, and the arithmetic is too light to hide it (a chain of SmolLM2's int8 layers at one row
+// on a 2-core Xeon with AVX-512 VNNI: 2.7-2.9 ms with 144 KB items against 3.5-3.9 with 36 KB).
+constexpr int64_t kBytesPerVnniItem = 147456;
 
 struct Problem {
   const float* x;
@@ -307,7 +307,8 @@ inline void block_int8_vnni(const Problem& p, int64_t m0, const int8_t* w, float
     for (int64_t k = span; k < end; k += 64) {
       const __mmask64 mask = end - k >= 64 ? ~__mmask64{0} : (__mmask64{1} << (end - k)) - 1;
       __m512i wk[FEATURES], shifted[FEATURES];
-      for (int f = 0; f < FEATURES; ++f) {  // no software prefetch: one row at a time is one plain stream
+      for (int f = 0; f < FEATURES; ++f) {
+        __builtin_prefetch(w + f * K + k + kAhead);  // once per cache line, as in block_int8
         wk[f] = _mm512_maskz_loadu_epi8(mask, w + f * K + k);
         shifted[f] = _mm512_xor_si512(wk[f], flip);  // a masked-out 0 becomes 128, times a masked-out 0
       }
@@ -372,20 +373,18 @@ inline void block_gguf(const int16_t* x, const float* x_step, const float* x_blo
 // Rows m .. m + ROWS - 1 of x times the FEATURES output features from n, in register blocks.
 template <typename T, int ROWS, int FEATURES>
 inline void pass(const Problem& p, int64_t m, int64_t n) {
-  // int8 weights times one or two rows of x, with VNNI, read one weight row at a time: a single stream per
-  // thread reads memory at twice the rate of four rows read side by side (34 against 18 GB/s on two cores),
-  // and vpdpbusd leaves little arithmetic to share. With more rows of x the work is arithmetic, where
-  // vpdpbusd on split bytes does no more multiply-adds a cycle than vpmaddwd (a chain of SmolLM2's int8
-  // layers at 8 rows: 17 ms against 13), so those take block_int8.
-  constexpr bool kStreamsOneRow = std::is_same_v<T, int8_t> && kSplitsBytes && ROWS <= 2;
-  constexpr int kPerBlock = kStreamsOneRow ? 1 : std::min(FEATURES, ROWS <= 2 ? 4 : 2);
+  // int8 weights times one or two rows of x take vpdpbusd where the CPU has it. With more rows the work is
+  // arithmetic, where vpdpbusd on split bytes does no more multiply-adds a cycle than vpmaddwd (a chain of
+  // SmolLM2's int8 layers at 8 rows: 17 ms against 13), so those take block_int8.
+  constexpr bool kUsesVnni = std::is_same_v<T, int8_t> && kSplitsBytes && ROWS <= 2;
+  constexpr int kPerBlock = std::min(FEATURES, ROWS <= 2 ? 4 : 2);
   const int64_t K = p.in_features, N = p.out_features;
   for (int f = 0; f < FEATURES; f += kPerBlock) {
     float* y = p.y + m * N + n + f;
     if constexpr (kIsBlockFormat<T>) {
       const uint8_t* w = static_cast<const uint8_t*>(p.w) + (n + f) * (K / kBlock * T::kBytes);
       block_gguf<T, ROWS, kPerBlock>(p.x_int16 + m * K, p.x_step + m, p.x_block_sums + m * (K / kBlock), K, w, y, N);
-    } else if constexpr (kStreamsOneRow) {
+    } else if constexpr (kUsesVnni) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
       block_int8_vnni<ROWS, kPerBlock>(p, m, static_cast<const T*>(p.w) + (n + f) * K, y, p.scale + n + f);
 #endif
@@ -527,8 +526,8 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
     for (int64_t i = 0; i < x_dims[0] * K; ++i) work->x_block_sums[i / kBlock] += work->x_int16[i];
     work->problem.x_block_sums = work->x_block_sums.data();
   }
-  const bool one_row_items = dtype == ffi::DataType::S8 && kSplitsBytes && x_dims[0] <= 2;
-  const int64_t item_bytes = one_row_items ? kBytesPerOneRowItem : kBytesPerItem;
+  const bool vnni_items = dtype == ffi::DataType::S8 && kSplitsBytes && x_dims[0] <= 2;
+  const int64_t item_bytes = vnni_items ? kBytesPerVnniItem : kBytesPerItem;
   work->features_per_item = std::max<int64_t>(4, item_bytes / static_cast<int64_t>(row_bytes) / 4 * 4);
   work->num_items = (N + work->features_per_item - 1) / work->features_per_item;
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
