@@ -189,13 +189,12 @@ constexpr int kMaxRows = 4;
 // in the same or the next block), which keeps enough lines in flight.
 constexpr int64_t kAhead = 16384;
 // Work items of about this many weight bytes (at least 4 output features). The two threads take items from
-// a shared counter; with 16 features an int8 item was 9 KB, and trading the counter's cache line that often
-// cost a fifth of the bandwidth (a stack of 576 x 576 int8 matrices, one row: 17.7 against 22.9 GB/s).
-constexpr int64_t kBytesPerItem = 36864;
-// int8 weights times one or two rows with VNNI (below) take larger items: each item's start is a jump in the
-// thread's streams, and the arithmetic is too light to hide it (a chain of SmolLM2's int8 layers at one row
-// on a 2-core Xeon with AVX-512 VNNI: 2.7-2.9 ms with 144 KB items against 3.5-3.9 with 36 KB).
-constexpr int64_t kBytesPerVnniItem = 147456;
+// a shared counter. Small items cost twice: trading the counter's cache line (with 16 features an int8 item
+// was 9 KB: a fifth of the bandwidth), and each item's start is a jump in the thread's streams that the
+// prefetch has not reached. Chains of SmolLM2's 30 layers on a 2-core Xeon, 144 KB items against 36 KB:
+// float32 13.8 against 17.5 ms at one row, 22.5 against 26.0 at 8; int8 2.7-2.9 against 3.5-3.9 at one row,
+// 9.1 against 10.0 at 8, the same at 16 and 32.
+constexpr int64_t kBytesPerItem = 147456;
 
 struct Problem {
   const float* x;
@@ -526,9 +525,7 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
     for (int64_t i = 0; i < x_dims[0] * K; ++i) work->x_block_sums[i / kBlock] += work->x_int16[i];
     work->problem.x_block_sums = work->x_block_sums.data();
   }
-  const bool vnni_items = dtype == ffi::DataType::S8 && kSplitsBytes && x_dims[0] <= 2;
-  const int64_t item_bytes = vnni_items ? kBytesPerVnniItem : kBytesPerItem;
-  work->features_per_item = std::max<int64_t>(4, item_bytes / static_cast<int64_t>(row_bytes) / 4 * 4);
+  work->features_per_item = std::max<int64_t>(4, kBytesPerItem / static_cast<int64_t>(row_bytes) / 4 * 4);
   work->num_items = (N + work->features_per_item - 1) / work->features_per_item;
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
