@@ -8,8 +8,12 @@
 // also makes prefill causal without a mask. The rows are ragged: no padding at all. With a sliding window a
 // row reads only its last `sliding_window` keys, from the block the window starts in: the window's saving.
 //
-// One work item is one query row (all its heads: a cache slot holds the KV heads side by side, so reads
-// are contiguous). Items are shared out over XLA's own intra-op thread pool.
+// One work item is one query row, all its heads (a cache slot holds the KV heads side by side, so reads are
+// contiguous), or with fewer rows than twice the threads one KV head of a row and the G query heads that
+// share it: with whole rows a decode step of one sequence ran on one thread, ~1 ms of a batch-1 SmolLM2
+// step at a context of 230 tokens (int8 weights, 2 cores: 110-112 tok/s with whole rows, 118-127 per KV
+// head). Not always per KV head: batch-8 decode ran ~8% slower so (a third of the work per slot visited).
+// Items are shared out over XLA's own intra-op thread pool.
 //
 // Shapes (float32 queries and output; float32, bfloat16 or float16 cache):
 //   q            [R, N, D]        query rows (a step's tokens), N = K * G heads
@@ -67,15 +71,15 @@ inline int64_t window_begin(int64_t n, int64_t sliding_window) {
 
 // Call visit(t, slot) for the tokens begin <= t < n of a sequence, in order, walking its block table block by
 // block from the block that holds `begin` (the blocks before it are not touched).
-// While it visits a block it prefetches the same token of the next block from `rows` (one row of
-// `row_bytes` per slot): blocks lie scattered over the cache, so the hardware prefetcher, which follows
-// addresses within a page, cannot see the next one coming. The prefetch goes to L2, not L1: a block ahead is
-// further than L1 holds (48 KiB of keys for a 64-token block of SmolLM2), so lines prefetched into L1 would
-// push out the lines being read now and be pushed out themselves before their turn (`bench kernels`,
-// scattered 64-token blocks: ~9% faster than into L1).
+// While it visits a block it prefetches the same token of the next block from `rows` (the `read_bytes` that
+// are read of each slot, slots `row_bytes` apart): blocks lie scattered over the cache, so the hardware
+// prefetcher, which follows addresses within a page, cannot see the next one coming. The prefetch goes to
+// L2, not L1: a block ahead is further than L1 holds (48 KiB of keys for a 64-token block of SmolLM2), so
+// lines prefetched into L1 would push out the lines being read now and be pushed out themselves before their
+// turn (`bench kernels`, scattered 64-token blocks: ~9% faster than into L1).
 template <typename Visit>
 inline void for_each_slot(const int32_t* table, int64_t begin, int64_t n, int64_t block_size, const void* rows,
-                          int64_t row_bytes, Visit&& visit) {
+                          int64_t row_bytes, int64_t read_bytes, Visit&& visit) {
   const char* bytes = static_cast<const char*>(rows);
   for (int64_t first = begin - begin % block_size; first < n; first += block_size) {
     const int64_t first_slot = static_cast<int64_t>(table[first / block_size]) * block_size;
@@ -84,7 +88,7 @@ inline void for_each_slot(const int32_t* table, int64_t begin, int64_t n, int64_
     for (int64_t t = std::max(first, begin); t < end; ++t) {
       if (next_slot >= 0) {
         const char* ahead = bytes + (next_slot + t - first) * row_bytes;
-        for (int64_t line = 0; line < row_bytes; line += 64) __builtin_prefetch(ahead + line, 0, 1);
+        for (int64_t line = 0; line < read_bytes; line += 64) __builtin_prefetch(ahead + line, 0, 1);
       }
       visit(t, first_slot + t - first);
     }
@@ -98,29 +102,32 @@ inline void add_alibi(float* row, int64_t count, float slope, int64_t begin, int
   for (int32_t i = 0; i < static_cast<int32_t>(count); ++i) row[i] += offset + slope * static_cast<float>(i);
 }
 
-// Attend one query row (all heads) over its context. `scores` and `acc` are scratch reused between items.
+// Attend one query row's heads that share KV heads kv .. kv + kv_count - 1 (H = kv_count x G query heads)
+// over its context. `scores` and `acc` are scratch reused between items.
 template <typename T>
-void attend_row(const Problem& p, int64_t row, std::vector<float>& scores, std::vector<float>& acc) {
-  const int64_t N = p.num_heads, K = p.num_kv_heads, D = p.head_dim, G = N / K;
+void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::vector<float>& scores,
+            std::vector<float>& acc) {
+  const int64_t N = p.num_heads, K = p.num_kv_heads, D = p.head_dim, G = N / K, H = kv_count * G;
   const int64_t n = p.context_lens[row];  // keys 0..n-1; the query is at position n - 1
-  float* out = p.out + row * N * D;
+  float* out = p.out + (row * N + kv * G) * D;
   if (n <= 0) {
-    std::fill(out, out + N * D, 0.0f);
+    std::fill(out, out + H * D, 0.0f);
     return;
   }
-  const float* q = p.q + row * N * D;
+  const float* q = p.q + (row * N + kv * G) * D;
   const int32_t* table = p.tables + p.query_seq[row] * p.max_blocks;
-  const T* keys = static_cast<const T*>(p.k_layer);
-  const T* values = static_cast<const T*>(p.v_layer);
+  const T* keys = static_cast<const T*>(p.k_layer) + kv * D;  // KV head kv's values in slot 0
+  const T* values = static_cast<const T*>(p.v_layer) + kv * D;
   const int64_t slot_stride = K * D;
   const int64_t begin = window_begin(n, p.sliding_window);
   const int64_t m = n - begin;  // keys seen: begin..n-1
-  scores.resize(N * m);  // [N, m]
+  scores.resize(H * m);  // [H, m]
 
   // Pass 1: scores[h, t - begin] = scale * q[h] . k[t, h / G]
-  for_each_slot(table, begin, n, p.block_size, keys, slot_stride * sizeof(T), [&](int64_t t, int64_t slot) {
+  for_each_slot(table, begin, n, p.block_size, keys, slot_stride * sizeof(T), kv_count * D * sizeof(T),
+                [&](int64_t t, int64_t slot) {
     const T* k_row = keys + slot * slot_stride;
-    for (int64_t h = 0; h < N; ++h) {
+    for (int64_t h = 0; h < H; ++h) {
       const T* k = k_row + (h / G) * D;
       const float* qh = q + h * D;
       float dot = 0.0f;
@@ -130,21 +137,22 @@ void attend_row(const Problem& p, int64_t row, std::vector<float>& scores, std::
   });
   // Softmax over each head's row, in place (ALiBi first: a loop of its own, so the dot products stay as fast
   // without it).
-  for (int64_t h = 0; h < N; ++h) {
-    float* row = scores.data() + h * m;
-    if (p.alibi_slopes) add_alibi(row, m, p.alibi_slopes[h], begin, n - 1);
-    const float peak = *std::max_element(row, row + m);
-    for (int64_t t = 0; t < m; ++t) row[t] = std::exp(row[t] - peak);  // a loop of its own: vectorized
+  for (int64_t h = 0; h < H; ++h) {
+    float* row_scores = scores.data() + h * m;
+    if (p.alibi_slopes) add_alibi(row_scores, m, p.alibi_slopes[kv * G + h], begin, n - 1);
+    const float peak = *std::max_element(row_scores, row_scores + m);
+    for (int64_t t = 0; t < m; ++t) row_scores[t] = std::exp(row_scores[t] - peak);  // a loop of its own: vectorized
     float total = 0.0f;
-    for (int64_t t = 0; t < m; ++t) total += row[t];
+    for (int64_t t = 0; t < m; ++t) total += row_scores[t];
     const float inverse = 1.0f / total;
-    for (int64_t t = 0; t < m; ++t) row[t] *= inverse;
+    for (int64_t t = 0; t < m; ++t) row_scores[t] *= inverse;
   }
   // Pass 2: out[h] = sum_t probs[h, t] * v[t, h / G]
-  acc.assign(N * D, 0.0f);
-  for_each_slot(table, begin, n, p.block_size, values, slot_stride * sizeof(T), [&](int64_t t, int64_t slot) {
+  acc.assign(H * D, 0.0f);
+  for_each_slot(table, begin, n, p.block_size, values, slot_stride * sizeof(T), kv_count * D * sizeof(T),
+                [&](int64_t t, int64_t slot) {
     const T* v_row = values + slot * slot_stride;
-    for (int64_t h = 0; h < N; ++h) {
+    for (int64_t h = 0; h < H; ++h) {
       const T* v = v_row + (h / G) * D;
       const float weight = scores[h * m + t - begin];
       float* a = acc.data() + h * D;
@@ -160,17 +168,20 @@ struct WorkQueue {
   Problem problem;
   ffi::DataType dtype;
   std::atomic<int64_t> next{0};
+  int64_t kv_per_item;  // num_kv_heads (whole rows) or 1
   std::atomic<int64_t> done{0};
 
   void run() {
     std::vector<float> scores, acc;
-    for (int64_t row; (row = next.fetch_add(1)) < problem.num_rows;) {
+    const int64_t per_row = problem.num_kv_heads / kv_per_item;
+    for (int64_t item; (item = next.fetch_add(1)) < problem.num_rows * per_row;) {
+      const int64_t row = item / per_row, kv = item % per_row * kv_per_item;
       if (dtype == ffi::DataType::BF16) {
-        attend_row<BFloat16>(problem, row, scores, acc);
+        attend<BFloat16>(problem, row, kv, kv_per_item, scores, acc);
       } else if (dtype == ffi::DataType::F16) {
-        attend_row<Half>(problem, row, scores, acc);
+        attend<Half>(problem, row, kv, kv_per_item, scores, acc);
       } else {
-        attend_row<float>(problem, row, scores, acc);
+        attend<float>(problem, row, kv, kv_per_item, scores, acc);
       }
       done.fetch_add(1, std::memory_order_release);
     }
@@ -265,12 +276,14 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
                           out->typed_data(),
                           num_rows, num_heads, num_kv_heads, head_dim, max_blocks, block_size, sliding_window, scale};
   work->dtype = dtype;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), num_rows) - 1;
+  work->kv_per_item = num_rows < 2 * pool.num_threads() ? 1 : num_kv_heads;
+  const int64_t num_items = num_rows * (num_kv_heads / work->kv_per_item);
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), num_items) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
   work->run();
   // Items taken by helpers are being worked on right now; wait for those only (never for a task that has
   // not started, so a busy pool cannot deadlock this call).
-  while (work->done.load(std::memory_order_acquire) < num_rows) std::this_thread::yield();
+  while (work->done.load(std::memory_order_acquire) < num_items) std::this_thread::yield();
   return ffi::Error::Success();
 }
 
