@@ -257,14 +257,17 @@ class ModelRunner:
         """Run the step. Returns (hidden states of the sampling rows [max_num_seqs, H], all of them [T, H])."""
         key = step_key(inputs.token_ids, inputs.metadata, inputs.logits_indices)
         started = time.perf_counter()
-        token_ids, metadata, logits_indices = jax.device_put((inputs.token_ids, inputs.metadata, inputs.logits_indices),
-                                                             self.replicated)
-        args = (self.model, self.k_cache, self.v_cache, token_ids, metadata, logits_indices)
         program = self.programs.get(key)
         if program is not None:
-            sampling_hidden, hidden, self.k_cache, self.v_cache = program(*args)
+            # A compiled program places NumPy inputs itself, by its input shardings: the call took 0.2 ms at batch
+            # 1, where jax.device_put first and then the call took 0.5 (of a ~8 ms int8 token on 2 cores).
+            sampling_hidden, hidden, self.k_cache, self.v_cache = program(
+                self.model, self.k_cache, self.v_cache, inputs.token_ids, inputs.metadata, inputs.logits_indices)
             return sampling_hidden, hidden
-        sampling_hidden, hidden, self.k_cache, self.v_cache = _forward(*args, self.backend.attend)
+        token_ids, metadata, logits_indices = jax.device_put((inputs.token_ids, inputs.metadata, inputs.logits_indices),
+                                                             self.replicated)
+        sampling_hidden, hidden, self.k_cache, self.v_cache = _forward(
+            self.model, self.k_cache, self.v_cache, token_ids, metadata, logits_indices, self.backend.attend)
         if key not in self.compiled_shapes:  # first use of these buckets: this call compiled (or loaded)
             sampling_hidden.block_until_ready()
             self.compiled_shapes.add(key)
