@@ -255,19 +255,18 @@ class ModelRunner:
     # -------------------------------------------------------------------------------- execute
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
         """Run the step. Returns (hidden states of the sampling rows [max_num_seqs, H], all of them [T, H])."""
-        key = step_key(inputs.token_ids, inputs.metadata, inputs.logits_indices)
+        host_inputs = (inputs.token_ids, inputs.metadata, inputs.logits_indices)
+        key = step_key(*host_inputs)
         started = time.perf_counter()
         program = self.programs.get(key)
         if program is not None:
             # A compiled program places NumPy inputs itself, by its input shardings: the call took 0.2 ms at batch
             # 1, where jax.device_put first and then the call took 0.5 (of a ~8 ms int8 token on 2 cores).
             sampling_hidden, hidden, self.k_cache, self.v_cache = program(
-                self.model, self.k_cache, self.v_cache, inputs.token_ids, inputs.metadata, inputs.logits_indices)
+                self.model, self.k_cache, self.v_cache, *host_inputs)
             return sampling_hidden, hidden
-        token_ids, metadata, logits_indices = jax.device_put((inputs.token_ids, inputs.metadata, inputs.logits_indices),
-                                                             self.replicated)
         sampling_hidden, hidden, self.k_cache, self.v_cache = _forward(
-            self.model, self.k_cache, self.v_cache, token_ids, metadata, logits_indices, self.backend.attend)
+            self.model, self.k_cache, self.v_cache, *jax.device_put(host_inputs, self.replicated), self.backend.attend)
         if key not in self.compiled_shapes:  # first use of these buckets: this call compiled (or loaded)
             sampling_hidden.block_until_ready()
             self.compiled_shapes.add(key)

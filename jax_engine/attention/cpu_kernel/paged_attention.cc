@@ -116,7 +116,7 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
   }
   const float* q = p.q + (row * N + kv * G) * D;
   const int32_t* table = p.tables + p.query_seq[row] * p.max_blocks;
-  const T* keys = static_cast<const T*>(p.k_layer) + kv * D;  // KV head kv's values in slot 0
+  const T* keys = static_cast<const T*>(p.k_layer) + kv * D;  // KV head kv of slot 0
   const T* values = static_cast<const T*>(p.v_layer) + kv * D;
   const int64_t slot_stride = K * D;
   const int64_t begin = window_begin(n, p.sliding_window);
@@ -167,14 +167,15 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
 struct WorkQueue {
   Problem problem;
   ffi::DataType dtype;
-  std::atomic<int64_t> next{0};
   int64_t kv_per_item;  // num_kv_heads (whole rows) or 1
+  int64_t num_items;  // num_rows x num_kv_heads / kv_per_item
+  std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
   void run() {
     std::vector<float> scores, acc;
     const int64_t per_row = problem.num_kv_heads / kv_per_item;
-    for (int64_t item; (item = next.fetch_add(1)) < problem.num_rows * per_row;) {
+    for (int64_t item; (item = next.fetch_add(1)) < num_items;) {
       const int64_t row = item / per_row, kv = item % per_row * kv_per_item;
       if (dtype == ffi::DataType::BF16) {
         attend<BFloat16>(problem, row, kv, kv_per_item, scores, acc);
@@ -277,13 +278,13 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
                           num_rows, num_heads, num_kv_heads, head_dim, max_blocks, block_size, sliding_window, scale};
   work->dtype = dtype;
   work->kv_per_item = num_rows < 2 * pool.num_threads() ? 1 : num_kv_heads;
-  const int64_t num_items = num_rows * (num_kv_heads / work->kv_per_item);
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), num_items) - 1;
+  work->num_items = num_rows * (num_kv_heads / work->kv_per_item);
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
   work->run();
   // Items taken by helpers are being worked on right now; wait for those only (never for a task that has
   // not started, so a busy pool cannot deadlock this call).
-  while (work->done.load(std::memory_order_acquire) < num_items) std::this_thread::yield();
+  while (work->done.load(std::memory_order_acquire) < work->num_items) std::this_thread::yield();
   return ffi::Error::Success();
 }
 
