@@ -6,7 +6,7 @@ land in the middle of someone's stream. On the ragged layout (the CPU default) t
 its token bucket alone, and the logits and sampler's from the number of rows sampled,
 so start-up can list them all: the model step for every token bucket up to max_num_batched_tokens, the
 logits and the common sampler variants (greedy; random, with and without top-k/top-p) for every row bucket
-up to max_num_seqs, and the block copies of parallel samples. Rarer sampler variants (penalties, logprobs,
+up to max_num_seqs, and the block copies of parallel samples; fewer where a small KV cache cannot hold that many. Rarer sampler variants (penalties, logprobs,
 min_p, min_tokens), prompt logprobs and swapping compile on first use.
 
 Compiled programs are kept on disk twice over: in an ExecutableStore under our own key, which a second start
@@ -91,19 +91,24 @@ def _programs(runner: ModelRunner, max_num_batched_tokens: int) -> list[Program]
     """Every program start-up provides, with arguments of the right shapes (their values do not matter)."""
     # Called exactly as the model runner calls them (a keyword argument is a different jit signature).
     programs = []
-    for tokens in all_buckets(bucket_tokens, max_num_batched_tokens):
+    # A step writes every token it computes into a slot of its own (blocks a step writes are never shared:
+    # forks copy on write, and the prefix cache holds computed blocks only), and each sequence it samples or
+    # copies a block for writes into a block of its own: a small KV cache bounds the shapes, whatever the limits.
+    num_blocks = runner.num_slots // runner.block_size
+    max_tokens, max_rows = min(max_num_batched_tokens, runner.num_slots), min(runner.max_num_seqs, num_blocks)
+    for tokens in all_buckets(bucket_tokens, max_tokens):
         args = _step_inputs(runner, tokens)
         programs.append(Program(step_key(*args[3:]), _forward, args, static=(runner.backend.attend,)))
     shape = jax.ShapeDtypeStruct
     hidden = shape((runner.max_num_seqs, runner.model.cfg.hidden_size), runner.k_cache.dtype, sharding=runner.replicated)
-    for rows in all_buckets(bucket, runner.max_num_seqs):
+    for rows in all_buckets(bucket, max_rows):
         logits = shape((rows, runner.model.cfg.vocab_size), jnp.float32, sharding=runner.replicated)
         programs.append(Program(("logits", rows), _logits,
                                 (runner.model, hidden, *_placed(runner, (np.zeros(rows, np.int32),)), logits)))
         for flags in STARTUP_SAMPLER_FLAGS:
             batch = _sampling_batch(rows, flags)
             programs.append(Program(sampler_key(batch), sample, (logits, _placed(runner, batch)), {"scratch": logits}))
-    for copies in all_buckets(lambda n: bucket(n, 8), runner.max_num_seqs):  # copy-on-write of forked blocks
+    for copies in all_buckets(lambda n: bucket(n, 8), max_rows):  # copy-on-write of forked blocks
         indices = _placed(runner, np.zeros(copies, np.int32))
         programs.append(Program(("copy", copies), _copy_blocks,
                                 (runner.k_cache, runner.v_cache, indices, indices)))

@@ -15,11 +15,13 @@ from jax import monitoring
 
 from jax_engine import SamplingParams
 from jax_engine.attention.cpu import kernel_unavailable_reason
+from jax_engine.compile_shapes import _programs
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu" or kernel_unavailable_reason() is not None,
                                 reason="start-up compiles the ragged layout of the CPU default backend")
 
-SMALL = dict(max_num_batched_tokens=32, max_num_seqs=8, max_model_len=256, num_gpu_blocks_override=64)
+# 8 blocks of 64 tokens: at most 8 sequences run at once, which bounds the sampled rows below max_num_seqs.
+SMALL = dict(max_num_batched_tokens=32, max_num_seqs=16, max_model_len=256, num_gpu_blocks_override=8)
 
 
 @contextlib.contextmanager
@@ -94,6 +96,16 @@ def test_after_start_up_a_varied_workload_compiles_nothing(make_llm, store):
     assert all(o.finished for o in outputs) and sum(len(c.token_ids) for o in outputs for c in o.outputs) > 100
     compiles = [e for e in events if e.endswith("backend_compile_duration") or "cache_" in e]
     assert compiles == []
+
+
+def test_a_small_kv_cache_bounds_the_start_up_shapes(make_llm):
+    """A step computes at most one token per cache slot and samples at most one sequence per block (the blocks
+    it writes are its own): 4 blocks of 8 tokens need steps of up to 32 tokens and 4 sampled rows, whatever
+    max_num_batched_tokens and max_num_seqs allow."""
+    llm = make_llm(num_gpu_blocks_override=4, block_size=8, max_model_len=32, max_num_batched_tokens=256)
+    keys = [p.key for p in _programs(llm.llm_engine.runner, 256)]
+    assert max(key[1][0] for key in keys if key[0] == "step") == 32
+    assert max(key[1] for key in keys if key[0] == "logits") == 4
 
 
 def test_an_unreadable_stored_program_is_compiled_again(make_llm, store, tmp_path, caplog):
