@@ -6,8 +6,9 @@ land in the middle of someone's stream. On the ragged layout (the CPU default) t
 its token bucket alone, and the logits and sampler's from the number of rows sampled,
 so start-up can list them all: the model step for every token bucket up to max_num_batched_tokens, the
 logits and the common sampler variants (greedy; random, with and without top-k/top-p) for every row bucket
-up to max_num_seqs, and the block copies of parallel samples; fewer where a small KV cache cannot hold that many. Rarer sampler variants (penalties, logprobs,
-min_p, min_tokens), prompt logprobs and swapping compile on first use.
+up to max_num_seqs, and the block copies of parallel samples (fewer where a small KV cache bounds them).
+Rarer sampler variants (penalties, logprobs, min_p, min_tokens), prompt logprobs and swapping compile on
+first use.
 
 Compiled programs are kept on disk twice over: in an ExecutableStore under our own key, which a second start
 loads without tracing anything (jax_engine/executable_store.py), and in JAX's persistent compilation cache,
