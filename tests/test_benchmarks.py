@@ -59,6 +59,7 @@ def test_throughput_benchmark_compares_with_hf_and_runs_the_workload_again(tiny_
     command = [sys.executable, "-m", "jax_engine", "bench", "throughput", "--model", tiny_checkpoint_dir,
                "--num-requests", "3", "--length-mode", "fixed", "--input-len", "8", "--output-len", "4",
                "--max-model-len", "64", "--block-size", "4", "--runs", "2", "--compare", "hf",
+               "--max-num-seqs", "4", "--max-num-batched-tokens", "64",  # start-up compiles for these only
                "--hf-batch-size", "2", "--hf-num-requests", "2", "--hf-modes", "static", "--json"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
