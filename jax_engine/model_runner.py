@@ -178,8 +178,9 @@ class ModelRunner:
         # in steps of 1.5x (320 here). The logits rows follow from the sequence buckets, one less
         # independent size to compile combinations of.
         padded_tokens = bucket_tokens(sum(s.num_new_tokens for s in out.scheduled))
-        # Rows for sequences: max_num_seqs, the shape start-up compiles; more when forks of parallel samples
-        # or beams outnumber it (those steps compile their own shape on first use).
+        # Rows for sequences: max_num_seqs, the shape start-up compiles. The scheduler admits a sequence with
+        # the forks it will make, so only a beam search that narrowed and widens again can pass it (such a
+        # step compiles its own shape on first use).
         capacity = max(self.max_num_seqs, bucket_tokens(len(out.scheduled)))
         seq_slots, num_rows, num_cols = self._sequence_layout(decode, prefill, min(padded_tokens, capacity))
 

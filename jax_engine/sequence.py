@@ -37,6 +37,7 @@ class Sequence:
     stop_reason: int | str | None = None
     beam_proposals: list[tuple[int, float]] | None = None  # beam search: (token, logprob) this step
     fork_parent: "Sequence | None" = None  # a parallel sample waiting for its parent's prompt to be computed
+    num_pending_forks: int = 0  # sequences still to fork from this one (parallel samples, the first beams)
     grammar: GrammarMatcher | None = None  # structured output: where its output stands in its grammar
 
     def __post_init__(self) -> None:
@@ -48,6 +49,12 @@ class Sequence:
         self.num_computed_tokens = parent.num_computed_tokens
         self.num_cached_tokens = parent.num_cached_tokens
         self.cumulative_logprob = parent.cumulative_logprob
+
+    @property
+    def max_num_running_seqs(self) -> int:
+        """The rows this sequence will take once its pending forks run: the scheduler admits it only when they
+        fit under max_num_seqs (vLLM v0's `get_max_num_running_seqs`)."""
+        return 1 + self.num_pending_forks
 
     @property
     def skip_reading_prefix_cache(self) -> bool:

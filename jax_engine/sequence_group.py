@@ -64,10 +64,12 @@ class SequenceGroup:
             beam_params = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=True,
                                          logprobs=2 * params.beam_width)
             group.seqs.append(new_sequence(group, 0, beam_params, room, metrics))
+            group.seqs[0].num_pending_forks = params.beam_width - 1  # its first step forks the other beams
         else:
             group.seqs = [new_sequence(group, i, params, room, metrics) for i in range(params.n)]
             for child in group.seqs[1:]:
                 child.fork_parent = group.seqs[0]
+            group.seqs[0].num_pending_forks = params.n - 1
         return group
 
     @property

@@ -157,6 +157,20 @@ def test_parallel_sampling_forks_the_prompt_and_matches_independent_seeds(make_l
         assert run(llm, [PROMPTS[0]], [single])[0] == completion.token_ids
 
 
+def test_requests_that_will_fork_are_admitted_only_when_all_their_sequences_fit(make_llm):
+    """n = 3 samples and 4 beams count as the rows they will take: two such requests run at once under
+    max_num_seqs 8, and a full batch never forks past it into step shapes start-up did not compile."""
+    llm = make_llm(num_gpu_blocks_override=64, **BASE)
+    trace = llm.llm_engine.enable_trace()
+    samples = llm.generate(PROMPTS, SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=4, ignore_eos=True),
+                           use_tqdm=False)
+    assert [len(o.outputs) for o in samples] == [3] * 4 and max(len(step.scheduled) for step in trace) == 6
+    trace.clear()
+    beams = llm.beam_search(PROMPTS, BeamSearchParams(beam_width=4, max_tokens=4))
+    assert [len(b.sequences) for b in beams] == [4] * 4 and max(len(step.scheduled) for step in trace) == 8
+    assert_no_leak(llm)
+
+
 def test_beam_search_shares_blocks_and_frees_pruned_beams(make_llm):
     llm = make_llm(**{**BASE, "num_gpu_blocks_override": 256, "block_size": 4})  # small blocks: beams share full ones
     [result] = llm.beam_search(PROMPTS[2], BeamSearchParams(beam_width=4, max_tokens=12))

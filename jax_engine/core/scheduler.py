@@ -3,6 +3,12 @@
 FCFS over waiting / running / swapped queues; running sequences first, earliest arrival first; when blocks
 run out the latest-arrived running sequence is preempted (recompute or swap); swapped sequences come back
 before new ones are admitted; nothing is admitted in a step that preempted.
+
+One thing the reference has no need of: a sequence may fork (the other samples of `n > 1`, the first beams of
+a beam search), so it is admitted only when it and its forks to come fit under max_num_seqs, as vLLM v0 admits a
+group by its `get_max_num_running_seqs()`. Admitting by the running count alone let a full batch fork past
+max_num_seqs, into step shapes start-up never compiled. For the reference's one-sequence requests the rules
+are the same.
 """
 
 import bisect
@@ -86,6 +92,7 @@ class Scheduler:
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Start `child` as a copy of running `parent`: same tokens and progress, every block shared."""
         child.adopt(parent)
+        parent.num_pending_forks = max(0, parent.num_pending_forks - 1)
         self.kv.fork(parent.seq_id, child.seq_id)
         self._enqueue(self.running, child, RequestStatus.RUNNING)
 
@@ -161,14 +168,19 @@ class Scheduler:
             i += 1
         return used
 
+    def _num_free_rows(self) -> int:
+        """Sequences that may still join the batch: max_num_seqs less the running ones and their forks to come."""
+        return self.config.max_num_seqs - sum(seq.max_num_running_seqs for seq in self.running)
+
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
-        kv, used = self.kv, 0
-        while len(self.swapped) and len(self.running) < self.config.max_num_seqs:
+        kv, used, free_rows = self.kv, 0, self._num_free_rows()
+        while len(self.swapped) and self.swapped.items[0].max_num_running_seqs <= free_rows:
             seq = self.swapped.items[0]
             n = self._chunk(seq.num_tokens - seq.num_computed_tokens, budget - used)
             extra = kv.num_blocks_to_append(seq.seq_id, seq.num_computed_tokens, n)
             if n == 0 or not kv.can_swap_in([seq.seq_id], extra):
                 break
+            free_rows -= seq.max_num_running_seqs
             self.swapped.items.pop(0)
             out.swap_in.update(kv.swap_in([seq.seq_id]))
             out.copies += kv.append_slots(seq.seq_id, seq.num_computed_tokens, n)
@@ -178,13 +190,14 @@ class Scheduler:
         return used
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        kv = self.kv
-        while len(self.waiting) and len(self.running) < self.config.max_num_seqs:
+        kv, free_rows = self.kv, self._num_free_rows()
+        while len(self.waiting) and self.waiting.items[0].max_num_running_seqs <= free_rows:
             seq = self.waiting.items[0]
             num_cached = len(kv.find_cached_prefix(seq.seq_id, seq.token_ids)) * kv.block_size
             n = self._chunk(seq.num_tokens - num_cached, budget)
             if n == 0 or not kv.can_allocate(seq.seq_id, seq.token_ids):
                 break
+            free_rows -= seq.max_num_running_seqs
             self.waiting.items.pop(0)
             seq.num_computed_tokens = kv.allocate(seq.seq_id, seq.token_ids)
             if seq.num_cached_tokens is None:
