@@ -17,11 +17,11 @@ import tempfile
 from jax_engine.bench.soak import soak
 from tests.server_helpers import cli_flags, start_server_process, stop_server_process
 
-# max_num_seqs 48: the soak keeps 16 requests in flight with n up to 3, so at most 48 sequences run and every
-# step's shape is one start-up compiled. With 16, admitted requests forked past it, and a step with more rows
-# than any before compiled when first needed, late in a run as often as early (one run grew 86 MB at its
-# last tenth that way, failing the bound below).
-SERVER_ARGS = cli_flags(max_model_len=256, num_gpu_blocks_override=128, block_size=8, max_num_seqs=48,
+# 16 requests in flight with n up to 3 against max_num_seqs 16: the scheduler admits a request with the samples
+# it will fork, so no step runs more rows than start-up compiled. (When it admitted by the running count alone,
+# steps of 20-48 rows compiled when first needed, late in a run as often as early: one run grew 86 MB at its
+# last tenth that way, failing the bound below.)
+SERVER_ARGS = cli_flags(max_model_len=256, num_gpu_blocks_override=128, block_size=8, max_num_seqs=16,
                         max_waiting_requests=64, log_level="warning")
 # Measured from the middle of the run, once the allocator's pools have grown to the load. A leak of
 # per-request state grows with the request count; `make soak` shows it over 10,000 requests.
