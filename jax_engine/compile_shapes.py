@@ -6,9 +6,9 @@ land in the middle of someone's stream. On the ragged layout (the CPU default) t
 its token bucket alone, and the logits and sampler's from the number of rows sampled,
 so start-up can list them all: the model step for every token bucket up to max_num_batched_tokens, the
 logits and the common sampler variants (greedy; random, with and without top-k/top-p) for every row bucket
-up to max_num_seqs, and the block copies of parallel samples (fewer where a small KV cache bounds them).
-Rarer sampler variants (penalties, logprobs, min_p, min_tokens), prompt logprobs and swapping compile on
-first use.
+up to max_num_seqs, the block copies of parallel samples (fewer where a small KV cache bounds them), and,
+with preemption_mode="swap", the swaps out and in for every bucket of blocks. Rarer sampler variants
+(penalties, logprobs, min_p, min_tokens) and prompt logprobs compile on first use.
 
 Compiled programs are kept on disk twice over: in an ExecutableStore under our own key, which a second start
 loads without tracing anything (jax_engine/executable_store.py), and in JAX's persistent compilation cache,
@@ -35,7 +35,8 @@ from jax_engine import native
 from jax_engine.attention.metadata import AttentionMetadata
 from jax_engine.buckets import all_buckets, bucket, bucket_tokens
 from jax_engine.executable_store import ExecutableStore
-from jax_engine.model_runner import ModelRunner, _copy_blocks, _forward, _logits, sampler_key, step_key
+from jax_engine.model_runner import (ModelRunner, _copy_blocks, _forward, _gather_blocks, _logits, _scatter_blocks,
+                                    sampler_key, step_key, swap_bucket)
 from jax_engine.sampler import SamplerFlags, SamplingBatch, sample
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ def _sampling_batch(rows: int, flags: SamplerFlags) -> SamplingBatch:
                          i32(rows, 1), i32(rows, 1), np.zeros((rows, 1), np.float32), i32(rows, 1))
 
 
-def _programs(runner: ModelRunner, max_num_batched_tokens: int) -> list[Program]:
+def _programs(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = False) -> list[Program]:
     """Every program start-up provides, with arguments of the right shapes (their values do not matter)."""
     # Called exactly as the model runner calls them (a keyword argument is a different jit signature).
     programs = []
@@ -113,17 +114,24 @@ def _programs(runner: ModelRunner, max_num_batched_tokens: int) -> list[Program]
         indices = _placed(runner, np.zeros(copies, np.int32))
         programs.append(Program(("copy", copies), _copy_blocks,
                                 (runner.k_cache, runner.v_cache, indices, indices)))
+    cache = runner.k_cache
+    for count in all_buckets(swap_bucket, min(num_blocks, runner.host_k.shape[1])) if swap else ():
+        indices = _placed(runner, np.zeros(count, np.int32))
+        blocks = shape((cache.shape[0], count, *cache.shape[2:]), cache.dtype, sharding=cache.sharding)
+        programs.append(Program(("swap_out", count), _gather_blocks, (cache, indices)))
+        programs.append(Program(("swap_in", count), _scatter_blocks, (cache, blocks, indices)))
     return programs
 
 
 def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_dir: str = "auto",
-                        use_tqdm: bool = True) -> float:
-    """Load or compile every program of `_programs` into runner.programs; returns the seconds it took."""
+                        use_tqdm: bool = True, swap: bool = False) -> float:
+    """Load or compile every program of `_programs` into runner.programs (the swaps too when `swap`: the
+    engine preempts by swapping); returns the seconds it took."""
     if not runner.backend.ragged:
         logger.info("attention backend %r pads its layout: step shapes compile on first use", runner.backend.name)
         return 0.0
     started = time.perf_counter()
-    programs = _programs(runner, max_num_batched_tokens)
+    programs = _programs(runner, max_num_batched_tokens, swap)
     root = compilation_cache_path(cache_dir)
     store = ExecutableStore(root / "programs") if root else None
     paths = [store.path(p.key[0], p.args, p.kwargs, p.static) if store else None for p in programs]

@@ -108,7 +108,8 @@ class LLMEngine:
         self.trace: list[StepTrace] | None = None
         self._stats = EngineStats()
         self.startup_compile_seconds = 0.0 if args.enforce_eager else compile_step_shapes(
-            self.runner, self.scheduler_config.max_num_batched_tokens, args.compilation_cache_dir)
+            self.runner, self.scheduler_config.max_num_batched_tokens, args.compilation_cache_dir,
+            swap=self.scheduler_config.preemption_mode == "swap")
         if args.nnodes > 1 and args.node_rank == 0:
             self.runner = multihost.DriverRunner(self.runner)
         logger.info("engine ready in %.1f s (attention backend %r)", time.perf_counter() - started,

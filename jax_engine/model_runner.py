@@ -79,6 +79,23 @@ def _copy_blocks(k_cache, v_cache, src, dst):
             v_cache.at[:, dst].set(v_cache[:, src], mode="drop"))
 
 
+@jax.jit
+def _gather_blocks(cache, src):
+    """Swap out: blocks src[i] of every layer, [L, len(src), ...]."""
+    return cache[:, src]
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def _scatter_blocks(cache, blocks, dst):
+    """Swap in: blocks[:, i] into block dst[i] of every layer, in place; a dst past the cache (padding) is dropped."""
+    return cache.at[:, dst].set(blocks, mode="drop")
+
+
+def swap_bucket(num_blocks: int) -> int:
+    """Blocks moved by one swap, padded so that swap sizes share a few programs (like block copies)."""
+    return bucket(num_blocks, 8)
+
+
 class RecycledBuffers:
     """Step-sized float32 buffers handed back after use and donated again, instead of allocated every step.
 
@@ -145,20 +162,31 @@ class ModelRunner:
 
     # ------------------------------------------------------------------------- block copies
     def apply_block_moves(self, out: SchedulerOutput) -> None:
-        """Swap out, swap in, then copy-on-write, before the step that relies on them."""
+        """Swap out, swap in, then copy-on-write, before the step that relies on them.
+
+        Each move is padded to a bucket of blocks and runs a program start-up compiled (when swapping is on):
+        swap sizes vary with every preemption, and a swap-in written by an eager scatter also copied the
+        whole cache, since only a jitted function can donate it."""
         if out.swap_out:
             src, dst = map(list, zip(*out.swap_out.items()))
+            count = swap_bucket(len(src))
+            src_padded = np.pad(np.array(src, np.int32), (0, count - len(src)))  # padding reads block 0 again
+            gather = self.programs.get(("swap_out", count), _gather_blocks)
             for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)):
-                moved = cache[:, np.asarray(src)]
+                moved = gather(cache, src_padded)
                 for shard in moved.addressable_shards:  # each device's heads (all of them on one device)
                     layers, _, slots, heads, dims = shard.index
-                    host[layers, dst, slots, heads, dims] = np.asarray(shard.data)
+                    host[layers, dst, slots, heads, dims] = np.asarray(shard.data)[:, : len(dst)]
         if out.swap_in:
             src, dst = map(list, zip(*out.swap_in.items()))
+            count = swap_bucket(len(src))
+            src = src + src[:1] * (count - len(src))  # padding reads a host block again; its write is dropped
+            dst_padded = np.pad(np.array(dst, np.int32), (0, count - len(dst)), constant_values=self.k_cache.shape[1])
+            scatter = self.programs.get(("swap_in", count), _scatter_blocks)
             self.k_cache, self.v_cache = (
-                cache.at[:, np.asarray(dst)].set(jax.make_array_from_callback(
-                    (cache.shape[0], len(src), *cache.shape[2:]), cache.sharding,
-                    lambda index, host=host: host[index[0], src, *index[2:]]))
+                scatter(cache, jax.make_array_from_callback(
+                    (cache.shape[0], count, *cache.shape[2:]), cache.sharding,
+                    lambda index, host=host: host[index[0], src, *index[2:]]), dst_padded)
                 for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)))
         if out.copies:  # padded to a bucket so that copy counts do not each compile
             src, dst = (np.array(x, np.int32) for x in zip(*out.copies))

@@ -44,6 +44,11 @@ def jax_events():
         monitoring.unregister_event_duration_listener(on_duration)
 
 
+def compiles(events: list[str]) -> list[str]:
+    """The events of a compile, or of a lookup in JAX's compilation cache (which only a compile makes)."""
+    return [e for e in events if e.endswith("backend_compile_duration") or "cache_" in e]
+
+
 def varied_workload(llm):
     """Prompt lengths from 1 token to past the step budget (chunked), greedy and random sampling with and
     without top-k/top-p, parallel samples (copy-on-write of a shared block), stop strings, seeds."""
@@ -94,8 +99,24 @@ def test_after_start_up_a_varied_workload_compiles_nothing(make_llm, store):
     with jax_events() as events:
         outputs = varied_workload(llm)
     assert all(o.finished for o in outputs) and sum(len(c.token_ids) for o in outputs for c in o.outputs) > 100
-    compiles = [e for e in events if e.endswith("backend_compile_duration") or "cache_" in e]
-    assert compiles == []
+    assert compiles(events) == []
+
+
+def test_swapping_after_start_up_compiles_nothing(make_llm, store):
+    """With preemption_mode="swap" start-up provides the swaps out and in too: four sequences that need 12 of
+    the cache's 8 blocks swap one another out and back in without a compile, and keep their greedy tokens."""
+    llm = make_llm(enforce_eager=False, compilation_cache_dir=str(store), preemption_mode="swap", swap_space=0.05,
+                   **SMALL)
+    params = SamplingParams(temperature=0, max_tokens=125, ignore_eos=True)
+    prompts = [f"Story number {i}: once upon a time" for i in range(4)]
+    two_at_a_time = [o.outputs[0].token_ids for pair in (prompts[:2], prompts[2:])
+                     for o in llm.generate(pair, params, use_tqdm=False)]
+    trace = llm.llm_engine.enable_trace()
+    with jax_events() as events:
+        together = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert any(mode == "swap" for step in trace for _, mode, _ in step.preempted)
+    assert compiles(events) == []
+    assert together == two_at_a_time
 
 
 def test_a_small_kv_cache_bounds_the_start_up_shapes(make_llm):
