@@ -24,10 +24,11 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "cpu_kernel" / "few_rows_matmul.cc"
 _TARGET = "jax_engine_few_rows_matmul"
-# Most rows the kernel takes, by bytes per weight: narrower weights stay memory-bound for more rows (a chain of
-# SmolLM2's 30 layers of matmuls, 2 cores: float32 kernel/XLA 41/70 ms at 8 rows, 70/85 at 16, 210/133 at 32;
-# int8 97 ms at 32 rows, where XLA would first widen every weight to float32).
-FEW_ROWS = {4: 16, 2: 32, 1: 64}
+# Most rows the kernel takes, by bytes per weight: narrower weights stay memory-bound for more rows. A chain of
+# SmolLM2's 30 layers of float32 matmuls and LM head on a 2-core Zen 4, kernel against XLA: 38/60 ms at 16 rows,
+# 54/77 at 24, 71/105 at 32, 101/103 at 48, 130/129 at 64 (the first kernel, before its prefetch into L2, lost
+# at 32 rows: 210 against 133). int8: 97 ms at 32 rows, where XLA would first widen every weight to float32.
+FEW_ROWS = {4: 32, 2: 32, 1: 64}
 INT16_MAX = np.float32(32767)
 
 
