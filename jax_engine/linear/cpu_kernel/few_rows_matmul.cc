@@ -188,10 +188,10 @@ constexpr int kMaxRows = 4;
 // together with a software prefetch this far ahead of it (rows lie back to back, so this reaches rows later
 // in the same or the next block), which keeps enough lines in flight.
 //
-// The prefetch goes into L2 (prefetcht1), not L1: L1's few miss buffers then stay free for the loads, and
-// L2 holds many more lines in flight. Chains of SmolLM2's 30 layers of matmuls on a 2-core Zen 4, from
-// memory, L1 against L2 prefetch, in turns: float32 at one row 24.9-25.5 against 19.0-19.3 ms (21 -> 28
-// GB/s), at 8 rows 35.2-36.8 against 23.8-24.6; int8 at 8 rows 16.6-17.1 against 14.0-14.5.
+// The prefetch goes into L2 (prefetcht1), not L1 (likely because L1's few miss buffers then stay free for
+// the loads, while L2 holds many more lines in flight). Chains of SmolLM2's 30 layers of matmuls on a 2-core
+// Zen 4, from memory, L1 against L2 prefetch, in turns: float32 at one row 24.9-25.5 against 19.0-19.3 ms
+// (21 -> 28 GB/s), at 8 rows 35.2-36.8 against 23.8-24.6; int8 at 8 rows 16.6-17.1 against 14.0-14.5.
 constexpr int64_t kAhead = 16384;
 
 inline void prefetch_ahead(const void* p) {
@@ -304,7 +304,7 @@ void split_bytes(const int16_t* x_int16, int64_t rows, int64_t K, uint8_t* low, 
 //
 // pass() gives it one weight row at a time: a chain of SmolLM2's 30 int8 layers and LM head at one row (134
 // MB, from memory) on a 2-core Zen 4 took 5.8-6.5 ms with four rows side by side (the other paths' blocking,
-// which a Xeon preferred when the prefetch went to L1), 4.8-5.4 with one.
+// which a Xeon preferred when the prefetch went to L1), 4.8-5.9 with one.
 template <int ROWS, int FEATURES>
 inline void block_int8_vnni(const Problem& p, int64_t m0, const int8_t* w, float* y, const float* scale) {
   const int64_t K = p.in_features, N = p.out_features;
