@@ -190,8 +190,8 @@ constexpr int kMaxRows = 4;
 //
 // The prefetch goes into L2 (prefetcht1), not L1 (likely because L1's few miss buffers then stay free for
 // the loads, while L2 holds many more lines in flight). Chains of SmolLM2's 30 layers of matmuls on a 2-core
-// Zen 4, from memory, L1 against L2 prefetch, in turns: float32 at one row 24.9-25.5 against 19.0-19.3 ms
-// (21 -> 28 GB/s), at 8 rows 35.2-36.8 against 23.8-24.6; int8 at 8 rows 16.6-17.1 against 14.0-14.5.
+// Zen 4, from memory, L1 against L2 prefetch: float32 at one row 24.9-25.5 against 19.0-19.3 ms (21 -> 28
+// GB/s), at 8 rows 35.2-36.8 against 23.8-24.6 (in turns); int8 at 8 rows 16.6-17.1 against 14.0-14.5.
 constexpr int64_t kAhead = 16384;
 
 inline void prefetch_ahead(const void* p) {
