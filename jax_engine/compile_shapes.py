@@ -36,7 +36,7 @@ from jax_engine.attention.metadata import AttentionMetadata
 from jax_engine.buckets import all_buckets, bucket, bucket_tokens
 from jax_engine.executable_store import ExecutableStore
 from jax_engine.model_runner import (ModelRunner, _copy_blocks, _forward, _gather_blocks, _logits, _scatter_blocks,
-                                    sampler_key, step_key, swap_bucket)
+                                    block_move_bucket, sampler_key, step_key)
 from jax_engine.sampler import SamplerFlags, SamplingBatch, sample
 
 logger = logging.getLogger(__name__)
@@ -110,12 +110,12 @@ def _programs(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = Fal
         for flags in STARTUP_SAMPLER_FLAGS:
             batch = _sampling_batch(rows, flags)
             programs.append(Program(sampler_key(batch), sample, (logits, _placed(runner, batch)), {"scratch": logits}))
-    for copies in all_buckets(lambda n: bucket(n, 8), max_rows):  # copy-on-write of forked blocks
+    for copies in all_buckets(block_move_bucket, max_rows):  # copy-on-write of forked blocks
         indices = _placed(runner, np.zeros(copies, np.int32))
         programs.append(Program(("copy", copies), _copy_blocks,
                                 (runner.k_cache, runner.v_cache, indices, indices)))
     cache = runner.k_cache
-    for count in all_buckets(swap_bucket, min(num_blocks, runner.host_k.shape[1])) if swap else ():
+    for count in all_buckets(block_move_bucket, min(num_blocks, runner.host_k.shape[1])) if swap else ():
         indices = _placed(runner, np.zeros(count, np.int32))
         blocks = shape((cache.shape[0], count, *cache.shape[2:]), cache.dtype, sharding=cache.sharding)
         programs.append(Program(("swap_out", count), _gather_blocks, (cache, indices)))

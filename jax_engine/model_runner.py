@@ -91,9 +91,14 @@ def _scatter_blocks(cache, blocks, dst):
     return cache.at[:, dst].set(blocks, mode="drop")
 
 
-def swap_bucket(num_blocks: int) -> int:
-    """Blocks moved by one swap, padded so that swap sizes share a few programs (like block copies)."""
+def block_move_bucket(num_blocks: int) -> int:
+    """Blocks moved by one swap or copy, padded so that their counts share a few programs."""
     return bucket(num_blocks, 8)
+
+
+def _padded(indices: list[int], count: int, fill: int) -> np.ndarray:
+    """indices as int32, padded with `fill` to `count` entries."""
+    return np.pad(np.asarray(indices, np.int32), (0, count - len(indices)), constant_values=fill)
 
 
 class RecycledBuffers:
@@ -169,8 +174,8 @@ class ModelRunner:
         whole cache, since only a jitted function can donate it."""
         if out.swap_out:
             src, dst = map(list, zip(*out.swap_out.items()))
-            count = swap_bucket(len(src))
-            src_padded = np.pad(np.array(src, np.int32), (0, count - len(src)))  # padding reads block 0 again
+            count = block_move_bucket(len(src))
+            src_padded = _padded(src, count, 0)  # padding reads block 0 again
             gather = self.programs.get(("swap_out", count), _gather_blocks)
             for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)):
                 moved = gather(cache, src_padded)
@@ -179,9 +184,9 @@ class ModelRunner:
                     host[layers, dst, slots, heads, dims] = np.asarray(shard.data)[:, : len(dst)]
         if out.swap_in:
             src, dst = map(list, zip(*out.swap_in.items()))
-            count = swap_bucket(len(src))
-            src = src + src[:1] * (count - len(src))  # padding reads a host block again; its write is dropped
-            dst_padded = np.pad(np.array(dst, np.int32), (0, count - len(dst)), constant_values=self.k_cache.shape[1])
+            count = block_move_bucket(len(src))
+            src = _padded(src, count, src[0])  # padding reads a host block again; its write is dropped
+            dst_padded = _padded(dst, count, self.k_cache.shape[1])
             scatter = self.programs.get(("swap_in", count), _scatter_blocks)
             self.k_cache, self.v_cache = (
                 scatter(cache, jax.make_array_from_callback(
@@ -189,10 +194,10 @@ class ModelRunner:
                     lambda index, host=host: host[index[0], src, *index[2:]]), dst_padded)
                 for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)))
         if out.copies:  # padded to a bucket so that copy counts do not each compile
-            src, dst = (np.array(x, np.int32) for x in zip(*out.copies))
-            padding = bucket(len(src), 8) - len(src)
-            src, dst = np.pad(src, (0, padding)), np.pad(dst, (0, padding), constant_values=self.k_cache.shape[1])
-            copy = self.programs.get(("copy", len(src)), _copy_blocks)
+            src, dst = zip(*out.copies)
+            count = block_move_bucket(len(src))
+            src, dst = _padded(src, count, 0), _padded(dst, count, self.k_cache.shape[1])  # padding writes are dropped
+            copy = self.programs.get(("copy", count), _copy_blocks)
             self.k_cache, self.v_cache = copy(self.k_cache, self.v_cache, src, dst)
 
     # ------------------------------------------------------------------------------- inputs
