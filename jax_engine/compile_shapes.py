@@ -5,10 +5,11 @@ new shape of the jitted step is an XLA compile (~0.5 s for SmolLM2's step on 2 c
 land in the middle of someone's stream. On the ragged layout (the CPU default) the step's shapes follow from
 its token bucket alone, and the logits and sampler's from the number of rows sampled,
 so start-up can list them all: the model step for every token bucket up to max_num_batched_tokens, the
-logits and the common sampler variants (greedy; random, with and without top-k/top-p) for every row bucket
-up to max_num_seqs, the block copies of parallel samples (fewer where a small KV cache bounds them), and,
-with preemption_mode="swap", the swaps out and in for every bucket of blocks. Rarer sampler variants
-(penalties, logprobs, min_p, min_tokens) and prompt logprobs compile on first use.
+logits and the sampler's four programs (greedy; random, with and without top-k/top-p; the general one with
+every optional stage) for every row bucket up to max_num_seqs, the prompt-logprob scorer, the block copies of
+parallel samples (fewer where a small KV cache bounds them), and, with preemption_mode="swap", the swaps out
+and in for every bucket of blocks. No request option changes a shape (sampler.py), so after start-up nothing
+compiles on the ragged layout; what does (program_cache.py) is logged with its cause.
 
 Compiled programs are kept on disk twice over: in an ExecutableStore under our own key, which a second start
 loads without tracing anything (jax_engine/executable_store.py), and in JAX's persistent compilation cache,
@@ -35,18 +36,11 @@ from jax_engine import native
 from jax_engine.attention.metadata import AttentionMetadata
 from jax_engine.buckets import all_buckets, bucket, bucket_tokens
 from jax_engine.executable_store import ExecutableStore
-from jax_engine.model_runner import (ModelRunner, _copy_blocks, _forward, _gather_blocks, _logits, _scatter_blocks,
-                                    block_move_bucket, sampler_key, step_key)
-from jax_engine.sampler import SamplerFlags, SamplingBatch, sample
+from jax_engine.model_runner import (SCORED_ROWS, ModelRunner, _copy_blocks, _forward, _gather_blocks, _logits,
+                                    _scatter_blocks, _token_logprobs, block_move_bucket, sampler_key, step_key)
+from jax_engine.sampler import SAMPLER_PROGRAMS, empty_sampling_batch, sample
 
 logger = logging.getLogger(__name__)
-
-# The sampler variants compiled at start-up: greedy; random; random with top-k/top-p.
-STARTUP_SAMPLER_FLAGS = (
-    SamplerFlags(all_greedy=True, top_k_or_p=False, penalties=False, ban_tokens=False),
-    SamplerFlags(all_greedy=False, top_k_or_p=False, penalties=False, ban_tokens=False),
-    SamplerFlags(all_greedy=False, top_k_or_p=True, penalties=False, ban_tokens=False),
-)
 
 
 @dataclass
@@ -69,24 +63,8 @@ def _step_inputs(runner: ModelRunner, num_tokens: int) -> tuple:
     i32 = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
     metadata = AttentionMetadata(i32(num_tokens), i32(num_tokens), i32(rows, runner.max_blocks_per_seq), i32(rows),
                                  i32(rows + 1), i32(0), i32(0, 0), 0)
-    return (runner.model, runner.k_cache, runner.v_cache, *_placed(runner, (i32(num_tokens), metadata,
-                                                                            i32(runner.max_num_seqs))))
-
-
-def _placed(runner: ModelRunner, host_args):
-    """Host arguments as the runner passes them: on the default device, or replicated over the model's mesh
-    (a program compiled for that layout must be lowered with it)."""
-    if runner.replicated is None:
-        return host_args
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.result_type(x), sharding=runner.replicated),
-                        host_args)
-
-
-def _sampling_batch(rows: int, flags: SamplerFlags) -> SamplingBatch:
-    f32, i32 = (lambda fill: np.full(rows, fill, np.float32)), (lambda *shape: np.zeros(shape, np.int32))
-    return SamplingBatch(f32(1.0), i32(rows), f32(1.0), f32(0.0), np.zeros(rows, np.uint32), i32(rows),
-                         i32(rows, 1), i32(rows, 1), f32(0.0), f32(0.0), f32(1.0), i32(rows, 1), flags, 0,
-                         i32(rows, 1), i32(rows, 1), np.zeros((rows, 1), np.float32), i32(rows, 1))
+    return (runner.model, runner.k_cache, runner.v_cache, *runner.placed((i32(num_tokens), metadata,
+                                                                         i32(runner.max_num_seqs))))
 
 
 def _programs(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = False) -> list[Program]:
@@ -106,17 +84,20 @@ def _programs(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = Fal
     for rows in all_buckets(bucket, max_rows):
         logits = shape((rows, runner.model.cfg.vocab_size), jnp.float32, sharding=runner.replicated)
         programs.append(Program(("logits", rows), _logits,
-                                (runner.model, hidden, *_placed(runner, (np.zeros(rows, np.int32),)), logits)))
-        for flags in STARTUP_SAMPLER_FLAGS:
-            batch = _sampling_batch(rows, flags)
-            programs.append(Program(sampler_key(batch), sample, (logits, _placed(runner, batch)), {"scratch": logits}))
+                                (runner.model, hidden, runner.placed(np.zeros(rows, np.int32)), logits)))
+        for flags in SAMPLER_PROGRAMS:
+            batch = empty_sampling_batch(rows, flags, runner.model.cfg.vocab_size, runner.max_model_len)
+            programs.append(Program(sampler_key(batch), sample, (logits, runner.placed(batch)), {"scratch": logits}))
+    scored = runner.placed((np.zeros((SCORED_ROWS, runner.model.cfg.hidden_size), runner.k_cache.dtype),
+                            np.zeros(SCORED_ROWS, np.int32)))
+    programs.append(Program(("token_logprobs", SCORED_ROWS), _token_logprobs, (runner.model, *scored)))
     for copies in all_buckets(block_move_bucket, max_rows):  # copy-on-write of forked blocks
-        indices = _placed(runner, np.zeros(copies, np.int32))
+        indices = runner.placed(np.zeros(copies, np.int32))
         programs.append(Program(("copy", copies), _copy_blocks,
                                 (runner.k_cache, runner.v_cache, indices, indices)))
     cache = runner.k_cache
     for count in all_buckets(block_move_bucket, min(num_blocks, runner.host_k.shape[1])) if swap else ():
-        indices = _placed(runner, np.zeros(count, np.int32))
+        indices = runner.placed(np.zeros(count, np.int32))
         blocks = shape((cache.shape[0], count, *cache.shape[2:]), cache.dtype, sharding=cache.sharding)
         programs.append(Program(("swap_out", count), _gather_blocks, (cache, indices)))
         programs.append(Program(("swap_in", count), _scatter_blocks, (cache, blocks, indices)))
@@ -125,7 +106,7 @@ def _programs(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = Fal
 
 def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_dir: str = "auto",
                         use_tqdm: bool = True, swap: bool = False) -> float:
-    """Load or compile every program of `_programs` into runner.programs (the swaps too when `swap`: the
+    """Load or compile every program of `_programs` into runner.programs.startup (the swaps too when `swap`: the
     engine preempts by swapping); returns the seconds it took."""
     if not runner.backend.ragged:
         logger.info("attention backend %r pads its layout: step shapes compile on first use", runner.backend.name)
@@ -159,7 +140,7 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_
             compiling = {i: pool.submit(compile_one, i, programs[i].lower()) for i in missing}
             for i, future in compiling.items():
                 loaded[i] = future.result()
-    runner.programs |= {p.key: compiled for p, compiled in zip(programs, loaded)}
+    runner.programs.startup |= {p.key: compiled for p, compiled in zip(programs, loaded)}
     seconds = time.perf_counter() - started
     logger.info("start-up: %d programs (%d loaded, %d compiled) in %.1f s", len(programs),
                 len(programs) - len(missing), len(missing), seconds)

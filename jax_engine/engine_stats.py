@@ -73,6 +73,6 @@ class EngineStats:
             "num_steps": self.num_steps,
             "mean_batch_size": self.seqs_scheduled / steps,
             "mean_kv_cache_usage": self.blocks_held / steps / kv.device.num_blocks,
-            "num_compilations": len(runner.compiled_shapes),
+            "num_compilations": runner.programs.num_late_compiles,
             "compile_seconds": runner.compile_seconds,
         }

@@ -6,6 +6,7 @@ is a ValueError that names the field and its limit.
 
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.model_config import ModelConfig
+from jax_engine.sampler import allowed_token_mask
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.structured_output.grammar import GrammarCompiler
 from reference.request import check, is_int, is_unicode
@@ -91,6 +92,8 @@ class InputProcessor:
               params.min_tokens)
         check(all(t < vocab for t in params.allowed_token_ids or ()), "allowed_token_ids",
               f"token ids below vocab_size ({vocab})", params.allowed_token_ids)
+        if params.allowed_token_ids is not None:  # here, off the engine loop: up to 2^20 ids to set bits for
+            allowed_token_mask(params, vocab)
         check(all(t < vocab for t in params.logit_bias or {}), "logit_bias", f"keyed by token ids below vocab_size "
               f"({vocab})", params.logit_bias)
         if params.structured_outputs is not None and params.compiled_grammar is None:

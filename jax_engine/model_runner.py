@@ -22,7 +22,9 @@ from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
 from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
 from jax_engine.core.scheduler import SchedulerOutput
 from jax_engine.models import CausalLM
-from jax_engine.sampler import SampledToken, SamplingBatch, sample, sampling_batch, to_host
+from jax_engine.program_cache import ProgramCache
+from jax_engine.sampler import STAGES, SampledToken, SamplingBatch, sample, sampling_batch, to_host
+from jax_engine.sampling_params import MAX_LOGPROBS
 from reference.block_manager import cdiv
 
 logger = logging.getLogger(__name__)
@@ -62,14 +64,18 @@ def _all_logits(model, hidden):
     return model.logits(hidden)
 
 
-@functools.partial(jax.jit, static_argnames=("num_top",))
-def _token_logprobs(model, hidden, rows, targets, num_top):
-    """Log-probabilities of `targets` at `rows` of the hidden states, their ranks, and the top tokens."""
-    logprobs = jax.nn.log_softmax(model.logits(hidden[rows]), axis=-1)
+@jax.jit
+def _token_logprobs(model, hidden, targets):
+    """Log-probabilities of `targets` after each row of hidden states, their ranks, and the top MAX_LOGPROBS."""
+    logprobs = jax.nn.log_softmax(model.logits(hidden), axis=-1)
     target = jnp.take_along_axis(logprobs, targets[:, None], axis=-1)[:, 0]
     ranks = jnp.sum(logprobs > target[:, None], axis=-1) + 1
-    top_logprobs, top_ids = jax.lax.top_k(logprobs, num_top)
+    top_logprobs, top_ids = jax.lax.top_k(logprobs, min(MAX_LOGPROBS, logprobs.shape[-1]))
     return target, ranks, top_ids, top_logprobs
+
+
+# Prompt positions scored per call of _token_logprobs: one program, whatever a step's size.
+SCORED_ROWS = 64
 
 
 @functools.partial(jax.jit, donate_argnames=("k_cache", "v_cache"))
@@ -146,6 +152,7 @@ class ModelRunner:
         self.model = model
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
         self.num_slots = num_blocks * block_size
         self.backend = backend
         self.max_blocks_per_seq = cdiv(max_model_len, block_size)
@@ -158,11 +165,9 @@ class ModelRunner:
         host_shape = model.kv_cache_shape(num_host_blocks, block_size)
         self.host_k = np.zeros(host_shape, np.dtype(dtype))
         self.host_v = np.zeros(host_shape, np.dtype(dtype))
-        # Programs compiled or loaded at start-up, by step_key, sampler_key, ("logits", rows), ("copy", n);
-        # anything else runs through jit and compiles on first use (then counted in compiled_shapes).
-        self.programs: dict[tuple, jax.stages.Compiled] = {}
-        self.compiled_shapes: set[tuple] = set()
-        self.compile_seconds = 0.0
+        # Every device call's program: start-up's (compile_shapes.py) by step_key, sampler_key, ("logits", rows),
+        # ("copy", n), ...; a shape start-up did not list compiles on first use, at most MAX_LATE_PROGRAMS kept.
+        self.programs = ProgramCache()
         self.recycled = RecycledBuffers(self.replicated)
 
     # ------------------------------------------------------------------------- block copies
@@ -176,8 +181,8 @@ class ModelRunner:
             src, dst = map(list, zip(*out.swap_out.items()))
             count = block_move_bucket(len(src))
             src_padded = _padded(src, count, 0)  # padding reads block 0 again
-            gather = self.programs.get(("swap_out", count), _gather_blocks)
             for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)):
+                gather = self.programs.get(("swap_out", count), _gather_blocks, (cache, self.placed(src_padded)))
                 moved = gather(cache, src_padded)
                 for shard in moved.addressable_shards:  # each device's heads (all of them on one device)
                     layers, _, slots, heads, dims = shard.index
@@ -187,9 +192,8 @@ class ModelRunner:
             count = block_move_bucket(len(src))
             src = _padded(src, count, src[0])  # padding reads a host block again; its write is dropped
             dst_padded = _padded(dst, count, self.k_cache.shape[1])
-            scatter = self.programs.get(("swap_in", count), _scatter_blocks)
             self.k_cache, self.v_cache = (
-                scatter(cache, jax.make_array_from_callback(
+                self._swap_in(cache, jax.make_array_from_callback(
                     (cache.shape[0], count, *cache.shape[2:]), cache.sharding,
                     lambda index, host=host: host[index[0], src, *index[2:]]), dst_padded)
                 for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)))
@@ -197,8 +201,21 @@ class ModelRunner:
             src, dst = zip(*out.copies)
             count = block_move_bucket(len(src))
             src, dst = _padded(src, count, 0), _padded(dst, count, self.k_cache.shape[1])  # padding writes are dropped
-            copy = self.programs.get(("copy", count), _copy_blocks)
+            copy = self.programs.get(("copy", count), _copy_blocks,
+                                     (self.k_cache, self.v_cache, *self.placed((src, dst))))
             self.k_cache, self.v_cache = copy(self.k_cache, self.v_cache, src, dst)
+
+    def _swap_in(self, cache: jax.Array, blocks: jax.Array, dst: np.ndarray) -> jax.Array:
+        scatter = self.programs.get(("swap_in", len(dst)), _scatter_blocks, (cache, blocks, self.placed(dst)))
+        return scatter(cache, blocks, dst)
+
+    def placed(self, host_args):
+        """Host arguments as a program is compiled for them: on the default device, or replicated over the
+        model's mesh (the program then places NumPy arguments itself)."""
+        if self.replicated is None:
+            return host_args
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), np.result_type(x), sharding=self.replicated),
+                            host_args)
 
     # ------------------------------------------------------------------------------- inputs
     def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> StepInputs:
@@ -291,27 +308,19 @@ class ModelRunner:
         """Run the step. Returns (hidden states of the sampling rows [max_num_seqs, H], all of them [T, H])."""
         host_inputs = (inputs.token_ids, inputs.metadata, inputs.logits_indices)
         key = step_key(*host_inputs)
-        started = time.perf_counter()
-        program = self.programs.get(key)
-        if program is not None:
-            # A compiled program places NumPy inputs itself, by its input shardings: the call took 0.2 ms at batch
-            # 1, where jax.device_put first and then the call took 0.5 (of a ~8 ms int8 token on 2 cores).
-            sampling_hidden, hidden, self.k_cache, self.v_cache = program(
-                self.model, self.k_cache, self.v_cache, *host_inputs)
-            return sampling_hidden, hidden
-        sampling_hidden, hidden, self.k_cache, self.v_cache = _forward(
-            self.model, self.k_cache, self.v_cache, *jax.device_put(host_inputs, self.replicated), self.backend.attend)
-        if key not in self.compiled_shapes:  # first use of these buckets: this call compiled (or loaded)
-            sampling_hidden.block_until_ready()
-            self.compiled_shapes.add(key)
-            self.compile_seconds += time.perf_counter() - started
-            logger.info("compiled step #%d for tokens=%d seqs=%s ctx_blocks=%d in %.1f s",
-                        len(self.compiled_shapes), key[1][0], key[2][0], key[2][1], time.perf_counter() - started)
+        program = self.programs.get(key, _forward, (self.model, self.k_cache, self.v_cache, *self.placed(host_inputs)),
+                                    static=(self.backend.attend,),
+                                    cause=f"a step of {key[1][0]} tokens, {key[2][0]} sequences, {key[2][1]} blocks")
+        # A compiled program places NumPy inputs itself, by its input shardings: the call took 0.2 ms at batch 1,
+        # where jax.device_put first and then the call took 0.5 (of a ~8 ms int8 token on 2 cores).
+        sampling_hidden, hidden, self.k_cache, self.v_cache = program(self.model, self.k_cache, self.v_cache,
+                                                                      *host_inputs)
         return sampling_hidden, hidden
 
     def sampling_batch(self, seqs: list, grammar_bitmask: np.ndarray | None = None) -> SamplingBatch:
         """The sampler's arrays for `seqs`, one row each, padded to the row bucket `sample` uses."""
-        return sampling_batch(seqs, bucket(len(seqs)), self.model.cfg.vocab_size, grammar_bitmask)
+        return sampling_batch(seqs, bucket(len(seqs)), self.model.cfg.vocab_size, grammar_bitmask,
+                              penalty_width=self.max_model_len)
 
     def sample(self, sampling_hidden: jax.Array, rows: list[int], batch: SamplingBatch) -> list[SampledToken]:
         """A token for each of `rows` of `sampling_hidden` (parallel samples share their parent's row), drawn
@@ -321,23 +330,45 @@ class ModelRunner:
             return []
         padded = np.zeros(bucket(len(rows)), np.int32)
         padded[: len(rows)] = rows
-        logits_program = self.programs.get(("logits", len(padded)), _logits)
-        logits = logits_program(self.model, sampling_hidden, padded,
-                                self.recycled.take((len(padded), self.model.cfg.vocab_size)))
-        sampler = self.programs.get(sampler_key(batch), sample)
-        result, scratch = sampler(logits, batch, scratch=self.recycled.take(logits.shape))
+        buffer = self.recycled.take((len(padded), self.model.cfg.vocab_size))
+        logits_program = self.programs.get(("logits", len(padded)), _logits,
+                                           (self.model, sampling_hidden, self.placed(padded), buffer),
+                                           cause=f"{len(rows)} rows sampled")
+        logits = logits_program(self.model, sampling_hidden, padded, buffer)
+        scratch = self.recycled.take(logits.shape)
+        stages = [s for s, on in zip(STAGES, batch.stages) if on] if batch.flags.general else []
+        sampler = self.programs.get(sampler_key(batch), sample, (logits, self.placed(batch)), {"scratch": scratch},
+                                    cause=f"{len(rows)} rows sampled with {batch.flags} {stages}")
+        result, scratch = sampler(logits, batch, scratch=scratch)
         self.recycled.give(scratch)
         self.recycled.give(logits)
         return result.rows(len(rows))
 
     def all_logits(self, hidden: jax.Array) -> np.ndarray:
-        """Logits of every row of a step's hidden states."""
-        return to_host(_all_logits(self.model, hidden))
+        """Logits of every row of a step's hidden states (tests compare them with other models')."""
+        program = self.programs.get(("all_logits", hidden.shape), _all_logits, (self.model, hidden))
+        return to_host(program(self.model, hidden))
 
-    def token_logprobs(self, hidden: jax.Array, rows: list[int], targets: list[int], num_top: int):
-        """(logprob, rank, top ids, top logprobs) of each target token at its row, as NumPy arrays."""
-        padded = bucket(len(rows), 8)
-        rows_arr, targets_arr = np.zeros(padded, np.int32), np.zeros(padded, np.int32)
-        rows_arr[: len(rows)], targets_arr[: len(rows)] = rows, targets
-        result = _token_logprobs(self.model, hidden, rows_arr, targets_arr, max(num_top, 1))
-        return tuple(to_host(x)[: len(rows)] for x in result)
+    def token_logprobs(self, hidden: jax.Array, rows: list[int], targets: list[int]):
+        """(logprob, rank, top MAX_LOGPROBS ids, their logprobs) of each target token after its row of a step's
+        hidden states, as NumPy arrays.
+
+        The rows are gathered on the host and scored SCORED_ROWS at a time by one program, whatever the step's
+        token count or the number of positions (a program per pair of them would compile mid-stream)."""
+        chosen = to_host(hidden)[rows]  # [N, H]
+        results = []
+        for start in range(0, len(rows), SCORED_ROWS):
+            chunk = np.zeros((SCORED_ROWS, chosen.shape[1]), chosen.dtype)
+            part = chosen[start : start + SCORED_ROWS]
+            chunk[: len(part)] = part
+            chunk_targets = _padded(targets[start : start + SCORED_ROWS], SCORED_ROWS, 0)
+            args = (chunk, chunk_targets)
+            program = self.programs.get(("token_logprobs", SCORED_ROWS), _token_logprobs,
+                                        (self.model, *self.placed(args)), cause="prompt logprobs")
+            results.append([to_host(x) for x in program(self.model, *args)])
+        return tuple(np.concatenate(column)[: len(rows)] for column in zip(*results))
+
+    @property
+    def compile_seconds(self) -> float:
+        """Seconds spent compiling programs after start-up."""
+        return self.programs.late_compile_seconds

@@ -109,8 +109,7 @@ class OutputProcessor:
         if not positions:
             return
         seqs, rows, targets = zip(*positions)
-        num_top = max(seq.sampling_params.prompt_logprobs for seq in seqs)
-        scores = token_logprobs(hidden, list(rows), list(targets), num_top)
+        scores = token_logprobs(hidden, list(rows), list(targets))
         for i, (seq, target) in enumerate(zip(seqs, targets)):
             if not seq.status.is_finished:
                 with failing_alone(seq):

@@ -75,6 +75,8 @@ class SamplingParams(_ReferenceSamplingParams):
     # Not a field (no user sets it): the llguidance grammar compiled from structured_outputs by the input
     # processor or the server (jax_engine/structured_output/grammar.py), kept with the params it was made from.
     compiled_grammar = None
+    # Not a field either: allowed_token_ids as a vocabulary-wide bitmask (sampler.allowed_token_mask), made once.
+    allowed_mask = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

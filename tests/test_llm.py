@@ -222,9 +222,9 @@ def test_block_size_defaults_to_the_attention_backends(llm):
 
 def test_steady_state_never_recompiles(llm):
     llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    before = len(llm.llm_engine.runner.compiled_shapes)
+    before = llm.llm_engine.runner.programs.num_late_compiles
     llm.generate(PROMPTS, GREEDY, use_tqdm=False)
-    assert len(llm.llm_engine.runner.compiled_shapes) == before
+    assert llm.llm_engine.runner.programs.num_late_compiles == before
 
 
 # Tests of what the CPU default (the ragged `cpu` attention backend) does; elsewhere the default is another.
@@ -240,12 +240,13 @@ def test_how_prompts_split_a_token_bucket_compiles_nothing_new(llm):
     assert llm.llm_engine.attention_backend.name == "cpu" and llm.llm_engine.attention_backend.ragged
     one_token = SamplingParams(temperature=0, max_tokens=1)
     prompts = lambda lengths: [list(range(1000 + 100 * i, 1000 + 100 * i + n)) for i, n in enumerate(lengths)]  # noqa: E731
+    step_programs = lambda: {key for key in llm.llm_engine.runner.programs.late if key[0] == "step"}  # noqa: E731
     llm.generate(prompts([31]), one_token, use_tqdm=False)
-    before = len(llm.llm_engine.runner.compiled_shapes)
+    before = step_programs()
     for lengths in ([10, 20], [5] * 6):
         outputs = llm.generate(prompts(lengths), one_token, use_tqdm=False)
         assert [len(o.prompt_token_ids) for o in outputs] == lengths
-    assert len(llm.llm_engine.runner.compiled_shapes) == before
+    assert step_programs() == before
 
 
 @ON_THE_CPU_DEFAULT
