@@ -236,6 +236,8 @@ class LLMEngine:
         # The grammar masks are computed here, on the host, while the device still runs the step's forward pass.
         grammars = [seq.grammar for seq in samplers]
         bitmask = self.grammar_compiler.fill_bitmask(grammars) if any(grammars) else None
+        if self._fail_broken_grammars(samplers):
+            return self._sample(sampling_hidden, seqs)
         try:
             batch = self.runner.sampling_batch(samplers, bitmask)
             return list(zip(samplers, self.runner.sample(sampling_hidden, rows, batch)))
@@ -246,6 +248,15 @@ class LLMEngine:
             if not any(seq.status.is_finished for seq in samplers):
                 raise  # not a packing fault: the step itself failed
             return self._sample(sampling_hidden, seqs)
+
+    def _fail_broken_grammars(self, seqs: list[Sequence]) -> bool:
+        """Fail the requests whose grammar matcher stopped (its mask passed the library's per-step budget):
+        their masks allow nothing meaningful. True if any did."""
+        broken = [seq for seq in seqs if seq.grammar is not None and seq.grammar.error is not None]
+        for seq in broken:
+            with self._failing_alone(seq):
+                raise RuntimeError(f"structured output stopped: {seq.grammar.error[:300]}")
+        return bool(broken)
 
     @contextlib.contextmanager
     def _failing_alone(self, seq: Sequence) -> Iterator[None]:

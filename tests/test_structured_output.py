@@ -4,12 +4,14 @@ and the same tokens whether a request runs alone or beside others."""
 
 import json
 import re
+import time
 
 import jsonschema
 import pytest
 
 from jax_engine import SamplingParams
 from jax_engine.structured_output import StructuredOutputsParams
+from jax_engine.structured_output.worker import COMPILE_TIMEOUT_SECONDS
 
 PERSON = {
     "type": "object",
@@ -125,6 +127,24 @@ def test_a_grammar_that_cannot_finish_ends_with_length(llm):
         json.loads(completion.text)
 
 
+def chained_rules(count: int) -> str:
+    """A Lark grammar whose rules each refer to the next: the grammar library recurses once per rule."""
+    return "start: r0\n" + "".join(f'r{i}: r{i + 1} | "x"\n' for i in range(count)) + f'r{count}: "y"\n'
+
+
+def chained_refs(count: int) -> dict:
+    """A JSON schema of `count` definitions, each referring to the next."""
+    definitions = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"type": "null"}]} for i in range(count)}
+    return {"$defs": {**definitions, f"d{count}": {"type": "string"}}, "$ref": "#/$defs/d0"}
+
+
+def nested_arrays(depth: int) -> dict:
+    schema = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 @pytest.mark.parametrize("fields, message", [
     ({"json": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}, "structured_outputs.json is invalid"),
     ({"json": "{not json"}, "structured_outputs.json is invalid"),
@@ -135,9 +155,31 @@ def test_a_grammar_that_cannot_finish_ends_with_length(llm):
     ({}, "structured_outputs must be exactly one of"),
     ({"choice": ["a", 3]}, "structured_outputs.choice must be a list"),
     ({"regexp": "a"}, "structured_outputs must be a dict with keys among"),
+    # Past the limits on a grammar's size and nesting, checked before the grammar library sees it (issue 40):
+    ({"grammar": chained_rules(5000)}, "structured_outputs.grammar must be a grammar of at most 1000 rules"),
+    ({"json": chained_refs(3000)}, "structured_outputs.json must be a schema with at most 256 $refs"),
+    ({"json": nested_arrays(100)}, "structured_outputs.json must be a schema nested at most 64 levels deep"),
+    ({"regex": "(x{1000}){1000}"}, "structured_outputs.regex must be nested counted repetitions ({n}) whose "
+                                   "product is at most 10000"),
+    ({"json": {"type": "string", "pattern": "(ab{200}){200}"}}, "structured_outputs.json pattern must be nested"),
 ])
 def test_bad_constraints_are_refused_before_admission(llm, fields, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         generate(llm, [PROMPT], structured_outputs=fields)
     assert not llm.llm_engine.has_unfinished_requests()
     assert texts(generate(llm, [PROMPT], max_tokens=4, temperature=0))  # still serving
+
+
+@pytest.mark.parametrize("fields", [
+    {"grammar": chained_rules(900)},  # within the rule limit, but it overflows the worker's 1 MiB stack
+    # ~2.2x more compile time per pattern: 20 take ~46 s to compile, and are stopped after 5 s
+    {"json": {"type": "string", "allOf": [{"pattern": f".*{chr(97 + i)}.*"} for i in range(20)]}},
+])
+def test_a_grammar_that_crashes_or_runs_away_costs_its_request_alone(llm, fields):
+    """Issue 40: such grammars killed the server (SIGSEGV) or froze it for 9-54 s. Compiled in the worker
+    process, they cost their request a ValueError after at most the worker's timeout, and the engine serves on."""
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match="is too costly to compile"):
+        generate(llm, [PROMPT], structured_outputs=fields)
+    assert time.perf_counter() - started < COMPILE_TIMEOUT_SECONDS + 5
+    assert texts(generate(llm, [PROMPT], max_tokens=4, temperature=0, structured_outputs={"regex": "[a-z]{3}"}))

@@ -67,6 +67,9 @@ class ServerState:
         self.vocab_size = engine.engine.model_config.vocab_size
         # One thread: HF tokenizers are not safe to call from several threads at once.
         self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
+        # Grammars compile on a thread of their own (waiting on the grammar worker process): a costly one never
+        # holds up tokenization.
+        self._grammar_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
 
     @property
     def model_name(self) -> str:
@@ -111,7 +114,8 @@ class ServerState:
         if params.structured_outputs is not None:  # compiled here so that an error names the field sent
             field, compiler = body.structured_output_field, self.engine.engine.grammar_compiler
             try:
-                grammar = await self.off_loop(lambda: compiler.compile(params.structured_outputs, field))
+                grammar = await asyncio.get_running_loop().run_in_executor(
+                    self._grammar_thread, lambda: compiler.compile(params.structured_outputs, field))
                 params._set("compiled_grammar", grammar)
             except ValueError as error:
                 raise APIError(400, str(error), field) from None

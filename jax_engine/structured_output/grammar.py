@@ -1,23 +1,29 @@
 """Grammars and matchers, on llguidance (why this library: docs/structured-output.md).
 
-A request's StructuredOutputsParams becomes one llguidance grammar, compiled and checked against the model's
-tokenizer before the request is admitted (a bad schema is a ValueError naming the field, never a failure in the
-middle of a batch). Each sequence then owns a GrammarMatcher: the parser state after its output so far. Every
-step, the matchers of the rows being sampled write the bitmask of the tokens they allow next (32 tokens per
-int32 word, bit t % 32 of word t // 32); the jitted sampler sends every other token's logit to -inf.
+A request's StructuredOutputsParams becomes one llguidance grammar before the request is admitted (a bad or
+too costly schema is a ValueError naming the field, never a failure in the middle of a batch): its size and
+nesting are checked first (limits.py), then it is compiled and tried in a separate process (worker.py), then
+compiled here once more into a prototype matcher. Each sequence owns a copy of the prototype: the parser state
+after its output so far. Every step, the matchers of the rows being sampled write the bitmask of the tokens
+they allow next (32 tokens per int32 word, bit t % 32 of word t // 32); the jitted sampler sends every other
+token's logit to -inf. A matcher that passes the library's per-step budget (LIMITS) ends its sequence with an
+error; the others go on.
 
 The matcher lives on the host beside the sequence's tokens, so it survives preemption: recompute and swap
 rebuild the KV cache of tokens the matcher has already consumed, and sample nothing it has not seen.
 """
 
+import copy
 import json
+from dataclasses import dataclass
 
 import llguidance
-import llguidance.hf
 import llguidance.numpy
 import numpy as np
 
+from jax_engine.structured_output.limits import check_spec
 from jax_engine.structured_output.params import StructuredOutputsParams
+from jax_engine.structured_output.worker import GrammarWorker, parser_limits
 
 # Bits of a row that no grammar constrains: every token allowed.
 ALL_ALLOWED = -1
@@ -28,13 +34,20 @@ def bitmask_width(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-def _json_schema_options(schema_text: str, compact: bool) -> str:
-    """llguidance's JSON grammar with vLLM's whitespace rule: any whitespace, or none (compact)."""
-    schema = json.loads(schema_text)
-    if compact and isinstance(schema, dict):
-        schema = {**schema, "x-guidance": {"whitespace_flexible": False, "item_separator": ",",
-                                           "key_separator": ":"}}
-    return json.dumps(schema)
+def tokenizer_json(hf_tokenizer) -> str:
+    """The fast tokenizer as JSON, without padding or truncation (as llguidance.hf.from_tokenizer reads it)."""
+    backend = copy.copy(hf_tokenizer.backend_tokenizer)
+    backend.no_padding()
+    backend.no_truncation()
+    return backend.to_str()
+
+
+@dataclass(frozen=True)
+class CompiledGrammar:
+    """A request's grammar: its llguidance text, and a matcher at its start that sequences copy."""
+
+    text: str
+    prototype: llguidance.LLMatcher
 
 
 class GrammarCompiler:
@@ -45,42 +58,41 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self._tokenizer: llguidance.LLTokenizer | None = None  # built on first use (~0.25 s for 49k tokens)
+        self._worker: GrammarWorker | None = None
         self._executor = llguidance.LLExecutor()
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
         if self._tokenizer is None:
-            self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self.vocab_size,
-                                                           eos_token=list(self.eos_token_ids))
+            self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
+                                                     eos_token=list(self.eos_token_ids))
         return self._tokenizer
 
-    def compile(self, params: StructuredOutputsParams, field: str | None = None) -> str:
-        """The llguidance grammar for `params`; ValueError naming `field` (default: structured_outputs.<kind>)
-        if it does not compile."""
+    @property
+    def worker(self) -> GrammarWorker:
+        if self._worker is None:
+            self._worker = GrammarWorker(self._tokenizer_json, self.vocab_size, list(self.eos_token_ids))
+        return self._worker
+
+    @property
+    def _tokenizer_json(self) -> str:
+        return tokenizer_json(self._hf_tokenizer)
+
+    def compile(self, params: StructuredOutputsParams, field: str | None = None) -> CompiledGrammar:
+        """The compiled grammar for `params`; ValueError naming `field` (default: structured_outputs.<kind>)
+        if it passes a limit or does not compile."""
         field = field or f"structured_outputs.{params.kind}"
+        spec = _spec_text(params)
         try:
-            grammar = self._grammar(params)
-        except (ValueError, TypeError) as error:  # JSON text that does not parse, an unknown format
+            check_spec(params.kind, spec, field)
+        except (json.JSONDecodeError, RecursionError) as error:  # JSON text that does not parse
             raise ValueError(f"{field} is invalid: {error}") from None
-        error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
-        if error:
-            raise ValueError(f"{field} is invalid: {error.strip()}")
-        return grammar
+        text = self.worker.compile(params.kind, spec, params.disable_any_whitespace, field)
+        return CompiledGrammar(text, llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=parser_limits()))
 
-    @staticmethod
-    def _grammar(params: StructuredOutputsParams) -> str:
-        kind = params.kind
-        if kind in ("json", "json_object"):
-            return llguidance.grammar_from("json_schema",
-                                           _json_schema_options(params.json_text, params.disable_any_whitespace))
-        if kind == "choice":
-            return llguidance.grammar_from("choice", json.dumps(list(params.choice)))
-        if kind == "regex":
-            return llguidance.grammar_from("regex", params.regex)
-        return llguidance.grammar_from("grammar", params.grammar)  # Lark or GBNF, told apart by llguidance
-
-    def matcher(self, grammar: str) -> "GrammarMatcher":
-        return GrammarMatcher(llguidance.LLMatcher(self.tokenizer, grammar))
+    def matcher(self, grammar: CompiledGrammar) -> "GrammarMatcher":
+        """A matcher at the grammar's start: a copy of its prototype (~0.1 ms; compiling again could take long)."""
+        return GrammarMatcher(grammar.prototype.deep_copy())
 
     def fill_bitmask(self, matchers: list["GrammarMatcher | None"]) -> np.ndarray:
         """[len(matchers), bitmask_width] int32: row i holds what matchers[i] allows next (all for None)."""
@@ -90,12 +102,32 @@ class GrammarCompiler:
             llguidance.numpy.fill_next_token_bitmask_par(self._executor, rows, bitmask)
         return bitmask
 
+    def close(self) -> None:
+        """Stop the worker process (it also ends with this process)."""
+        if self._worker is not None:
+            self._worker.close()
+
+
+def _spec_text(params: StructuredOutputsParams) -> str:
+    """What the worker compiles for `params`: the schema as JSON, the regex, the choices as a JSON list, the
+    grammar."""
+    if params.kind in ("json", "json_object"):
+        return params.json_text
+    if params.kind == "choice":
+        return json.dumps(list(params.choice))
+    return params.regex if params.kind == "regex" else params.grammar
+
 
 class GrammarMatcher:
     """One sequence's position in its grammar."""
 
     def __init__(self, state: llguidance.LLMatcher) -> None:
         self.state = state
+
+    @property
+    def error(self) -> str | None:
+        """Why the matcher stopped working (a token it rejected, a per-step budget passed), or None."""
+        return self.state.get_error() if self.state.is_error() else None
 
     def accept(self, token: int) -> None:
         """Advance past a sampled token; after the grammar has ended (an EOS was accepted) tokens are ignored,
