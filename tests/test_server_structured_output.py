@@ -4,13 +4,14 @@ a broken schema is a 400 naming the field and the server keeps serving."""
 
 import json
 import re
+import time
 
 import jsonschema
 import openai
 import pytest
 
 from tests.server_helpers import cli_flags, start_server_process, stop_server_process
-from tests.test_structured_output import PERSON
+from tests.test_structured_output import PERSON, chained_refs, chained_rules
 
 MODEL = "SmolLM2-135M-Instruct"
 ENGINE = {"num_gpu_blocks_override": 256, "block_size": 16, "max_model_len": 768, "max_num_seqs": 8,
@@ -164,3 +165,43 @@ def test_a_tool_result_goes_back_to_the_model(client):
                 {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}]
     answer = chat(client, messages, tools=[WEATHER], tool_choice="none", max_tokens=30).choices[0]
     assert answer.message.content
+
+
+def test_grammars_that_crashed_the_server_are_400s_naming_the_field(client):
+    """Issue 40: a Lark grammar of 5,000 chained rules, or a JSON schema of 3,000 chained $refs (in
+    response_format, or as a tool's parameters with a named tool_choice), overflowed the grammar library's stack
+    and killed the server (SIGSEGV); 900 rules pass the rule limit and crash the grammar worker process instead."""
+    deep_tool = {"type": "function", "function": {"name": "deep", "parameters": chained_refs(3000)}}
+    attacks = {"structured_outputs": {"structured_outputs": {"grammar": chained_rules(5000)}},
+               "response_format.json_schema.schema": {"response_format": {
+                   "type": "json_schema", "json_schema": {"name": "deep", "schema": chained_refs(3000)}}},
+               "tools": {"tools": [deep_tool], "tool_choice": {"type": "function", "function": {"name": "deep"}}},
+               "guided_grammar": {"guided_grammar": chained_rules(900)}}
+    for param, fields in attacks.items():
+        with pytest.raises(openai.BadRequestError) as refused:
+            chat(client, **fields)
+        assert refused.value.body["param"] == param, refused.value.body
+    assert chat(client, max_tokens=5).choices[0].message.content  # still serving
+
+
+def test_a_grammar_that_runs_away_holds_up_no_one_else(client):
+    """A ~1 KB schema of 20 `.*x.*` patterns under allOf compiled for ~46 s on the thread every request's
+    tokenization waits on; now it compiles in the worker process, stopped after its timeout, while a bystander's
+    request is served as if it were alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runaway = {"type": "string", "allOf": [{"pattern": f".*{chr(97 + i)}.*"} for i in range(20)]}
+    chat(client, max_tokens=5)  # warm
+    started = time.perf_counter()
+    chat(client, max_tokens=5)
+    alone = time.perf_counter() - started
+    with ThreadPoolExecutor(1) as pool:
+        attack = pool.submit(chat, client, guided_json=runaway)
+        time.sleep(0.5)  # the attack is compiling
+        started = time.perf_counter()
+        chat(client, max_tokens=5)
+        beside = time.perf_counter() - started
+        with pytest.raises(openai.BadRequestError, match="too costly to compile"):
+            attack.result()
+    print(f"a 5-token request alone {alone:.2f} s, beside the runaway grammar {beside:.2f} s")
+    assert beside < alone + 1.0
