@@ -72,10 +72,11 @@ def _programs(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = Fal
     # Called exactly as the model runner calls them (a keyword argument is a different jit signature).
     programs = []
     # A step writes every token it computes into a slot of its own (blocks a step writes are never shared:
-    # forks copy on write, and the prefix cache holds computed blocks only), and each sequence it samples or
-    # copies a block for writes into a block of its own: a small KV cache bounds the shapes, whatever the limits.
+    # forks copy on write, and the prefix cache holds computed blocks only), and each block it copies goes to a
+    # block of its own: a small KV cache bounds those shapes, whatever the limits. Not the rows sampled: the n
+    # samples of a request all sample from their parent's row before they fork, up to max_num_seqs in all.
     num_blocks = runner.num_slots // runner.block_size
-    max_tokens, max_rows = min(max_num_batched_tokens, runner.num_slots), min(runner.max_num_seqs, num_blocks)
+    max_tokens, max_rows = min(max_num_batched_tokens, runner.num_slots), runner.max_num_seqs
     for tokens in all_buckets(bucket_tokens, max_tokens):
         args = _step_inputs(runner, tokens)
         programs.append(Program(step_key(*args[3:]), _forward, args, static=(runner.backend.attend,)))
@@ -91,7 +92,7 @@ def _programs(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = Fal
     scored = runner.placed((np.zeros((SCORED_ROWS, runner.model.cfg.hidden_size), runner.k_cache.dtype),
                             np.zeros(SCORED_ROWS, np.int32)))
     programs.append(Program(("token_logprobs", SCORED_ROWS), _token_logprobs, (runner.model, *scored)))
-    for copies in all_buckets(block_move_bucket, max_rows):  # copy-on-write of forked blocks
+    for copies in all_buckets(block_move_bucket, min(max_rows, num_blocks)):  # copy-on-write of forked blocks
         indices = runner.placed(np.zeros(copies, np.int32))
         programs.append(Program(("copy", copies), _copy_blocks,
                                 (runner.k_cache, runner.v_cache, indices, indices)))
