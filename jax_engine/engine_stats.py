@@ -73,6 +73,8 @@ class EngineStats:
             "num_steps": self.num_steps,
             "mean_batch_size": self.seqs_scheduled / steps,
             "mean_kv_cache_usage": self.blocks_held / steps / kv.device.num_blocks,
-            "num_compilations": runner.programs.num_late_compiles,
+            "num_programs": runner.programs.num_programs,
+            "num_compilations": runner.programs.num_late_compiles,  # after start-up
             "compile_seconds": runner.compile_seconds,
+            "num_program_evictions": runner.programs.num_evictions,
         }

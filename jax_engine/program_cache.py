@@ -6,8 +6,9 @@
 
 Each compiled program holds machine code, memory maps and a few MB of host memory. Through `jax.jit` alone,
 every new shape a request chose compiled a program that was never freed (a few hundred requests of distinct
-sampler options exhausted the kernel's memory maps and LLVM failed). Here a program is compiled with
-`fn.lower(...).compile()`, which leaves jit's own cache empty, and dropping it from `late` frees it.
+sampler options exhausted the kernel's memory maps and LLVM failed). Start-up now lists every shape a request
+can take on the ragged layout, so late programs are the padded layouts' and enforce_eager's; the cap bounds
+them too.
 """
 
 import logging
@@ -53,9 +54,20 @@ class ProgramCache:
                     cause or "a shape start-up did not list", len(self.late) + 1)
         self.late[key] = program
         if len(self.late) > self.max_late_programs:
+            self._evict()
+        return program
+
+    def _evict(self) -> None:
+        """Drop the least recently used half of the late programs, and free them.
+
+        NOTE: dropping our reference is not enough: JAX's lowering and compilation caches (weakref LRU caches of
+        up to 2,048 entries) keep each executable alive, ~9 memory maps apiece. jax.clear_caches() empties them;
+        the programs held here (start-up's among them) are unaffected, and any function called through jit
+        directly traces again on its next call. Halving the cache makes that rare."""
+        while len(self.late) > self.max_late_programs // 2:
             self.late.popitem(last=False)
             self.num_evictions += 1
-        return program
+        jax.clear_caches()
 
     @property
     def num_programs(self) -> int:

@@ -225,6 +225,11 @@ def test_metrics_count_what_was_served(server):
     for name in ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
                  "vllm:prefix_cache_hits_total"):
         metric(server, name, AUTH)  # present
+    # This server compiles on first use (enforce_eager): each program it compiled after start-up is counted.
+    assert metric(server, "jax_engine:compilations_total", AUTH) >= 3  # a step, the logits, a sampler
+    assert metric(server, "jax_engine:compile_seconds_total", AUTH) > 0
+    assert metric(server, "jax_engine:num_programs", AUTH) >= 3
+    assert metric(server, "jax_engine:program_evictions_total", AUTH) == 0
 
 
 def test_bench_serve_measures_every_request(server, capsys):

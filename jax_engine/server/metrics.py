@@ -40,6 +40,14 @@ class _EngineCollector:
              stats["prefix_cache_hits"]),
             (CounterMetricFamily, "vllm:num_preemptions", "Sequences preempted for lack of KV blocks.",
              stats["num_preemptions"]),
+            (GaugeMetricFamily, "jax_engine:num_programs", "Compiled device programs held (start-up's and later "
+             "ones).", stats["num_programs"]),
+            (CounterMetricFamily, "jax_engine:compilations", "Programs compiled after start-up (each is logged with "
+             "its cause).", stats["num_compilations"]),
+            (CounterMetricFamily, "jax_engine:compile_seconds", "Seconds spent compiling after start-up.",
+             stats["compile_seconds"]),
+            (CounterMetricFamily, "jax_engine:program_evictions", "Programs compiled after start-up and freed again "
+             "(at most MAX_LATE_PROGRAMS are kept).", stats["num_program_evictions"]),
         ]
         for family, name, doc, value in values:
             metric = family(name, doc, labels=list(self.labels))
