@@ -183,3 +183,18 @@ def test_a_grammar_that_crashes_or_runs_away_costs_its_request_alone(llm, fields
         generate(llm, [PROMPT], structured_outputs=fields)
     assert time.perf_counter() - started < COMPILE_TIMEOUT_SECONDS + 5
     assert texts(generate(llm, [PROMPT], max_tokens=4, temperature=0, structured_outputs={"regex": "[a-z]{3}"}))
+
+
+def test_a_matcher_past_its_per_step_budget_ends_its_request_alone(llm, caplog):
+    """(.{0,100}a){100} compiles in milliseconds and passes every limit, but each token widens its lexer's
+    state; after a dozen tokens the mask passes llguidance's per-step budget ("too many expressions
+    constructed"). That request ends with finish_reason "error" and the log says why; the request beside it
+    finishes as it would alone."""
+    bystander = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    alone = llm.generate([PROMPT], bystander, use_tqdm=False)[0].outputs[0].token_ids
+    costly = SamplingParams(temperature=1.0, seed=0, max_tokens=100, structured_outputs={"regex": "(.{0,100}a){100}"})
+    with caplog.at_level("ERROR", logger="jax_engine"):
+        failed, beside = llm.generate([PROMPT, PROMPT], [costly, bystander], use_tqdm=False)
+    assert failed.outputs[0].finish_reason == "error" and len(failed.outputs[0].token_ids) < 100
+    assert "structured output stopped: lexer error: too many expressions constructed" in caplog.text
+    assert beside.outputs[0].token_ids == alone
