@@ -2,7 +2,8 @@
 
     client coroutines                         engine loop (one asyncio task)
     -----------------                         ------------------------------
-    add_request() -> validate, queue  ----->  apply queued adds and aborts      (event-loop thread)
+    add_request() -> validate, queue  ----->  apply aborts, let queued requests in by tenant turns
+                     (per tenant, fair_queue.py)                                   (event-loop thread)
     async for output in stream       <-----   engine.step() in a worker thread  (the loop stays free)
     cancelled / disconnected -> abort ----->  dispatch outputs to their streams
 
@@ -16,6 +17,7 @@ from collections.abc import AsyncIterator, Callable
 
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.config import EngineArgs
+from jax_engine.fair_queue import FairQueue, Tenant
 from jax_engine.llm_engine import LLMEngine, Prompt
 from jax_engine.outputs import RequestOutput
 from jax_engine.sampling_params import SamplingParams
@@ -75,16 +77,23 @@ class AsyncLLMEngine:
         engine: the engine to drive.
         max_waiting_requests: add_request raises QueueFullError while this many requests wait to start
             (None: no limit).
+        max_waiting_per_tenant: the same for one tenant's requests (None: no limit of its own).
+
+    Requests enter the engine by tenant turns (fair_queue.py): while several tenants have work, each holds at
+    most its share of max_num_seqs sequences in the engine, and the rest of its requests wait outside it.
     """
 
-    def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None) -> None:
+    def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None,
+                 max_waiting_per_tenant: int | None = None) -> None:
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
+        self.max_waiting_per_tenant = max_waiting_per_tenant
         self.on_output: Callable[[RequestOutput], None] | None = None  # e.g. metrics, called per output
         self.on_dead: Callable[[], None] | None = None  # e.g. the server shutting down, called once
         self.dead_error: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}
-        self._new: dict[str, tuple[Prompt, SamplingParams | BeamSearchParams]] = {}
+        self._new: FairQueue[tuple[Prompt, SamplingParams | BeamSearchParams]] = FairQueue()
+        self._in_engine: dict[str, tuple[Tenant, int]] = {}  # requests let in: their tenant and sequences
         self._aborts: set[str] = set()
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
@@ -117,34 +126,44 @@ class AsyncLLMEngine:
     def num_waiting_requests(self) -> int:
         return len(self._new) + len(self.engine.scheduler.waiting)
 
+    def num_waiting_of(self, tenant: Tenant) -> int:
+        """Requests of `tenant` waiting to enter the engine."""
+        return self._new.count(tenant)
+
     def num_running_requests(self) -> int:
         return len(self.engine.scheduler.running)
 
     # ------------------------------------------------------------------------------- requests
-    def add_request(self, request_id: str, prompt: Prompt,
-                    params: SamplingParams | BeamSearchParams | None = None) -> RequestStream:
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
+                    tenant: Tenant = None) -> RequestStream:
         """Validate and queue a request now (ValueError, QueueFullError, EngineDeadError are raised here,
-        before any output), and return the stream of its outputs."""
+        before any output), and return the stream of its outputs. `tenant` (an API key's name) is whose turn
+        it waits for."""
         params = params or self.engine.get_default_sampling_params()
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        self.check_accepting()
+        self.check_accepting(tenant)
         text, token_ids = self.engine.validate_request(prompt, params)
         self.start()
         stream = self._streams[request_id] = RequestStream(request_id, self)
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
-        self._new[request_id] = ({"prompt": text, "prompt_token_ids": token_ids, "cache_salt": salt}, params)
+        prompt = {"prompt": text, "prompt_token_ids": token_ids, "cache_salt": salt}
+        self._new.push(tenant, request_id, (prompt, params))
         self._wakeup.set()
         return stream
 
-    def check_accepting(self) -> None:
-        """Raise EngineDeadError or QueueFullError if a new request would be refused now (cheap: call it
-        before tokenizing)."""
+    def check_accepting(self, tenant: Tenant = None) -> None:
+        """Raise EngineDeadError or QueueFullError if a new request (of `tenant`) would be refused now (cheap:
+        call it before tokenizing)."""
         if self.dead_error is not None:
             raise self._dead()
         if self.max_waiting_requests is not None and self.num_waiting_requests() >= self.max_waiting_requests:
             raise QueueFullError(f"{self.num_waiting_requests()} requests are waiting (limit "
                                  f"{self.max_waiting_requests}); retry later")
+        waiting = self.num_waiting_of(tenant)
+        if self.max_waiting_per_tenant is not None and waiting >= self.max_waiting_per_tenant:
+            raise QueueFullError(f"{waiting} requests of this API key are waiting (limit "
+                                 f"{self.max_waiting_per_tenant} per key); retry later")
 
     def _dead(self) -> EngineDeadError:
         """The error new and in-flight requests get: the cause is chained for Python callers, and its text
@@ -162,7 +181,7 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> None:
         """Stop a request and free its blocks (at the loop's next turn); unknown ids are ignored."""
         self._streams.pop(request_id, None)
-        if self._new.pop(request_id, None) is None:
+        if not self._new.remove(request_id):
             self._aborts.add(request_id)
         if self._wakeup is not None:
             self._wakeup.set()
@@ -191,18 +210,33 @@ class AsyncLLMEngine:
     def _apply_queued(self) -> None:
         aborts, self._aborts = self._aborts, set()
         self.engine.abort_request(list(aborts))
-        new, self._new = self._new, {}
-        for request_id, (prompt, params) in new.items():
+        for request_id in aborts:
+            self._in_engine.pop(request_id, None)
+        while (entry := self._new.pop_next(self._may_enter)) is not None:
+            tenant, request_id, (prompt, params) = entry
             try:
                 self.engine.add_request(request_id, prompt, params)
+                self._in_engine[request_id] = (tenant, _num_sequences(params))
             except ValueError as error:  # checked at add time; only a race could get here, and it hurts no one
                 self._streams.pop(request_id).put(error)
             except Exception:  # a fault of this request alone
                 logger.exception("request %s could not be added", request_id)
                 self._streams.pop(request_id).put(RequestFailedError(request_id))
 
+    def _may_enter(self, tenant: Tenant) -> bool:
+        """Whether `tenant`'s next request may enter the engine now: while it holds fewer sequences there than
+        its share of max_num_seqs, or the engine holds fewer than max_num_seqs in all (nobody else is asking:
+        the turns go in order). A tenant holding none always may: a request of n > share still runs."""
+        held = sum(seqs for owner, seqs in self._in_engine.values() if owner == tenant)
+        active = self._new.tenants | {owner for owner, _ in self._in_engine.values()}
+        limit = self.engine.scheduler_config.max_num_seqs
+        in_engine = sum(seqs for _, seqs in self._in_engine.values())
+        return held == 0 or held < max(limit // len(active), 1) or in_engine < limit
+
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
+            if output.finished:
+                self._in_engine.pop(output.request_id, None)
             if self.on_output is not None:
                 self.on_output(output)
             stream = self._streams.get(output.request_id)
@@ -212,3 +246,7 @@ class AsyncLLMEngine:
             stream.put(RequestFailedError(output.request_id) if failed else output)
             if output.finished:
                 del self._streams[output.request_id]
+
+
+def _num_sequences(params: SamplingParams | BeamSearchParams) -> int:
+    return params.beam_width if isinstance(params, BeamSearchParams) else params.n

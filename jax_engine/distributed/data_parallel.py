@@ -41,10 +41,12 @@ class DataParallelEngine:
     the server is told (`on_dead`) and refuses new requests, as with a single engine.
     """
 
-    def __init__(self, replicas: list[AsyncLLMEngine], max_waiting_requests: int | None = None) -> None:
+    def __init__(self, replicas: list[AsyncLLMEngine], max_waiting_requests: int | None = None,
+                 max_waiting_per_tenant: int | None = None) -> None:
         self.replicas = replicas
         self.engine = replicas[0].engine
         self.max_waiting_requests = max_waiting_requests
+        self.max_waiting_per_tenant = max_waiting_per_tenant
         self.on_output: Callable[[RequestOutput], None] | None = None
         self.on_dead: Callable[[], None] | None = None
         self._replica_of: dict[str, AsyncLLMEngine] = {}  # unfinished requests' replicas
@@ -84,24 +86,28 @@ class DataParallelEngine:
         return sum(replica.num_running_requests() for replica in self.replicas)
 
     # ------------------------------------------------------------------------------- requests
-    def add_request(self, request_id: str, prompt: Prompt,
-                    params: SamplingParams | BeamSearchParams | None = None) -> RequestStream:
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
+                    tenant: str | None = None) -> RequestStream:
         """Queue the request on the least loaded replica (see AsyncLLMEngine.add_request)."""
         if request_id in self._replica_of:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        self.check_accepting()
+        self.check_accepting(tenant)
         replica = min(self.replicas, key=_unfinished)  # ties: the lowest index
-        stream = replica.add_request(request_id, prompt, params)
+        stream = replica.add_request(request_id, prompt, params, tenant)
         stream._engine = self  # a stream left early aborts through the front, which then forgets the request
         self._replica_of[request_id] = replica
         return stream
 
-    def check_accepting(self) -> None:
+    def check_accepting(self, tenant: str | None = None) -> None:
         for replica in self.replicas:
             replica.check_accepting()  # a dead replica raises EngineDeadError (the replicas have no queue limit)
         waiting = self.num_waiting_requests()
         if self.max_waiting_requests is not None and waiting >= self.max_waiting_requests:
             raise QueueFullError(f"{waiting} requests are waiting (limit {self.max_waiting_requests}); retry later")
+        waiting = sum(replica.num_waiting_of(tenant) for replica in self.replicas)
+        if self.max_waiting_per_tenant is not None and waiting >= self.max_waiting_per_tenant:
+            raise QueueFullError(f"{waiting} requests of this API key are waiting (limit "
+                                 f"{self.max_waiting_per_tenant} per key); retry later")
 
     async def generate(self, prompt: Prompt, sampling_params: SamplingParams | BeamSearchParams | None,
                        request_id: str) -> AsyncIterator[RequestOutput]:
