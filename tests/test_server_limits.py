@@ -91,6 +91,11 @@ def test_slow_or_silent_clients_are_cut_off_and_connections_capped(server):
             sock.close()
 
 
+def _nested(depth: int) -> bytes:
+    """A JSON schema of arrays nested `depth` deep, as text (json.dumps itself would recurse too deep)."""
+    return b'{"type": "array", "items": ' * depth + b'{"type": "string"}' + b"}" * depth
+
+
 def _post(url: str, path: str, body) -> httpx.Response:
     if isinstance(body, bytes):
         return httpx.post(f"{url}{path}", content=body, headers={"content-type": "application/json"})
@@ -112,6 +117,19 @@ def _post(url: str, path: str, body) -> httpx.Response:
     ("/tokenize", json.dumps({"prompt": "\ud800"}).encode(), "prompt"),
     ("/generate", {"prompt": "hi", "temperature": 10**400}, "temperature"),
     ("/generate", {"prompt": "hi", "tempreature": 0.5}, "tempreature"),
+    # JSON nested past Python's recursion limit, and lone surrogates in fields pydantic does not check: 500s once
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[" * 3000 + "]" * 3000}}]},
+        {"role": "user", "content": "hi"}]}, "messages"),
+    ("/tokenize", {"messages": [{"role": "assistant", "tool_calls": [
+        {"function": {"name": "f", "arguments": "[" * 3000 + "]" * 3000}}]}]}, "messages"),
+    ("/generate", json.dumps({"prompt": "hi", "bad_words": ["\ud800"]}).encode(), "bad_words"),
+    ("/generate", b'{"prompt": "hi", "structured_outputs": {"json": %s}}' % _nested(900), "structured_outputs"),
+    ("/v1/completions", b'{"prompt": "hi", "structured_outputs": {"json": %s}}' % _nested(900),
+     "structured_outputs"),
+    ("/v1/completions", {"prompt": "hi", "guided_json": _nested(900).decode()}, "guided_json"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
+     b'"function": {"name": "f", "parameters": %s}}]}' % _nested(900), "tools"),
 ])
 def test_bad_input_is_a_400_naming_the_field(server, path, body, param):
     response = _post(server, path, body)

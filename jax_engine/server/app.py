@@ -24,7 +24,7 @@ from jax_engine.server.errors import APIError, bad_request, error_response, inst
 from jax_engine.server.limits import BodySizeLimitMiddleware
 from jax_engine.server.metrics import ServingMetrics
 from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
-                                        TokenizeRequest, conversation)
+                                        TokenizeRequest, check_json_fields, conversation)
 from jax_engine.server.state import ServerConfig, ServerState
 from jax_engine.server.streams import add_streams, collect, merge, until_disconnect
 
@@ -139,6 +139,7 @@ async def _demo_generate(state: ServerState, body: GenerateRequest, raw_request:
     if unknown:
         raise APIError(400, f"unknown sampling parameters: {', '.join(unknown)[:200]}", unknown[0])
     try:
+        check_json_fields(fields)  # the fields are plain JSON here, which SamplingParams does not expect
         params = SamplingParams(**fields)
     except ValueError as error:
         raise bad_request(error) from None

@@ -96,7 +96,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:
         phrase = HTTPStatus(error.status_code).phrase if error.status_code in HTTPStatus._value2member_map_ else ""
-        return error_response(error.status_code, str(error.detail or phrase))
+        message = str(error.detail or phrase)
+        if isinstance(error.__cause__, RecursionError):  # FastAPI's JSON parse of the body
+            message = "the request body nests too deep to parse"
+        return error_response(error.status_code, message, headers=error.headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> JSONResponse:

@@ -15,15 +15,74 @@ from jax_engine.structured_output import StructuredOutputsParams
 from reference.request import is_unicode
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+# JSON values (schemas, tool parameters and arguments) nest at most this deep: far more than any real schema, and
+# far from Python's recursion limit, which json, pydantic and the grammar code would otherwise hit as a 500.
+MAX_JSON_DEPTH = 128
+_NOT_UNICODE = "not valid Unicode (it holds a lone surrogate)"
 
 
 def _unicode(text: str) -> str:
     if not is_unicode(text):
-        raise ValueError("not valid Unicode (it holds a lone surrogate)")
+        raise ValueError(_NOT_UNICODE)
     return text
 
 
+def json_depth(value) -> int:
+    """How deep lists and dicts nest in a JSON value (a scalar: 0), counted without recursion; it stops counting
+    past MAX_JSON_DEPTH."""
+    deepest, stack = 0, [(value, 1)]
+    while stack and deepest <= MAX_JSON_DEPTH:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _nesting(value) -> int:
+    """json_depth of a JSON value, or of JSON text (0 for other text: it is used as text, or refused by whatever
+    parses it)."""
+    if not isinstance(value, str):
+        return json_depth(value)
+    try:
+        return json_depth(json.loads(value))
+    except RecursionError:
+        return MAX_JSON_DEPTH + 1
+    except ValueError:
+        return 0
+
+
+def _shallow(value):
+    if _nesting(value) > MAX_JSON_DEPTH:
+        raise ValueError(f"nests deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+def _strings(value):
+    """Every string in a JSON value, dict keys included."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+
+
+def check_json_fields(fields: dict) -> None:
+    """A ValueError naming the first field that nests too deep or holds text that is not Unicode (for bodies
+    whose fields pydantic does not check: /generate's)."""
+    for name, value in fields.items():
+        if json_depth(value) > MAX_JSON_DEPTH:
+            raise ValueError(f"{name} nests deeper than {MAX_JSON_DEPTH} levels")
+        if not all(map(is_unicode, _strings(value))):
+            raise ValueError(f"{name} is {_NOT_UNICODE}")
+
+
 Text = Annotated[str, AfterValidator(_unicode)]
+Shallow = AfterValidator(_shallow)
 
 
 class APIModel(BaseModel):
@@ -57,7 +116,8 @@ _DEFAULTS = {name: getattr(SamplingParams(), name) for name in
 class JsonSchemaFormat(APIModel):
     name: str = Field(max_length=64)
     description: str | None = None
-    json_schema: dict | None = Field(None, alias="schema")  # pydantic's BaseModel owns the name `schema`
+    # pydantic's BaseModel owns the name `schema`
+    json_schema: Annotated[dict | None, Shallow] = Field(None, alias="schema")
     strict: bool | None = None
 
 
@@ -72,7 +132,7 @@ class StructuredOutputsBody(APIModel):
     """vLLM's `structured_outputs` request field (StructuredOutputsParams)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    json_: dict | str | bool | None = Field(None, alias="json")
+    json_: Annotated[dict | str | bool | None, Shallow] = Field(None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
@@ -122,7 +182,7 @@ class SamplingRequest(RequestBody):
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsBody | None = Field(None, description="vLLM's: json, regex, choice, "
                                                              "grammar or json_object")
-    guided_json: dict | str | None = None
+    guided_json: Annotated[dict | str | None, Shallow] = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
@@ -216,7 +276,7 @@ class TextPart(APIModel):
 
 class FunctionCall(APIModel):
     name: str
-    arguments: str
+    arguments: Annotated[str, Shallow]
 
 
 class MessageToolCall(APIModel):
@@ -259,7 +319,7 @@ def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
 class FunctionDefinition(APIModel):
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
-    parameters: dict | None = None
+    parameters: Annotated[dict | None, Shallow] = None
     strict: bool | None = None
 
 

@@ -22,6 +22,10 @@ from jax_engine.structured_output import StructuredOutputsParams
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
 
+# What parsing a completion's text as calls can raise when it is not calls: not JSON, not objects with a name, or
+# JSON the model nested deeper than json's recursion limit (output is the model's, so it can be anything).
+NOT_CALLS = (ValueError, TypeError, KeyError, RecursionError)
+
 # SmolLM2-Instruct's function-calling system prompt (from its model card), with the tools in place.
 _TOOLS_PROMPT = (
     "You are an expert in composing functions. You are given a question and a set of possible functions.\n"
@@ -91,7 +95,7 @@ def _parse_tagged(text: str) -> tuple[str | None, list[ToolCall]]:
         body = rest[start + len(TOOL_CALL_START): end]
         try:
             found = _calls(json.loads(body))
-        except (ValueError, TypeError, KeyError):
+        except NOT_CALLS:
             found = None
         content.append(rest[:start] if found is not None else rest[: end + len(TOOL_CALL_END)])
         calls += found or []
@@ -145,7 +149,7 @@ class ToolCallStream:
             return sent, []
         try:
             content, calls = parse_tool_calls(self._held, self.tools, self.tool_choice)
-        except (ValueError, TypeError, KeyError):  # a list cut short by max_tokens: the text as it is
+        except NOT_CALLS:  # a list cut short by max_tokens: the text as it is
             content, calls = self._held, []
         self._held = ""
         return content or "", [{"index": i, **call.as_dict()} for i, call in enumerate(calls)]
