@@ -97,6 +97,7 @@ def test_a_dead_engine_fails_in_flight_requests_then_the_server_shuts_down(tiny_
         assert health.status_code == 503 and health.json()["error"]["code"] == "engine_dead"
         refused = httpx.post(f"{url}/v1/completions", json={"prompt": "hi"})
         assert refused.status_code == 503 and "simulated" not in refused.text
+        assert health.headers["retry-after"] == refused.headers["retry-after"] == "1"  # every 503 says when
         release.set()
         server.thread.join(timeout=30)
         assert not server.thread.is_alive()  # it shut itself down (jax-engine serve then exits 1)

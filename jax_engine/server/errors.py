@@ -19,7 +19,8 @@ logger = logging.getLogger(__name__)
 
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
           413: "invalid_request_error", 503: "service_unavailable_error"}
-# How long a client turned away by a full queue should wait before it retries (the Retry-After header).
+# How long a client turned away (503: a full queue, no free connection, a dead engine) should wait before it
+# retries: the Retry-After header every 503 carries.
 RETRY_AFTER_SECONDS = 1
 
 
@@ -33,7 +34,7 @@ class APIError(Exception):
 
 
 def queue_full(message: str) -> APIError:
-    return APIError(503, message, code="queue_full", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+    return APIError(503, message, code="queue_full")
 
 
 def internal_error(context: str, error: BaseException) -> APIError:
@@ -49,9 +50,15 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+def _headers(status: int, headers: dict[str, str] | None) -> dict[str, str]:
+    retry = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else {}
+    return {**retry, **(headers or {})}
+
+
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+    return JSONResponse(error_body(status, message, param, code), status_code=status,
+                        headers=_headers(status, headers))
 
 
 def bad_request(error: ValueError) -> APIError:
@@ -66,7 +73,7 @@ async def send_error(send: Send, status: int, message: str, code: str | None = N
     """Answer with an error body straight from an ASGI middleware, before any route runs."""
     body = json.dumps(error_body(status, message, code=code)).encode()
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    raw_headers += [(name.encode(), value.encode()) for name, value in (headers or {}).items()]
+    raw_headers += [(name.lower().encode(), value.encode()) for name, value in _headers(status, headers).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": body})
 
