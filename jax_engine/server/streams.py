@@ -73,29 +73,39 @@ async def add_streams(state: ServerState, request_id: str, prompts: list, params
 
 
 async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(prompt index, output) from several streams as they arrive; closing it aborts the unfinished ones."""
-    queue: asyncio.Queue = asyncio.Queue()
+    """(prompt index, output) from several streams as they arrive; closing it aborts the unfinished ones.
+
+    Outputs are cumulative (each holds all of its request's text and tokens so far), so while the reader is
+    behind only each stream's newest output is kept: a client that reads slowly, or not at all, costs one
+    output per prompt, never a backlog that grows with every step (vLLM's RequestOutputCollector does the same).
+    """
+    newest: dict[int, RequestOutput] = {}  # per prompt index, the newest output not yet yielded
+    ended: dict[int, Exception | None] = {}  # per prompt index whose stream ended: its error, if any
+    arrived = asyncio.Event()
 
     async def pump(index: int, stream: RequestStream) -> None:
         try:
             async for output in stream:
-                queue.put_nowait((index, output))
+                newest[index] = output  # replaces one the reader has not taken: this one holds it all
+                arrived.set()
+            ended[index] = None
         except Exception as error:
-            queue.put_nowait((index, error))
-        finally:
-            queue.put_nowait((index, None))
+            ended[index] = error
+        arrived.set()
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     try:
-        remaining = len(tasks)
-        while remaining:
-            index, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield index, item
+        while True:
+            while newest:
+                index = next(iter(newest))
+                yield index, newest.pop(index)
+            failed = [error for error in ended.values() if error is not None]
+            if failed:
+                raise failed[0]
+            if len(ended) == len(tasks):
+                return
+            arrived.clear()  # no await since the checks above: nothing can have arrived unseen
+            await arrived.wait()
     finally:
         for task in tasks:
             task.cancel()
