@@ -76,16 +76,17 @@ def test_a_long_prompt_is_tokenized_off_the_event_loop(server):
     assert len(latencies) > 3 and max(latencies) < 0.5, f"/health took {max(latencies) * 1000:.0f} ms"
 
 
-def test_slow_or_silent_clients_are_cut_off_and_connections_capped(server):
-    silent = [socket.create_connection(("127.0.0.1", int(server.rsplit(":", 1)[1]))) for _ in range(MAX_CONNECTIONS)]
+def test_slow_or_silent_clients_are_cut_off_and_cannot_hold_the_connections(server):
+    """More silent connections than the cap: they are pending (no request yet), so /health is still served
+    (uvicorn's cap answered it 503), and each one is closed at the header deadline."""
+    silent = [socket.create_connection(("127.0.0.1", int(server.rsplit(":", 1)[1])))
+              for _ in range(2 * MAX_CONNECTIONS)]
     silent[0].sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # headers started, never finished (slowloris)
     try:
-        refused = httpx.get(f"{server}/health")
-        assert refused.status_code == 503  # every connection slot is held
+        assert httpx.get(f"{server}/health").status_code == 200
         for sock in silent:  # after the header deadline each one is closed by the server
             sock.settimeout(HEADER_TIMEOUT + 5)
             assert sock.recv(1024) == b""
-        assert httpx.get(f"{server}/health").status_code == 200
     finally:
         for sock in silent:
             sock.close()

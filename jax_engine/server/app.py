@@ -21,7 +21,7 @@ from jax_engine.server.auth import APIKeyMiddleware
 from jax_engine.server.chat import ChatCompletions, render_chat_prompt
 from jax_engine.server.completions import Completions
 from jax_engine.server.errors import APIError, bad_request, error_response, install_error_handlers
-from jax_engine.server.limits import BodySizeLimitMiddleware
+from jax_engine.server.limits import BodySizeLimitMiddleware, BodyTimeoutMiddleware
 from jax_engine.server.metrics import ServingMetrics
 from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
                                         TokenizeRequest, check_json_fields, conversation)
@@ -30,6 +30,7 @@ from jax_engine.server.streams import add_streams, collect, merge, until_disconn
 
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
+DEFAULT_BODY_TIMEOUT = 30.0  # seconds a client has to send a request's body (--body-timeout)
 
 
 def _respond(result):
@@ -39,8 +40,14 @@ def _respond(result):
     return StreamingResponse(result, media_type="text/event-stream")
 
 
-def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
-    """The server's ASGI app. The engine loop starts with the app and stops when it shuts down."""
+def build_app(engine: AsyncLLMEngine, config: ServerConfig, body_timeout: float = DEFAULT_BODY_TIMEOUT) -> FastAPI:
+    """The server's ASGI app. The engine loop starts with the app and stops when it shuts down.
+
+    Args:
+        engine: the engine to serve.
+        config: the server's settings and limits.
+        body_timeout: a request whose body has not all arrived this many seconds after its headers gets 408.
+    """
     state = ServerState(engine, config)
     engine.max_waiting_requests = config.max_waiting_requests
 
@@ -57,6 +64,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="jax-engine OpenAI-compatible server", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(BodyTimeoutMiddleware, seconds=body_timeout)
     if config.api_keys:  # added last, so it runs first: nothing is read for a client without a key
         app.add_middleware(APIKeyMiddleware, api_keys=config.api_keys)
     _add_service_routes(app, state, ServingMetrics(engine, config.model_name))

@@ -1,14 +1,17 @@
-"""Bounds on what one client can make the server read: body size, and time to send the headers.
+"""Bounds on what one client can make the server read: connections, time to send the headers and the body,
+body size.
 
-    client --headers--> [header deadline: H11ProtocolWithHeaderTimeout]   slow or silent clients are cut off
-           --body-----> [BodySizeLimitMiddleware]                         413 before a large body is read
-           --request--> routes (tokenization on a worker thread, see ServerState.off_loop)
+    client --connect---> [connections.LimitedH11Protocol]  a pending or established slot; slow headers cut off
+           --headers---> [auth.APIKeyMiddleware]             401 + close without a valid key
+           --body------> [BodySizeLimitMiddleware]           413 before a large body is read
+                         [BodyTimeoutMiddleware]             408 + close when the body is not in on time
+           --request---> routes (tokenization on a worker thread, see ServerState.off_loop)
 """
 
-import h11
+import asyncio
+
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from jax_engine.server.errors import send_error
 
@@ -44,50 +47,32 @@ class BodySizeLimitMiddleware:
         await self.app(scope, counted_receive, send)
 
 
-class H11ProtocolWithHeaderTimeout(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for each request's headers.
+class BodyTimeoutMiddleware:
+    """Answer 408 (and close the connection) to a request whose body has not all arrived `seconds` after the
+    route started reading it (nginx's client_body_timeout, for the whole body): a client that sends its
+    headers and then dribbles the body cannot hold a connection and a request for long."""
 
-    uvicorn closes idle keep-alive connections, but not one that sends its headers a byte at a time, or
-    nothing at all after connecting (slowloris): each would hold a connection, and a connection cap would
-    then turn everyone else away. Here a connection waiting for headers is closed after `header_timeout`
-    seconds. Subclass it with the timeout set (see `with_header_timeout`).
-    """
+    def __init__(self, app: ASGIApp, seconds: float) -> None:
+        self.app, self.seconds = app, seconds
 
-    header_timeout: float = 10.0
-    _header_deadline = None
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline, complete = None, False
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        self._arm_header_deadline()
+        async def timed_receive() -> Message:
+            nonlocal deadline, complete
+            if complete:  # after the body, receive() waits for a disconnect, which takes as long as it takes
+                return await receive()
+            loop = asyncio.get_running_loop()
+            deadline = deadline or loop.time() + self.seconds
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - loop.time(), 0))
+            except TimeoutError:  # FastAPI passes an HTTPException raised while reading on as is
+                raise HTTPException(408, f"the request body did not arrive within {self.seconds:g} s",
+                                    headers={"connection": "close"}) from None
+            complete = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
 
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        if self.conn.their_state is h11.IDLE:  # still reading a request's headers (or a new one's)
-            self._arm_header_deadline()
-        else:
-            self._disarm_header_deadline()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_deadline()
-        super().connection_lost(exc)
-
-    def _arm_header_deadline(self) -> None:
-        if self._header_deadline is None:
-            self._header_deadline = self.loop.call_later(self.header_timeout, self._headers_too_slow)
-
-    def _disarm_header_deadline(self) -> None:
-        if self._header_deadline is not None:
-            self._header_deadline.cancel()
-            self._header_deadline = None
-
-    def _headers_too_slow(self) -> None:
-        self._header_deadline = None
-        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-            self.logger.info("closed a connection that sent no complete request headers in %.0f s",
-                             self.header_timeout)
-            self.transport.close()
-
-
-def with_header_timeout(seconds: float) -> type[H11Protocol]:
-    """The protocol class to give uvicorn's `http=` setting."""
-    return type("H11ProtocolWithHeaderTimeout", (H11ProtocolWithHeaderTimeout,), {"header_timeout": seconds})
+        await self.app(scope, timed_receive, send)

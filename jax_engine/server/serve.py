@@ -8,11 +8,29 @@ and exits with status 1, so that a supervisor (systemd, Kubernetes) restarts it,
 import argparse
 import logging
 import sys
+from dataclasses import dataclass
 
 from jax_engine.server.state import PREFIX_CACHE_ISOLATION, ServerConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 ENGINE_DIED_EXIT_STATUS = 1
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """The HTTP layer's settings that ServerConfig does not hold (docs/serving.md#security).
+
+    Args:
+        max_pending_connections: connections that have not yet sent a request with a valid API key; past this
+            many, the oldest idle one is closed to make room.
+        body_timeout: seconds a client has to send a request's body (408 after).
+        send_timeout: seconds a client may read none of its output before it is disconnected (its request
+            aborted).
+    """
+
+    max_pending_connections: int = 64
+    body_timeout: float = 30.0
+    send_timeout: float = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,10 +50,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-cache-isolation", choices=PREFIX_CACHE_ISOLATION,
                         default=defaults.prefix_cache_isolation,
                         help="'api-key': requests hit only prefix-cache blocks computed for the same API key")
+    transport = TransportConfig()
     parser.add_argument("--max-connections", type=int, default=defaults.max_connections,
-                        help="answer 503 to new requests while this many connections are open")
+                        help="answer 503 to requests on new connections while this many connections that sent a "
+                        "valid key (any request, without --api-key) are open")
+    parser.add_argument("--max-pending-connections", type=int, default=transport.max_pending_connections,
+                        help="connections that have not yet sent a request with a valid key; past this many the "
+                        "oldest idle one is closed")
     parser.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
                         help="seconds a client has to send a request's headers")
+    parser.add_argument("--body-timeout", type=float, default=transport.body_timeout,
+                        help="seconds a client has to send a request's body (408 after)")
+    parser.add_argument("--send-timeout", type=float, default=transport.send_timeout,
+                        help="disconnect a client (aborting its request) that reads none of its output for this "
+                        "many seconds")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--headless", action="store_true",
                         help="a worker host (--node-rank > 0): no HTTP server, only the driver's device calls")
@@ -46,19 +74,28 @@ def server_config(ns: argparse.Namespace, model_name: str) -> ServerConfig:
                         ns.prefix_cache_isolation, ns.max_connections, ns.header_timeout)
 
 
-def make_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info"):
-    """The uvicorn server for the app, with the connection cap and the header deadline of `config`.
+def transport_config(ns: argparse.Namespace) -> TransportConfig:
+    return TransportConfig(ns.max_pending_connections, ns.body_timeout, ns.send_timeout)
+
+
+def make_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info",
+                transport: TransportConfig = TransportConfig()):
+    """The uvicorn server for the app, with the connection limits and deadlines of `config` and `transport`.
 
     If the engine loop dies, the server shuts down (`engine.on_dead`).
     """
     import uvicorn
 
     from jax_engine.server.app import build_app
-    from jax_engine.server.limits import with_header_timeout
+    from jax_engine.server.connections import ConnectionLimits, protocol_class
 
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, config), host=host, port=port, log_level=log_level,
-                                           http=with_header_timeout(config.header_timeout),
-                                           limit_concurrency=config.max_connections))
+    limits = ConnectionLimits(config.max_connections, transport.max_pending_connections, config.header_timeout,
+                              transport.send_timeout)
+    # No limit_concurrency: uvicorn's cap counts every connection alike; the protocol class counts its own. No
+    # WebSockets: the API has none, and an upgraded connection would leave the protocol class and its count.
+    uvicorn_config = uvicorn.Config(build_app(engine, config, transport.body_timeout), host=host, port=port,
+                                    log_level=log_level, http=protocol_class(limits, config.api_keys), ws="none")
+    server = uvicorn.Server(uvicorn_config)
 
     def shut_down() -> None:
         logging.getLogger(__name__).error("the engine loop died: shutting the server down")
@@ -68,9 +105,10 @@ def make_server(engine, config: ServerConfig, host: str, port: int, log_level: s
     return server
 
 
-def run_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info") -> int:
+def run_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info",
+               transport: TransportConfig = TransportConfig()) -> int:
     """Serve until SIGTERM / Ctrl-C (returns 0) or until the engine loop dies (returns 1)."""
-    make_server(engine, config, host, port, log_level).run()
+    make_server(engine, config, host, port, log_level, transport).run()
     return ENGINE_DIED_EXIT_STATUS if engine.dead_error is not None else 0
 
 
@@ -94,6 +132,6 @@ def main(ns: argparse.Namespace) -> None:
         engine = DataParallelEngine.from_engine_args(args)
     else:
         engine = AsyncLLMEngine.from_engine_args(args)
-    status = run_server(engine, config, ns.host, ns.port, ns.log_level)
+    status = run_server(engine, config, ns.host, ns.port, ns.log_level, transport_config(ns))
     if status:
         sys.exit(status)
