@@ -247,8 +247,7 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path):
             process.send_signal(signal.SIGTERM)
             rest = list(events)
         assert rest[-1] == "[DONE]" and len(rest) - 1 == 119  # every remaining token, then the end
-        # uvicorn re-raises the signal once shut down, so the exit status says "ended by SIGTERM" as usual
-        assert process.wait(timeout=60) == -signal.SIGTERM
+        assert process.wait(timeout=60) == 0  # a clean drain (uvicorn would end the process by the signal again)
     finally:
         process.kill()
     log = (tmp_path / "server.log").read_text()

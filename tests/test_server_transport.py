@@ -5,6 +5,7 @@ streams nobody reads, SIGTERM beside them. Checked against `jax-engine serve` in
 import asyncio
 import json
 import re
+import signal
 import socket
 import threading
 import time
@@ -215,3 +216,25 @@ def test_a_client_that_stops_reading_is_cut_off_and_its_request_aborted(long_che
     text = log.read_text()
     assert "disconnected a client that read none" in text and "Traceback" not in text, text[-3000:]
 
+
+def test_sigterm_ends_within_the_shutdown_timeout_beside_a_client_that_does_not_read(long_checkpoint_dir,
+                                                                                      tmp_path):
+    shutdown_timeout = 2.0
+    log = tmp_path / "server.log"
+    process, url = start_server_process(
+        long_checkpoint_dir, *cli_flags(**LONG_ARGS, send_timeout=120, shutdown_timeout=shutdown_timeout),
+        log_path=str(log))
+    try:
+        sock = _start_stream_nobody_reads(url)
+        wait_for(lambda: metric(url, "vllm:num_requests_running") == 1, 30, "the stream to start")
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        status = process.wait(timeout=shutdown_timeout + 30)
+        elapsed = time.monotonic() - started
+        print(f"exited {status} {elapsed:.1f} s after SIGTERM")
+        assert status == 0 and elapsed < shutdown_timeout + 10
+        assert _reset_by_server(sock)
+    finally:
+        process.kill()
+    text = log.read_text()
+    assert "disconnecting 1 connections still open" in text and "Traceback" not in text, text[-3000:]

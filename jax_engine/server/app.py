@@ -56,9 +56,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig, body_timeout: float 
         engine.start()
         yield
         await engine.stop()
-        # Release other hosts' workers now: after a signal, uvicorn ends the process by raising it again,
-        # which skips the engine's atexit hook.
-        engine.engine.shutdown()
+        engine.engine.shutdown()  # release other hosts' workers now, not at exit
 
     # No /docs or /redoc: their pages load scripts from a CDN. The schema stays at /openapi.json.
     app = FastAPI(title="jax-engine OpenAI-compatible server", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -16,7 +16,8 @@ sends its headers at once (any real client) is never crowded out.
 
 Each connection also has deadlines: its request headers within `header_timeout` seconds (slowloris), and, while
 the server has output waiting for it, some of it read within `send_timeout` seconds (nginx's send_timeout). A
-client that stops reading a stream is disconnected, which aborts its request and frees its KV blocks.
+client that stops reading a stream is disconnected, which aborts its request and frees its KV blocks. On SIGTERM
+the connections still open after the drain time are disconnected too (DrainingServer).
 """
 
 import asyncio
@@ -27,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import h11
+import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -213,3 +215,31 @@ def protocol_class(limits: ConnectionLimits, api_keys: tuple[str, ...]) -> type[
     pool = ConnectionPool(limits, APIKeys(api_keys))
     return type("LimitedH11Protocol", (LimitedH11Protocol,), {"pool": pool})
 
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, whose graceful shutdown ends: connections still open `drain_timeout` seconds after it
+    began are reset, so their requests end as if their clients had left (aborted, no traceback).
+
+    uvicorn's own timeout_graceful_shutdown cancels the request tasks instead, which logs each one as an ASGI
+    exception; it stays on as a backstop, a few seconds later.
+    """
+
+    def __init__(self, config: uvicorn.Config, drain_timeout: float) -> None:
+        config.timeout_graceful_shutdown = drain_timeout + 5
+        super().__init__(config)
+        self.drain_timeout = drain_timeout
+
+    async def shutdown(self, sockets=None) -> None:
+        cut = asyncio.get_running_loop().call_later(self.drain_timeout, self._disconnect_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            cut.cancel()
+
+    def _disconnect_all(self) -> None:
+        connections = list(self.server_state.connections)
+        if connections:
+            logger.warning("shutting down: disconnecting %d connections still open after %.0f s", len(connections),
+                           self.drain_timeout)
+        for connection in connections:
+            connection.reset()

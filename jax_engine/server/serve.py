@@ -1,13 +1,17 @@
 """`jax-engine serve [MODEL]`: load the model and serve the OpenAI-compatible API with uvicorn.
 
-SIGTERM or Ctrl-C stops accepting connections, lets in-flight requests finish, then stops the engine loop.
-If the engine loop dies, in-flight requests get an error, /health answers 503, and the server shuts down
-and exits with status 1, so that a supervisor (systemd, Kubernetes) restarts it, as vLLM's server does.
+SIGTERM or Ctrl-C stops accepting connections, lets in-flight requests finish (for at most --shutdown-timeout
+seconds, then disconnects their clients, which aborts them), stops the engine loop and exits with status 0. If
+the engine loop dies, in-flight requests get an error, /health answers 503, and the server shuts down and exits
+with status 1, so that a supervisor (systemd, Kubernetes) restarts it, as vLLM's server does.
 """
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
+import threading
 from dataclasses import dataclass
 
 from jax_engine.server.state import PREFIX_CACHE_ISOLATION, ServerConfig
@@ -26,11 +30,14 @@ class TransportConfig:
         body_timeout: seconds a client has to send a request's body (408 after).
         send_timeout: seconds a client may read none of its output before it is disconnected (its request
             aborted).
+        shutdown_timeout: after SIGTERM, seconds in-flight requests have to finish before their clients are
+            disconnected (and the requests aborted).
     """
 
     max_pending_connections: int = 64
     body_timeout: float = 30.0
     send_timeout: float = 30.0
+    shutdown_timeout: float = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--send-timeout", type=float, default=transport.send_timeout,
                         help="disconnect a client (aborting its request) that reads none of its output for this "
                         "many seconds")
+    parser.add_argument("--shutdown-timeout", type=float, default=transport.shutdown_timeout,
+                        help="after SIGTERM, seconds in-flight requests have to finish before their clients are "
+                        "disconnected")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--headless", action="store_true",
                         help="a worker host (--node-rank > 0): no HTTP server, only the driver's device calls")
@@ -75,7 +85,7 @@ def server_config(ns: argparse.Namespace, model_name: str) -> ServerConfig:
 
 
 def transport_config(ns: argparse.Namespace) -> TransportConfig:
-    return TransportConfig(ns.max_pending_connections, ns.body_timeout, ns.send_timeout)
+    return TransportConfig(ns.max_pending_connections, ns.body_timeout, ns.send_timeout, ns.shutdown_timeout)
 
 
 def make_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info",
@@ -87,7 +97,7 @@ def make_server(engine, config: ServerConfig, host: str, port: int, log_level: s
     import uvicorn
 
     from jax_engine.server.app import build_app
-    from jax_engine.server.connections import ConnectionLimits, protocol_class
+    from jax_engine.server.connections import ConnectionLimits, DrainingServer, protocol_class
 
     limits = ConnectionLimits(config.max_connections, transport.max_pending_connections, config.header_timeout,
                               transport.send_timeout)
@@ -95,7 +105,7 @@ def make_server(engine, config: ServerConfig, host: str, port: int, log_level: s
     # WebSockets: the API has none, and an upgraded connection would leave the protocol class and its count.
     uvicorn_config = uvicorn.Config(build_app(engine, config, transport.body_timeout), host=host, port=port,
                                     log_level=log_level, http=protocol_class(limits, config.api_keys), ws="none")
-    server = uvicorn.Server(uvicorn_config)
+    server = DrainingServer(uvicorn_config, transport.shutdown_timeout)
 
     def shut_down() -> None:
         logging.getLogger(__name__).error("the engine loop died: shutting the server down")
@@ -108,8 +118,27 @@ def make_server(engine, config: ServerConfig, host: str, port: int, log_level: s
 def run_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info",
                transport: TransportConfig = TransportConfig()) -> int:
     """Serve until SIGTERM / Ctrl-C (returns 0) or until the engine loop dies (returns 1)."""
-    make_server(engine, config, host, port, log_level, transport).run()
+    server = make_server(engine, config, host, port, log_level, transport)
+    with _signals_end_the_server_only():
+        server.run()
     return ENGINE_DIED_EXIT_STATUS if engine.dead_error is not None else 0
+
+
+@contextlib.contextmanager
+def _signals_end_the_server_only():
+    """uvicorn handles SIGTERM and SIGINT while it serves, then restores the handlers it found and raises the
+    signal again, so that the process ends as if by the signal (status 143). A server that drained cleanly
+    should exit 0, as documented: the handlers it finds ignore that second delivery."""
+    if threading.current_thread() is not threading.main_thread():  # where uvicorn handles no signals either
+        yield
+        return
+    caught = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in caught}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main(ns: argparse.Namespace) -> None:
