@@ -1,6 +1,7 @@
-"""A soak: 400 mixed requests (streamed or not, n 1-3, aborts, disconnects, invalid bodies) against
-`jax-engine serve` on the tiny model. Nothing may answer 5xx, and the server must end idle, with every block
-free and its memory flat once warm.
+"""A soak: 400 mixed requests (streamed or not, n 1-3, every sampler option, structured output of each kind,
+tools, logprobs, echo, aborts, disconnects, stalled readers, invalid bodies) against `jax-engine serve` on
+the tiny model. Nothing may answer 5xx, nothing may compile after start-up, and the server must end idle,
+with every block free and its memory and memory maps flat once warm.
 
 `make soak` runs the same with 10,000 requests and prints the figures (docs/benchmarks.md records them):
 
@@ -26,6 +27,9 @@ SERVER_ARGS = cli_flags(max_model_len=256, num_gpu_blocks_override=128, block_si
 # Measured from the middle of the run, once the allocator's pools have grown to the load. A leak of
 # per-request state grows with the request count; `make soak` shows it over 10,000 requests.
 MAX_RSS_GROWTH_MB = 64
+MAX_MEMORY_MAPS_GROWTH = 20  # one compiled program adds ~9-175
+# `make soak`: the slope of resident memory once warm. A per-request leak of 1 KB is 1 MB per 1000 requests.
+MAX_RSS_SLOPE_MB_PER_1000 = 2.0
 
 
 def soak_server(checkpoint_dir: str, log_dir: pathlib.Path, num_requests: int, warm_fraction: float) -> dict:
@@ -43,6 +47,8 @@ def test_a_soak_of_mixed_requests_leaves_no_trace(tiny_checkpoint_dir, tmp_path)
     assert report["idle_with_every_block_free"] and report["health"] == 200
     assert not any(o.startswith("transport-error") for o in report["outcomes"]), report["outcomes"]
     assert report["rss_growth_mb"] < MAX_RSS_GROWTH_MB, report
+    assert report["compilations_after_start_up"] == 0, report
+    assert report["memory_maps_growth"] <= MAX_MEMORY_MAPS_GROWTH, report
     log = (tmp_path / "server.log").read_text()
     assert "Traceback" not in log, log[-3000:]
 
@@ -60,7 +66,10 @@ def main() -> None:
         log = (pathlib.Path(directory) / "server.log").read_text()
     report["tracebacks_in_log"] = log.count("Traceback")
     print(json.dumps(report, indent=2))
-    sys.exit(1 if report["num_5xx"] or not report["idle_with_every_block_free"] or report["tracebacks_in_log"] else 0)
+    failed = (report["num_5xx"] or not report["idle_with_every_block_free"] or report["tracebacks_in_log"]
+              or report["compilations_after_start_up"] or report["memory_maps_growth"] > MAX_MEMORY_MAPS_GROWTH
+              or report["rss_slope_mb_per_1000_requests"] > MAX_RSS_SLOPE_MB_PER_1000)
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

@@ -3,10 +3,14 @@
     jax-engine serve &
     jax-engine bench soak --num-requests 10000
 
-Requests: completions and chat completions, streamed or not, n 1-3, stop strings and seeds; clients that
-disconnect mid-stream or time out (aborts); invalid bodies (bad JSON, wrong types, lone surrogates, forged
-roles, oversized values). At the end it waits for the server to go idle and checks what a soak is for:
-no 5xx, every KV block free, nothing running or waiting, and resident memory once warm.
+Requests: completions and chat completions, streamed or not, n 1-3, stop strings and seeds, and every other
+option a request can set: penalties, logit_bias, allowed_token_ids, bad_words, min_tokens with stop tokens,
+logprobs, prompt_logprobs and echo, structured output of each kind (JSON schema, json_object, regex, choice,
+grammar) and tools under each tool_choice; clients that disconnect mid-stream, time out (aborts) or stop
+reading for a while; invalid bodies (bad JSON, wrong types, lone surrogates, forged roles, oversized values).
+At the end it waits for the server to go idle and checks what a soak is for: no 5xx, every KV block free,
+nothing running or waiting, and resident memory and memory maps flat once warm (a compiled program adds
+both: none may be compiled after start-up).
 """
 
 import argparse
@@ -44,21 +48,54 @@ def _text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
-def _sampling(rng: random.Random, max_tokens: int) -> dict:
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"}},
+          "required": ["name"]}
+STRUCTURED = [{"structured_outputs": {"json": SCHEMA}}, {"structured_outputs": {"regex": "[a-z]{2,6}( [a-z]{2,6})?"}},
+              {"structured_outputs": {"choice": ["yes", "no", "maybe"]}},
+              {"structured_outputs": {"grammar": 'start: "a" rest\nrest: "b" | "c" rest'}},
+              {"response_format": {"type": "json_object"}},
+              {"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}}]
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
+    "type": "object", "properties": {"query": {"type": "string", "maxLength": 10}}, "required": ["query"]}}}
+TOOL_CHOICES = ["auto", "required", "none", {"type": "function", "function": {"name": "lookup"}}]
+
+
+def _sampling(rng: random.Random, max_tokens: int, vocab: int = 256) -> dict:
     body = {"max_tokens": rng.randint(1, max_tokens), "n": rng.choice([1, 1, 2, 3]),
             "temperature": rng.choice([0.0, 0.7, 1.0])}
-    if rng.random() < 0.3:
-        body["stop"] = [rng.choice(WORDS)]
-    if rng.random() < 0.5:
-        body["seed"] = rng.randrange(2**32)
+    options = {  # each on in some requests, so that every combination comes up
+        "stop": lambda: [rng.choice(WORDS)],
+        "seed": lambda: rng.randrange(2**32),
+        "presence_penalty": lambda: rng.uniform(-2, 2),
+        "frequency_penalty": lambda: rng.uniform(-2, 2),
+        "repetition_penalty": lambda: rng.uniform(0.5, 2),
+        "top_p": lambda: rng.uniform(0.1, 1),
+        "top_k": lambda: rng.randint(1, 50),
+        "min_p": lambda: rng.uniform(0, 0.5),
+        "logit_bias": lambda: {str(rng.randrange(vocab)): rng.uniform(-100, 100) for _ in range(rng.randint(1, 300))},
+        "allowed_token_ids": lambda: [rng.randrange(vocab) for _ in range(rng.randint(1, 200))],
+        "bad_words": lambda: [rng.choice(WORDS)],
+        "stop_token_ids": lambda: [rng.randrange(vocab) for _ in range(rng.randint(1, 256))],
+        "min_tokens": lambda: rng.randint(0, 2),
+        "prompt_logprobs": lambda: rng.randint(0, 20),
+    }
+    for name, value in options.items():
+        if rng.random() < 0.15:
+            body[name] = value()
+    body["min_tokens"] = min(body.get("min_tokens", 0), body["max_tokens"])
+    if rng.random() < 0.1:
+        body.update(rng.choice(STRUCTURED))
     return body
 
 
-async def _drain(response: httpx.Response, leave_after: int | None) -> None:
-    """Read a stream to its end, or leave after `leave_after` events (the client disconnects)."""
+async def _drain(response: httpx.Response, leave_after: int | None, stall: float = 0.0) -> None:
+    """Read a stream to its end, or leave after `leave_after` events (the client disconnects); after the first
+    event stop reading for `stall` seconds (the server must buffer no more than a bounded amount meanwhile)."""
     events = 0
     async for line in response.aiter_lines():
         events += line.startswith("data: ")
+        if events == 1 and stall:
+            await asyncio.sleep(stall)
         if leave_after is not None and events >= leave_after:
             return
 
@@ -75,8 +112,16 @@ async def _one(client: httpx.AsyncClient, rng: random.Random, max_tokens: int) -
     body = _sampling(rng, max_tokens)
     if chat:
         body["messages"] = [{"role": "user", "content": _text(rng, rng.randint(1, 12))}]
+        if rng.random() < 0.3:
+            body["logprobs"], body["top_logprobs"] = True, rng.randint(0, 20)
+        if rng.random() < 0.1 and not any(k in body for k in ("structured_outputs", "response_format")):
+            body["tools"], body["tool_choice"] = [TOOL], rng.choice(TOOL_CHOICES)
     else:
         body["prompt"] = _text(rng, rng.randint(1, 20))
+        if rng.random() < 0.2:
+            body["logprobs"] = rng.randint(0, 20)
+        if rng.random() < 0.1:
+            body["echo"] = True
     path = "/v1/chat/completions" if chat else "/v1/completions"
     if rng.random() < 0.1:  # a client that gives up: the server must abort its request
         try:
@@ -86,9 +131,11 @@ async def _one(client: httpx.AsyncClient, rng: random.Random, max_tokens: int) -
             return "timeout-abort/left"
     if rng.random() < 0.4:
         leave_after = rng.choice([None, None, 1, 2])
+        stall = rng.choice([0.0, 0.0, 0.0, rng.uniform(0.5, 2.0)])
         async with client.stream("POST", path, json={**body, "stream": True}) as response:
-            await _drain(response, leave_after)
-            return f"{'stream' if leave_after is None else 'disconnect'}/{response.status_code}"
+            await _drain(response, leave_after, stall)
+            kind = "stream" if leave_after is None else "disconnect"
+            return f"{kind}{'-stalled' if stall else ''}/{response.status_code}"
     response = await client.post(path, json=body)
     return f"{'chat' if chat else 'completion'}/{response.status_code}"
 
@@ -120,7 +167,7 @@ async def soak(base_url: str, num_requests: int, concurrency: int = 16, max_toke
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120, limits=limits) as client:
-        slots, outcomes, rss = asyncio.Semaphore(concurrency), Counter(), {}
+        slots, outcomes, rss, maps = asyncio.Semaphore(concurrency), Counter(), {}, {}
         warm_at = max(1, int(num_requests * warm_fraction))
         tenth = max(1, num_requests // 10)
 
@@ -130,6 +177,7 @@ async def soak(base_url: str, num_requests: int, concurrency: int = 16, max_toke
                     rss["warm"] = await _metric(client, "process_resident_memory_bytes")
                 if i % tenth == 0:
                     rss[i] = await _metric(client, "process_resident_memory_bytes")
+                    maps[i] = await _metric(client, "jax_engine:num_memory_maps")
                 try:
                     outcomes[await _one(client, random.Random(rng.random()), max_tokens)] += 1
                 except httpx.TransportError as error:  # the server dropped a connection: count it, go on
@@ -140,6 +188,8 @@ async def soak(base_url: str, num_requests: int, concurrency: int = 16, max_toke
         duration = time.perf_counter() - started
         idle = await _wait_idle(client, timeout=60)
         rss["end"] = await _metric(client, "process_resident_memory_bytes")
+        maps["end"] = await _metric(client, "jax_engine:num_memory_maps")
+        compilations = await _metric(client, "jax_engine:compilations_total")
         health = (await client.get("/health")).status_code
     statuses = Counter(int(o.split("/")[1]) for o in outcomes if o.split("/")[1].isdigit())
     return {"num_requests": num_requests, "duration_s": round(duration, 1),
@@ -148,7 +198,23 @@ async def soak(base_url: str, num_requests: int, concurrency: int = 16, max_toke
             "idle_with_every_block_free": idle, "health": health,
             "rss_warm_mb": round(rss.get("warm", rss["end"]) / 2**20, 1), "rss_end_mb": round(rss["end"] / 2**20, 1),
             "rss_growth_mb": round((rss["end"] - rss.get("warm", rss["end"])) / 2**20, 1),
-            "rss_mb_every_tenth": [round(rss[i] / 2**20) for i in sorted(k for k in rss if isinstance(k, int))]}
+            "rss_mb_every_tenth": [round(rss[i] / 2**20) for i in sorted(k for k in rss if isinstance(k, int))],
+            "rss_slope_mb_per_1000_requests": _slope(rss, warm_at, 1000 / 2**20),
+            "memory_maps_every_tenth": [int(maps[i]) for i in sorted(k for k in maps if isinstance(k, int))],
+            "memory_maps_growth": int(maps["end"] - maps[min(k for k in maps if isinstance(k, int) and k >= warm_at)]
+                                      if any(isinstance(k, int) and k >= warm_at for k in maps) else 0),
+            "compilations_after_start_up": int(compilations)}
+
+
+def _slope(samples: dict, since: int, scale: float) -> float:
+    """Least-squares slope of the samples taken at request counts >= `since`, times `scale`."""
+    points = sorted((k, v) for k, v in samples.items() if isinstance(k, int) and k >= since)
+    if len(points) < 3:
+        return 0.0
+    xs, ys = zip(*points)
+    mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x in xs)
+    return round(slope * scale, 2)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -63,20 +63,20 @@ class ChatCompletions:
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def create(self, body: ChatCompletionRequest, cache_salt: str | None = None):
+    async def create(self, body: ChatCompletionRequest, cache_salt: str | None = None, tenant: str | None = None):
         state = self.state
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
         num_top = body.top_logprobs or 0
         params = await state.sampling_params(body, body.max_completion_tokens or body.max_tokens,
                                              num_top if body.logprobs else None)
-        refuse_if_busy(state.engine)
+        refuse_if_busy(state.engine, tenant)
         tools, tool_choice = body.tool_list, body.effective_tool_choice
         shown_tools = tools if tool_choice != "none" else None
         prompt = await state.off_loop(lambda: render_chat_prompt(state, body.conversation(), body.add_generation_prompt,
                                                                  body.add_special_tokens, shown_tools))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await add_streams(state, request_id, [prompt], params, cache_salt)
+        streams = await add_streams(state, request_id, [prompt], params, cache_salt, tenant)
         if body.stream:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), num_top)
         [final] = await collect(streams)

@@ -48,7 +48,7 @@ class Completions:
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def create(self, body: CompletionRequest, cache_salt: str | None = None):
+    async def create(self, body: CompletionRequest, cache_salt: str | None = None, tenant: str | None = None):
         """Validate, queue every prompt, then answer in one body or as server-sent events.
 
         echo puts the prompt before the text, and with logprobs its tokens' logprobs before the text's (the way
@@ -65,7 +65,7 @@ class Completions:
         params = await state.sampling_params(body, 1 if scoring_only else body.max_tokens, body.logprobs)
         prompts = _prompts(body.prompt)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = await add_streams(state, request_id, prompts, params, cache_salt)
+        streams = await add_streams(state, request_id, prompts, params, cache_salt, tenant)
         echoes = [await state.off_loop(lambda p=p: self._prompt_text(p)) if body.echo else "" for p in prompts]
         if body.stream and not scoring_only:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), echoes)

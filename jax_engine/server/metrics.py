@@ -16,6 +16,14 @@ _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 4
 _ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
+def _memory_maps() -> int:
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:  # not Linux
+        return 0
+
+
 class _EngineCollector:
     """Reads the engine's state at scrape time."""
 
@@ -46,6 +54,8 @@ class _EngineCollector:
              "its cause).", stats["num_compilations"]),
             (CounterMetricFamily, "jax_engine:compile_seconds", "Seconds spent compiling after start-up.",
              stats["compile_seconds"]),
+            (GaugeMetricFamily, "jax_engine:num_memory_maps", "Memory maps of the server process (each compiled "
+             "program adds some; the kernel caps them at vm.max_map_count).", _memory_maps()),
             (CounterMetricFamily, "jax_engine:program_evictions", "Programs compiled after start-up and freed again "
              "(at most MAX_LATE_PROGRAMS are kept).", stats["num_program_evictions"]),
         ]

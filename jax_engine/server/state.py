@@ -35,6 +35,14 @@ class ServerConfig:
             requests made with the same API key.
         max_connections: past this many open connections, new requests get 503 (uvicorn's limit_concurrency).
         header_timeout: seconds a client has to send a request's headers before it is disconnected.
+        max_waiting_per_key: past this many requests of one API key waiting to start, its new ones get 503
+            (requests enter the engine by API-key turns: jax_engine/fair_queue.py).
+        max_request_tokens: the most tokens one request may generate: prompts x n x max_tokens (max_tokens
+            unset counts as what max_model_len leaves).
+        max_scored_prompt_tokens: the most prompt tokens one request may have scored (prompt_logprobs, echo
+            with logprobs).
+        max_structured_rows: the most sequences (prompts x n) of one request that follow a grammar (each is a
+            mask computed on the host every step).
     """
 
     model_name: str
@@ -45,6 +53,10 @@ class ServerConfig:
     prefix_cache_isolation: str = "none"
     max_connections: int = 1024
     header_timeout: float = 10.0
+    max_waiting_per_key: int = 64
+    max_request_tokens: int = 65_536
+    max_scored_prompt_tokens: int = 16_384
+    max_structured_rows: int = 64
 
     def __post_init__(self) -> None:
         if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
@@ -78,6 +90,11 @@ class ServerState:
     async def off_loop(self, work: Callable[[], T]) -> T:
         """Run tokenizer work (encoding, chat templates, decoding) off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, work)
+
+    @staticmethod
+    def tenant(request: Request) -> str | None:
+        """Whose turn the request waits for: its API key's tenant (None without keys)."""
+        return getattr(request.state, "tenant", None)
 
     def cache_salt(self, request: Request, salt: str | None) -> str | None:
         """The request's cache_salt, prefixed with its API key's tenant when tenants are isolated."""
@@ -120,6 +137,26 @@ class ServerState:
             except ValueError as error:
                 raise APIError(400, str(error), field) from None
         return params
+
+    def check_cost(self, params: SamplingParams, prompt_lengths: list[int]) -> None:
+        """A 400 naming the field to lower when a request (its prompts, of these token counts) would cost more
+        than the server allows one request: tokens generated, prompt tokens scored, grammar rows."""
+        config, n = self.config, params.n
+        generated = n * sum(min(params.max_tokens or self.max_model_len, self.max_model_len - length)
+                            for length in prompt_lengths)
+        if generated > config.max_request_tokens:
+            raise APIError(400, f"max_tokens: {len(prompt_lengths)} prompts x n={n} x up to "
+                           f"{params.max_tokens or 'max_model_len'} tokens is {generated} tokens, more than this "
+                           f"server's limit of {config.max_request_tokens} per request; lower max_tokens, n or "
+                           "the number of prompts", "max_tokens")
+        scored = sum(prompt_lengths) if params.prompt_logprobs is not None else 0
+        if scored > config.max_scored_prompt_tokens:
+            raise APIError(400, f"prompt_logprobs: scoring {scored} prompt tokens is more than this server's limit "
+                           f"of {config.max_scored_prompt_tokens} per request", "prompt_logprobs")
+        rows = n * len(prompt_lengths) if params.structured_outputs is not None else 0
+        if rows > config.max_structured_rows:
+            raise APIError(400, f"n: {len(prompt_lengths)} prompts x n={n} is {rows} sequences under a grammar, "
+                           f"more than this server's limit of {config.max_structured_rows} per request", "n")
 
     def check_n(self, n: int) -> None:
         if n > self.config.max_n:

@@ -36,35 +36,37 @@ def client_error(error: Exception) -> APIError:
     return internal_error("a request failed", error)
 
 
-def refuse_if_busy(engine: AsyncLLMEngine) -> None:
-    """Turn a request away at once, before its body is tokenized, when it would be refused anyway."""
+def refuse_if_busy(engine: AsyncLLMEngine, tenant: str | None = None) -> None:
+    """Turn a request (of `tenant`) away at once, before its body is tokenized, when it would be refused anyway."""
     try:
-        engine.check_accepting()
+        engine.check_accepting(tenant)
     except (QueueFullError, EngineDeadError) as error:
         raise client_error(error) from None
 
 
 async def add_streams(state: ServerState, request_id: str, prompts: list, params: SamplingParams,
-                      cache_salt: str | None = None) -> list[RequestStream]:
-    """Queue one engine request per prompt; all or none (a bad prompt queues none).
+                      cache_salt: str | None = None, tenant: str | None = None) -> list[RequestStream]:
+    """Queue one engine request per prompt, in `tenant`'s turn (its API key's; see fair_queue.py); all or none
+    (a bad prompt, or a request that would cost more than the server allows one, queues none).
 
     The prompts are tokenized and checked on the server's tokenizer thread: a long prompt never holds up
     the event loop, and so never delays other clients or /health.
     """
     engine = state.engine
-    limit = engine.max_waiting_requests
-    if limit is not None and len(prompts) > limit:  # could never be queued: the client's error, not overload
-        raise APIError(400, f"prompt: at most {limit} prompts per request, got {len(prompts)}", "prompt")
-    refuse_if_busy(engine)
+    limits = [n for n in (engine.max_waiting_requests, engine.max_waiting_per_tenant) if n is not None]
+    if limits and len(prompts) > min(limits):  # could never be queued: the client's error, not overload
+        raise APIError(400, f"prompt: at most {min(limits)} prompts per request, got {len(prompts)}", "prompt")
+    refuse_if_busy(engine, tenant)
     try:
         checked = await state.off_loop(lambda: [engine.engine.validate_request(p, params) for p in prompts])
     except ValueError as error:
         raise bad_request(error) from None
+    state.check_cost(params, [len(token_ids) for _, token_ids in checked])
     streams = []
     try:
         for i, (text, token_ids) in enumerate(checked):
             prompt = {"prompt": text, "prompt_token_ids": token_ids, "cache_salt": cache_salt}
-            streams.append(engine.add_request(f"{request_id}-{i}", prompt, params))
+            streams.append(engine.add_request(f"{request_id}-{i}", prompt, params, tenant))
     except Exception as error:
         for stream in streams:
             engine.abort(stream.request_id)
