@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from jax_engine.structured_output import StructuredOutputsParams
 from reference.request import MAX_BAD_WORDS
 from reference.request import SamplingParams as _ReferenceSamplingParams
-from reference.request import check, check_bool, check_int, check_real
+from reference.request import check, check_bool, check_int, check_real, is_unicode
 
 MAX_LOGPROBS = 20
 # Stop strings are searched for after every token of every sequence: bound the work one request can ask for.
@@ -96,9 +96,9 @@ class SamplingParams(_ReferenceSamplingParams):
             self._set(name, check_bool(getattr(self, name), name))
         words = self.bad_words if self.bad_words is not None else ()
         check(isinstance(words, (list, tuple)) and len(words) <= MAX_BAD_WORDS
-              and all(isinstance(w, str) and 0 < len(w) <= MAX_STOP_STRING_LENGTH for w in words), "bad_words",
-              f"a list of at most {MAX_BAD_WORDS} non-empty strings of at most {MAX_STOP_STRING_LENGTH} characters",
-              words)
+              and all(isinstance(w, str) and 0 < len(w) <= MAX_STOP_STRING_LENGTH and is_unicode(w) for w in words),
+              "bad_words", f"a list of at most {MAX_BAD_WORDS} non-empty strings (valid Unicode) of at most "
+              f"{MAX_STOP_STRING_LENGTH} characters", words)
         self._set("bad_words", tuple(words))
         if isinstance(self.structured_outputs, dict):
             self._set("structured_outputs", StructuredOutputsParams.from_dict(self.structured_outputs))

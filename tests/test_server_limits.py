@@ -15,6 +15,9 @@ from tests.server_helpers import TINY_ENGINE_ARGS, cli_flags, start_server_proce
 MAX_BODY = 1 << 20  # 1 MiB for these tests (the default is 4 MiB)
 HEADER_TIMEOUT = 1.0
 MAX_CONNECTIONS = 6
+# Each request's cost, scaled down from the defaults (65,536 tokens generated, 16,384 prompt tokens scored, 64
+# grammar rows) so that a small request passes each.
+COST_LIMITS = dict(max_request_tokens=256, max_scored_prompt_tokens=64, max_structured_rows=4)
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +25,7 @@ def server(tiny_checkpoint_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("limits") / "server.log"
     process, url = start_server_process(
         tiny_checkpoint_dir, *cli_flags(**TINY_ENGINE_ARGS, max_body_bytes=MAX_BODY, header_timeout=HEADER_TIMEOUT,
-                                        max_connections=MAX_CONNECTIONS), log_path=str(log))
+                                        max_connections=MAX_CONNECTIONS, **COST_LIMITS), log_path=str(log))
     yield url
     stop_server_process(process)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
@@ -129,6 +132,11 @@ def _post(url: str, path: str, body) -> httpx.Response:
     ("/v1/completions", b'{"prompt": "hi", "structured_outputs": {"json": %s}}' % _nested(900),
      "structured_outputs"),
     ("/v1/completions", {"prompt": "hi", "guided_json": _nested(900).decode()}, "guided_json"),
+    # One request's cost: prompts x n x max_tokens, prompt tokens scored, sequences under a grammar (issue 40)
+    ("/v1/completions", {"prompt": ["a b"] * 5, "n": 4, "max_tokens": 16}, "max_tokens"),  # 320 > 256
+    ("/v1/completions", {"prompt": "hi", "n": 4, "max_tokens": None}, "max_tokens"),  # n x up to max_model_len
+    ("/v1/completions", {"prompt": "x " * 40, "echo": True, "logprobs": 1, "max_tokens": 1}, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": ["a", "b"], "n": 3, "max_tokens": 4, "guided_regex": "[a-z]+"}, "n"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", '
      b'"function": {"name": "f", "parameters": %s}}]}' % _nested(900), "tools"),
 ])

@@ -275,3 +275,37 @@ def test_prefix_cache_isolation_per_api_key(tiny_checkpoint):
         warm = hits_after("key-a")
         assert warm > cold  # the first key hits its own blocks
         assert hits_after("key-a", "x") == warm  # key b's salt "x" is not key a's salt "x"
+
+
+def test_one_api_key_cannot_fill_the_queue_or_hold_others_back(tiny_checkpoint):
+    """Issue 40: requests were served first come, first served, so one key's burst filled the waiting queue
+    and another key's 5-token request waited for all of it. Now a key's own waiting requests are capped (503 +
+    Retry-After for that key alone) and requests enter the engine by key turns: the other key's request, sent
+    after the burst, finishes before the burst's queued requests."""
+    engine = AsyncLLMEngine(LLMEngine(EngineArgs(**ARGS), checkpoint=tiny_checkpoint))  # 4 sequences at once
+    config = ServerConfig("tiny", api_keys=("key-a", "key-b"), max_waiting_per_key=3)
+    finished: dict[str, float] = {}
+
+    def send(key: str, name: str, max_tokens: int) -> int:
+        body = {"prompt": "hello there", "max_tokens": max_tokens, "ignore_eos": True}
+        response = httpx.post(f"{server.url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"},
+                              timeout=120)
+        finished[name] = time.monotonic()
+        if response.status_code == 503:
+            assert "of this API key" in response.json()["error"]["message"] and response.headers["Retry-After"]
+        return response.status_code
+
+    with ThreadedServer(engine, config) as server:
+        burst = [threading.Thread(target=lambda i=i: statuses.append(send("key-a", f"a{i}", 100))) for i in range(8)]
+        statuses: list[int] = []
+        for thread in burst:  # 4 enter the engine, 3 wait for their turn, the 8th is refused
+            thread.start()
+            time.sleep(0.1)
+        wait_for(lambda: 503 in statuses, 30, "the request past key a's own queue to be refused")
+        assert send("key-b", "b", 5) == 200
+        for thread in burst:
+            thread.join()
+    assert sorted(statuses) == [200] * 7 + [503]
+    served = sorted(finished, key=finished.get)[1:]  # the refused request answered first
+    print("finishing order of the served requests:", served)
+    assert served.index("b") <= 4  # after the 4 of the burst it found running, before the 3 it found waiting

@@ -30,7 +30,6 @@ from jax_engine.server.streams import add_streams, collect, merge, until_disconn
 
 
 SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams))
-DEFAULT_BODY_TIMEOUT = 30.0  # seconds a client has to send a request's body (--body-timeout)
 
 
 def _respond(result):
@@ -40,16 +39,11 @@ def _respond(result):
     return StreamingResponse(result, media_type="text/event-stream")
 
 
-def build_app(engine: AsyncLLMEngine, config: ServerConfig, body_timeout: float = DEFAULT_BODY_TIMEOUT) -> FastAPI:
-    """The server's ASGI app. The engine loop starts with the app and stops when it shuts down.
-
-    Args:
-        engine: the engine to serve.
-        config: the server's settings and limits.
-        body_timeout: a request whose body has not all arrived this many seconds after its headers gets 408.
-    """
+def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
+    """The server's ASGI app. The engine loop starts with the app and stops when it shuts down."""
     state = ServerState(engine, config)
     engine.max_waiting_requests = config.max_waiting_requests
+    engine.max_waiting_per_tenant = config.max_waiting_per_key
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -62,7 +56,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig, body_timeout: float 
     app = FastAPI(title="jax-engine OpenAI-compatible server", lifespan=lifespan, docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
-    app.add_middleware(BodyTimeoutMiddleware, seconds=body_timeout)
+    app.add_middleware(BodyTimeoutMiddleware, seconds=config.body_timeout)
     if config.api_keys:  # added last, so it runs first: nothing is read for a client without a key
         app.add_middleware(APIKeyMiddleware, api_keys=config.api_keys)
     _add_service_routes(app, state, ServingMetrics(engine, config.model_name))
@@ -98,12 +92,12 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, raw_request: Request):
         salt = state.cache_salt(raw_request, body.cache_salt)
-        return _respond(await until_disconnect(raw_request, completions.create(body, salt)))
+        return _respond(await until_disconnect(raw_request, completions.create(body, salt, state.tenant(raw_request))))
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request):
         salt = state.cache_salt(raw_request, body.cache_salt)
-        return _respond(await until_disconnect(raw_request, chat.create(body, salt)))
+        return _respond(await until_disconnect(raw_request, chat.create(body, salt, state.tenant(raw_request))))
 
 
 def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:
@@ -151,7 +145,7 @@ async def _demo_generate(state: ServerState, body: GenerateRequest, raw_request:
         raise bad_request(error) from None
     state.check_n(params.n)
     streams = await add_streams(state, f"generate-{uuid.uuid4().hex}", [body.prompt], params,
-                                state.cache_salt(raw_request, None))
+                                state.cache_salt(raw_request, None), state.tenant(raw_request))
 
     def texts(output) -> dict:
         return {"text": [body.prompt + c.text for c in output.outputs]}

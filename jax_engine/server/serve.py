@@ -8,36 +8,16 @@ with status 1, so that a supervisor (systemd, Kubernetes) restarts it, as vLLM's
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import signal
 import sys
 import threading
-from dataclasses import dataclass
 
 from jax_engine.server.state import PREFIX_CACHE_ISOLATION, ServerConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 ENGINE_DIED_EXIT_STATUS = 1
-
-
-@dataclass(frozen=True)
-class TransportConfig:
-    """The HTTP layer's settings that ServerConfig does not hold (docs/serving.md#security).
-
-    Args:
-        max_pending_connections: connections that have not yet sent a request with a valid API key; past this
-            many, the oldest idle one is closed to make room.
-        body_timeout: seconds a client has to send a request's body (408 after).
-        send_timeout: seconds a client may read none of its output before it is disconnected (its request
-            aborted).
-        shutdown_timeout: after SIGTERM, seconds in-flight requests have to finish before their clients are
-            disconnected (and the requests aborted).
-    """
-
-    max_pending_connections: int = 64
-    body_timeout: float = 30.0
-    send_timeout: float = 30.0
-    shutdown_timeout: float = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,26 +32,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-n", type=int, default=defaults.max_n, help="largest n a request may ask for")
     parser.add_argument("--max-waiting-requests", type=int, default=defaults.max_waiting_requests,
                         help="answer 503 to new requests while this many wait to start")
+    parser.add_argument("--max-waiting-per-key", type=int, default=defaults.max_waiting_per_key,
+                        help="answer 503 to an API key's new requests while this many of its own wait to start "
+                        "(requests enter the engine by API-key turns)")
+    parser.add_argument("--max-request-tokens", type=int, default=defaults.max_request_tokens,
+                        help="largest prompts x n x max_tokens one request may ask for")
+    parser.add_argument("--max-scored-prompt-tokens", type=int, default=defaults.max_scored_prompt_tokens,
+                        help="most prompt tokens one request may have scored (prompt_logprobs, echo with logprobs)")
+    parser.add_argument("--max-structured-rows", type=int, default=defaults.max_structured_rows,
+                        help="most sequences (prompts x n) of one request under a grammar")
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes,
                         help="answer 413 to request bodies larger than this")
     parser.add_argument("--prefix-cache-isolation", choices=PREFIX_CACHE_ISOLATION,
                         default=defaults.prefix_cache_isolation,
                         help="'api-key': requests hit only prefix-cache blocks computed for the same API key")
-    transport = TransportConfig()
     parser.add_argument("--max-connections", type=int, default=defaults.max_connections,
                         help="answer 503 to requests on new connections while this many connections that sent a "
                         "valid key (any request, without --api-key) are open")
-    parser.add_argument("--max-pending-connections", type=int, default=transport.max_pending_connections,
+    parser.add_argument("--max-pending-connections", type=int, default=defaults.max_pending_connections,
                         help="connections that have not yet sent a request with a valid key; past this many the "
                         "oldest idle one is closed")
     parser.add_argument("--header-timeout", type=float, default=defaults.header_timeout,
                         help="seconds a client has to send a request's headers")
-    parser.add_argument("--body-timeout", type=float, default=transport.body_timeout,
+    parser.add_argument("--body-timeout", type=float, default=defaults.body_timeout,
                         help="seconds a client has to send a request's body (408 after)")
-    parser.add_argument("--send-timeout", type=float, default=transport.send_timeout,
+    parser.add_argument("--send-timeout", type=float, default=defaults.send_timeout,
                         help="disconnect a client (aborting its request) that reads none of its output for this "
                         "many seconds")
-    parser.add_argument("--shutdown-timeout", type=float, default=transport.shutdown_timeout,
+    parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
                         help="after SIGTERM, seconds in-flight requests have to finish before their clients are "
                         "disconnected")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -80,17 +68,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def server_config(ns: argparse.Namespace, model_name: str) -> ServerConfig:
-    return ServerConfig(model_name, tuple(ns.api_key), ns.max_n, ns.max_waiting_requests, ns.max_body_bytes,
-                        ns.prefix_cache_isolation, ns.max_connections, ns.header_timeout)
+    """ServerConfig from the flags: every field has the flag of its name."""
+    fields = {f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(ns, f.name)}
+    return ServerConfig(**{**fields, "model_name": model_name, "api_keys": tuple(ns.api_key)})
 
 
-def transport_config(ns: argparse.Namespace) -> TransportConfig:
-    return TransportConfig(ns.max_pending_connections, ns.body_timeout, ns.send_timeout, ns.shutdown_timeout)
-
-
-def make_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info",
-                transport: TransportConfig = TransportConfig()):
-    """The uvicorn server for the app, with the connection limits and deadlines of `config` and `transport`.
+def make_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info"):
+    """The uvicorn server for the app, with the connection limits and deadlines of `config`.
 
     If the engine loop dies, the server shuts down (`engine.on_dead`).
     """
@@ -99,13 +83,13 @@ def make_server(engine, config: ServerConfig, host: str, port: int, log_level: s
     from jax_engine.server.app import build_app
     from jax_engine.server.connections import ConnectionLimits, DrainingServer, protocol_class
 
-    limits = ConnectionLimits(config.max_connections, transport.max_pending_connections, config.header_timeout,
-                              transport.send_timeout)
+    limits = ConnectionLimits(config.max_connections, config.max_pending_connections, config.header_timeout,
+                              config.send_timeout)
     # No limit_concurrency: uvicorn's cap counts every connection alike; the protocol class counts its own. No
     # WebSockets: the API has none, and an upgraded connection would leave the protocol class and its count.
-    uvicorn_config = uvicorn.Config(build_app(engine, config, transport.body_timeout), host=host, port=port,
+    uvicorn_config = uvicorn.Config(build_app(engine, config), host=host, port=port,
                                     log_level=log_level, http=protocol_class(limits, config.api_keys), ws="none")
-    server = DrainingServer(uvicorn_config, transport.shutdown_timeout)
+    server = DrainingServer(uvicorn_config, config.shutdown_timeout)
 
     def shut_down() -> None:
         logging.getLogger(__name__).error("the engine loop died: shutting the server down")
@@ -115,10 +99,9 @@ def make_server(engine, config: ServerConfig, host: str, port: int, log_level: s
     return server
 
 
-def run_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info",
-               transport: TransportConfig = TransportConfig()) -> int:
+def run_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info") -> int:
     """Serve until SIGTERM / Ctrl-C (returns 0) or until the engine loop dies (returns 1)."""
-    server = make_server(engine, config, host, port, log_level, transport)
+    server = make_server(engine, config, host, port, log_level)
     with _signals_end_the_server_only():
         server.run()
     return ENGINE_DIED_EXIT_STATUS if engine.dead_error is not None else 0
@@ -161,6 +144,6 @@ def main(ns: argparse.Namespace) -> None:
         engine = DataParallelEngine.from_engine_args(args)
     else:
         engine = AsyncLLMEngine.from_engine_args(args)
-    status = run_server(engine, config, ns.host, ns.port, ns.log_level, transport_config(ns))
+    status = run_server(engine, config, ns.host, ns.port, ns.log_level)
     if status:
         sys.exit(status)

@@ -33,8 +33,16 @@ class ServerConfig:
         max_body_bytes: larger request bodies get 413 before they are read.
         prefix_cache_isolation: "none", or "api-key": requests share prefix-cache blocks only with
             requests made with the same API key.
-        max_connections: past this many open connections, new requests get 503 (uvicorn's limit_concurrency).
+        max_connections: past this many open connections that sent a valid key (any request, without keys),
+            requests on new connections get 503 (server/connections.py counts them).
         header_timeout: seconds a client has to send a request's headers before it is disconnected.
+        max_pending_connections: connections that have not yet sent a request with a valid API key; past this
+            many, the oldest idle one is closed to make room.
+        body_timeout: seconds a client has to send a request's body (408 after).
+        send_timeout: seconds a client may read none of its output before it is disconnected (its request
+            aborted).
+        shutdown_timeout: after SIGTERM, seconds in-flight requests have to finish before their clients are
+            disconnected (and the requests aborted).
         max_waiting_per_key: past this many requests of one API key waiting to start, its new ones get 503
             (requests enter the engine by API-key turns: jax_engine/fair_queue.py).
         max_request_tokens: the most tokens one request may generate: prompts x n x max_tokens (max_tokens
@@ -53,6 +61,10 @@ class ServerConfig:
     prefix_cache_isolation: str = "none"
     max_connections: int = 1024
     header_timeout: float = 10.0
+    max_pending_connections: int = 64
+    body_timeout: float = 30.0
+    send_timeout: float = 30.0
+    shutdown_timeout: float = 30.0
     max_waiting_per_key: int = 64
     max_request_tokens: int = 65_536
     max_scored_prompt_tokens: int = 16_384

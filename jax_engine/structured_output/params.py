@@ -4,6 +4,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from jax_engine.structured_output.limits import check_schema
 from reference.request import check
 
 # The kinds of constraint, of which a request sets exactly one (vLLM's rule).
@@ -40,6 +41,8 @@ class StructuredOutputsParams:
         if self.json is not None:
             check(isinstance(self.json, (dict, bool, str)), "structured_outputs.json", "a JSON schema (dict or text)",
                   self.json)
+            if isinstance(self.json, dict):  # before json.dumps, which recurses: a deep one would overflow it
+                check_schema(self.json, "structured_outputs.json")
             check(len(self.json_text) <= MAX_SPEC_CHARS, "structured_outputs.json",
                   f"at most {MAX_SPEC_CHARS} characters as JSON", self.json_text)
         for name in ("regex", "grammar"):
