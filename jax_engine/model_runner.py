@@ -182,8 +182,7 @@ class ModelRunner:
             count = block_move_bucket(len(src))
             src_padded = _padded(src, count, 0)  # padding reads block 0 again
             for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)):
-                gather = self.programs.get(("swap_out", count), _gather_blocks, (cache, self.placed(src_padded)))
-                moved = gather(cache, src_padded)
+                moved = self.programs.call(("swap_out", count), _gather_blocks, (cache, src_padded))
                 for shard in moved.addressable_shards:  # each device's heads (all of them on one device)
                     layers, _, slots, heads, dims = shard.index
                     host[layers, dst, slots, heads, dims] = np.asarray(shard.data)[:, : len(dst)]
@@ -201,16 +200,14 @@ class ModelRunner:
             src, dst = zip(*out.copies)
             count = block_move_bucket(len(src))
             src, dst = _padded(src, count, 0), _padded(dst, count, self.k_cache.shape[1])  # padding writes are dropped
-            copy = self.programs.get(("copy", count), _copy_blocks,
-                                     (self.k_cache, self.v_cache, *self.placed((src, dst))))
-            self.k_cache, self.v_cache = copy(self.k_cache, self.v_cache, src, dst)
+            self.k_cache, self.v_cache = self.programs.call(("copy", count), _copy_blocks,
+                                                            (self.k_cache, self.v_cache, src, dst))
 
     def _swap_in(self, cache: jax.Array, blocks: jax.Array, dst: np.ndarray) -> jax.Array:
-        scatter = self.programs.get(("swap_in", len(dst)), _scatter_blocks, (cache, blocks, self.placed(dst)))
-        return scatter(cache, blocks, dst)
+        return self.programs.call(("swap_in", len(dst)), _scatter_blocks, (cache, blocks, dst))
 
     def placed(self, host_args):
-        """Host arguments as a program is compiled for them: on the default device, or replicated over the
+        """Host arguments as start-up compiles a program for them: on the default device, or replicated over the
         model's mesh (the program then places NumPy arguments itself)."""
         if self.replicated is None:
             return host_args
@@ -308,13 +305,13 @@ class ModelRunner:
         """Run the step. Returns (hidden states of the sampling rows [max_num_seqs, H], all of them [T, H])."""
         host_inputs = (inputs.token_ids, inputs.metadata, inputs.logits_indices)
         key = step_key(*host_inputs)
-        program = self.programs.get(key, _forward, (self.model, self.k_cache, self.v_cache, *self.placed(host_inputs)),
-                                    static=(self.backend.attend,),
-                                    cause=f"a step of {key[1][0]} tokens, {key[2][0]} sequences, {key[2][1]} blocks")
+        if key not in self.programs.startup and self.replicated is not None:  # through jit: place them first
+            host_inputs = jax.device_put(host_inputs, self.replicated)
         # A compiled program places NumPy inputs itself, by its input shardings: the call took 0.2 ms at batch 1,
         # where jax.device_put first and then the call took 0.5 (of a ~8 ms int8 token on 2 cores).
-        sampling_hidden, hidden, self.k_cache, self.v_cache = program(self.model, self.k_cache, self.v_cache,
-                                                                      *host_inputs)
+        sampling_hidden, hidden, self.k_cache, self.v_cache = self.programs.call(
+            key, _forward, (self.model, self.k_cache, self.v_cache, *host_inputs), static=(self.backend.attend,),
+            cause=f"a step of {key[1][0]} tokens, {key[2][0]} sequences, {key[2][1]} blocks")
         return sampling_hidden, hidden
 
     def sampling_batch(self, seqs: list, grammar_bitmask: np.ndarray | None = None) -> SamplingBatch:
@@ -331,23 +328,19 @@ class ModelRunner:
         padded = np.zeros(bucket(len(rows)), np.int32)
         padded[: len(rows)] = rows
         buffer = self.recycled.take((len(padded), self.model.cfg.vocab_size))
-        logits_program = self.programs.get(("logits", len(padded)), _logits,
-                                           (self.model, sampling_hidden, self.placed(padded), buffer),
-                                           cause=f"{len(rows)} rows sampled")
-        logits = logits_program(self.model, sampling_hidden, padded, buffer)
+        logits = self.programs.call(("logits", len(padded)), _logits, (self.model, sampling_hidden, padded, buffer),
+                                    cause=f"{len(rows)} rows sampled")
         scratch = self.recycled.take(logits.shape)
         stages = [s for s, on in zip(STAGES, batch.stages) if on] if batch.flags.general else []
-        sampler = self.programs.get(sampler_key(batch), sample, (logits, self.placed(batch)), {"scratch": scratch},
-                                    cause=f"{len(rows)} rows sampled with {batch.flags} {stages}")
-        result, scratch = sampler(logits, batch, scratch=scratch)
+        result, scratch = self.programs.call(sampler_key(batch), sample, (logits, batch), {"scratch": scratch},
+                                             cause=f"{len(rows)} rows sampled with {batch.flags} {stages}")
         self.recycled.give(scratch)
         self.recycled.give(logits)
         return result.rows(len(rows))
 
     def all_logits(self, hidden: jax.Array) -> np.ndarray:
         """Logits of every row of a step's hidden states (tests compare them with other models')."""
-        program = self.programs.get(("all_logits", hidden.shape), _all_logits, (self.model, hidden))
-        return to_host(program(self.model, hidden))
+        return to_host(self.programs.call(("all_logits", hidden.shape), _all_logits, (self.model, hidden)))
 
     def token_logprobs(self, hidden: jax.Array, rows: list[int], targets: list[int]):
         """(logprob, rank, top MAX_LOGPROBS ids, their logprobs) of each target token after its row of a step's
@@ -362,10 +355,9 @@ class ModelRunner:
             part = chosen[start : start + SCORED_ROWS]
             chunk[: len(part)] = part
             chunk_targets = _padded(targets[start : start + SCORED_ROWS], SCORED_ROWS, 0)
-            args = (chunk, chunk_targets)
-            program = self.programs.get(("token_logprobs", SCORED_ROWS), _token_logprobs,
-                                        (self.model, *self.placed(args)), cause="prompt logprobs")
-            results.append([to_host(x) for x in program(self.model, *args)])
+            scores = self.programs.call(("token_logprobs", SCORED_ROWS), _token_logprobs,
+                                        (self.model, chunk, chunk_targets), cause="prompt logprobs")
+            results.append([to_host(x) for x in scores])
         return tuple(np.concatenate(column)[: len(rows)] for column in zip(*results))
 
     @property

@@ -1,5 +1,5 @@
 """The runner's program cache: programs compiled after start-up are kept at most MAX_LATE_PROGRAMS at a time,
-and evicting one frees its memory maps (through jax.jit alone, every shape's program stayed for good)."""
+and evicting them frees their memory maps (through jax.jit alone, every shape's program stayed for good)."""
 
 import logging
 from pathlib import Path
@@ -23,8 +23,8 @@ def _memory_maps() -> int:
 def _run_shapes(cache: ProgramCache, sizes) -> None:
     for n in sizes:
         x = np.ones(n, np.float32)
-        program = cache.get(("sum", n), _scaled_sum, (x,), cause=f"an array of {n}")
-        np.testing.assert_allclose(float(program(x)), np.tanh(1.0) * 3.0 * n, rtol=1e-5)
+        total = cache.call(("sum", n), _scaled_sum, (x,), cause=f"an array of {n}")
+        np.testing.assert_allclose(float(total), np.tanh(1.0) * 3.0 * n, rtol=1e-5)
 
 
 def test_late_programs_are_bounded_and_evicted_ones_are_freed(caplog):

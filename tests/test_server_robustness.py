@@ -283,6 +283,8 @@ def test_one_api_key_cannot_fill_the_queue_or_hold_others_back(tiny_checkpoint):
     Retry-After for that key alone) and requests enter the engine by key turns: the other key's request, sent
     after the burst, finishes before the burst's queued requests."""
     engine = AsyncLLMEngine(LLMEngine(EngineArgs(**ARGS), checkpoint=tiny_checkpoint))  # 4 sequences at once
+    execute = engine.engine.runner.execute
+    engine.engine.runner.execute = lambda inputs: time.sleep(0.02) or execute(inputs)  # a request lasts > 2 s
     config = ServerConfig("tiny", api_keys=("key-a", "key-b"), max_waiting_per_key=3)
     finished: dict[str, float] = {}
 
