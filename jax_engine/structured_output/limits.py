@@ -34,6 +34,19 @@ def check_spec(kind: str, text: str, field: str) -> None:
         check_regex(text, field)  # its terminals' regexes (braces elsewhere only make the check stricter)
 
 
+def check_depth(value, field: str, limit: int = MAX_SCHEMA_DEPTH) -> None:
+    """`value` (JSON: dicts and lists) nests at most `limit` levels, walked without recursion (json.dumps and
+    json.loads recurse, and overflow Python's recursion limit at ~1,000 levels)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        check(depth <= limit, field, f"a schema nested at most {limit} levels deep", "a deeper one")
+        if isinstance(node, dict):
+            stack += [(child, depth + 1) for child in node.values()]
+        elif isinstance(node, list):
+            stack += [(child, depth + 1) for child in node]
+
+
 def check_schema(schema, field: str) -> None:
     """Depth, `$ref` count and every `pattern`'s repetitions, walked without recursion (the depth is the point)."""
     refs, stack = 0, [(schema, 1)]

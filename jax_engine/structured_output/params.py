@@ -4,7 +4,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
-from jax_engine.structured_output.limits import check_schema
+from jax_engine.structured_output.limits import check_depth
 from reference.request import check
 
 # The kinds of constraint, of which a request sets exactly one (vLLM's rule).
@@ -12,6 +12,7 @@ KINDS = ("json", "regex", "choice", "grammar", "json_object")
 # A schema, regex or grammar is compiled on the host before admission: bound what one request can ask for.
 MAX_SPEC_CHARS = 1 << 20
 MAX_CHOICES = 1024
+MAX_JSON_DUMPS_DEPTH = 256  # json.dumps overflows Python's recursion limit at ~1,000 levels
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,8 @@ class StructuredOutputsParams:
         if self.json is not None:
             check(isinstance(self.json, (dict, bool, str)), "structured_outputs.json", "a JSON schema (dict or text)",
                   self.json)
-            if isinstance(self.json, dict):  # before json.dumps, which recurses: a deep one would overflow it
-                check_schema(self.json, "structured_outputs.json")
+            if isinstance(self.json, dict):  # before json.dumps recurses on it (the tighter limits come at compile)
+                check_depth(self.json, "structured_outputs.json", limit=MAX_JSON_DUMPS_DEPTH)
             check(len(self.json_text) <= MAX_SPEC_CHARS, "structured_outputs.json",
                   f"at most {MAX_SPEC_CHARS} characters as JSON", self.json_text)
         for name in ("regex", "grammar"):
