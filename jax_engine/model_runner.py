@@ -9,8 +9,6 @@ The KV cache is donated to each step and updated in place.
 """
 
 import functools
-import logging
-import time
 from dataclasses import dataclass
 
 import jax
@@ -27,7 +25,6 @@ from jax_engine.sampler import STAGES, SampledToken, SamplingBatch, sample, samp
 from jax_engine.sampling_params import MAX_LOGPROBS
 from reference.block_manager import cdiv
 
-logger = logging.getLogger(__name__)
 
 
 @functools.partial(jax.jit, static_argnames=("attention",), donate_argnames=("k_cache", "v_cache"))
