@@ -21,8 +21,7 @@ from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
 from jax_engine.core.scheduler import SchedulerOutput
 from jax_engine.models import CausalLM
 from jax_engine.program_cache import ProgramCache
-from jax_engine.sampler import STAGES, SampledToken, SamplingBatch, sample, sampling_batch, to_host
-from jax_engine.sampling_params import MAX_LOGPROBS
+from jax_engine.sampler import STAGES, SampledToken, SamplingBatch, sample, sampling_batch, to_host, token_logprobs
 from reference.block_manager import cdiv
 
 
@@ -64,11 +63,7 @@ def _all_logits(model, hidden):
 @jax.jit
 def _token_logprobs(model, hidden, targets):
     """Log-probabilities of `targets` after each row of hidden states, their ranks, and the top MAX_LOGPROBS."""
-    logprobs = jax.nn.log_softmax(model.logits(hidden), axis=-1)
-    target = jnp.take_along_axis(logprobs, targets[:, None], axis=-1)[:, 0]
-    ranks = jnp.sum(logprobs > target[:, None], axis=-1) + 1
-    top_logprobs, top_ids = jax.lax.top_k(logprobs, min(MAX_LOGPROBS, logprobs.shape[-1]))
-    return target, ranks, top_ids, top_logprobs
+    return token_logprobs(model.logits(hidden), targets)
 
 
 # Prompt positions scored per call of _token_logprobs: one program, whatever a step's size.

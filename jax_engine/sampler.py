@@ -248,20 +248,23 @@ def sample(logits, batch: SamplingBatch, scratch=None) -> tuple[SamplerOutput, j
 
     tokens, spent = _either(on("random"), drawn, lambda final, scratch: (_greedy(final), scratch), final, scratch)
 
-    def with_logprobs(tokens):
-        raw_logprobs = jax.nn.log_softmax(logits, axis=-1)
-        token_logprobs = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
-        ranks = jnp.sum(raw_logprobs > token_logprobs[:, None], axis=-1).astype(jnp.int32) + 1
-        top_logprobs, top_ids = jax.lax.top_k(raw_logprobs, min(MAX_LOGPROBS, vocab))
-        return token_logprobs, ranks, top_ids.astype(jnp.int32), top_logprobs
-
     def without_logprobs(tokens):
         top = min(MAX_LOGPROBS, vocab) if flags.general else 0
         return (jnp.zeros(rows), jnp.zeros(rows, jnp.int32), jnp.zeros((rows, top), jnp.int32),
                 jnp.zeros((rows, top)))
 
-    token_logprobs, ranks, top_ids, top_logprobs = _either(on("logprobs"), with_logprobs, without_logprobs, tokens)
-    return SamplerOutput(tokens, token_logprobs, ranks, top_ids, top_logprobs), spent
+    logprobs = _either(on("logprobs"), lambda tokens: token_logprobs(logits, tokens), without_logprobs, tokens)
+    return SamplerOutput(tokens, *logprobs), spent
+
+
+def token_logprobs(logits, tokens):
+    """(logprob of each row's token, its rank, the top MAX_LOGPROBS ids and their logprobs) under the model's raw
+    distribution, as vLLM reports them."""
+    raw_logprobs = jax.nn.log_softmax(logits, axis=-1)
+    chosen = jnp.take_along_axis(raw_logprobs, tokens[:, None], axis=-1)[:, 0]
+    ranks = jnp.sum(raw_logprobs > chosen[:, None], axis=-1).astype(jnp.int32) + 1
+    top_logprobs, top_ids = jax.lax.top_k(raw_logprobs, min(MAX_LOGPROBS, logits.shape[-1]))
+    return chosen, ranks, top_ids.astype(jnp.int32), top_logprobs
 
 
 # ----------------------------------------------------------------------------------- host side
