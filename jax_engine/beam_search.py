@@ -10,7 +10,7 @@ beam_width of completed and live beams, ranked with the length penalty, are retu
 from dataclasses import dataclass, field
 
 from jax_engine.sampling_params import MAX_LOGPROBS
-from reference.request import check, check_bool, check_int, check_real
+from jax_engine.input_checks import check, check_bool, check_int, check_real
 
 
 @dataclass(frozen=True)

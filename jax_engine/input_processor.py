@@ -5,11 +5,11 @@ is a ValueError that names the field and its limit.
 """
 
 from jax_engine.beam_search import BeamSearchParams
+from jax_engine.input_checks import check, is_int, is_unicode
 from jax_engine.model_config import ModelConfig
 from jax_engine.sampler import allowed_token_mask
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.structured_output.grammar import GrammarCompiler
-from reference.request import check, is_int, is_unicode
 from reference.scheduler import SchedulerConfig
 
 Prompt = str | list[int] | dict

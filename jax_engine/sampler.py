@@ -16,7 +16,7 @@ import numpy as np
 
 from jax_engine.sampling_params import MAX_LOGPROBS
 from jax_engine.structured_output.grammar import ALL_ALLOWED, bitmask_width
-from reference.request import MAX_LOGIT_BIAS
+from jax_engine.input_checks import MAX_LOGIT_BIAS
 
 _NEG_INF = -jnp.inf
 

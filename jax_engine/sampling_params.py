@@ -2,10 +2,11 @@
 
 from dataclasses import dataclass, field
 
+from jax_engine.input_checks import (FLOAT32_MAX, INT32_MAX, MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORDS,
+                                     MAX_STOP_TOKEN_IDS, check, check_bool, check_int, check_real, is_int,
+                                     is_unicode, logit_bias, token_id_tuple)
 from jax_engine.structured_output import StructuredOutputsParams
-from reference.request import MAX_BAD_WORDS
 from reference.request import SamplingParams as _ReferenceSamplingParams
-from reference.request import check, check_bool, check_int, check_real, is_unicode
 
 MAX_LOGPROBS = 20
 # Stop strings are searched for after every token of every sequence: bound the work one request can ask for.
@@ -79,7 +80,8 @@ class SamplingParams(_ReferenceSamplingParams):
     allowed_mask = None
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        self._check_reference_fields()
+        super().__post_init__()  # the oracle's range check, and vLLM's minimum temperature
         self._set("stop", _stop_strings(self.stop if self.stop is not None else ()))
         self._set("n", check_int(self.n, "n", 1))
         for name in ("presence_penalty", "frequency_penalty"):
@@ -106,6 +108,36 @@ class SamplingParams(_ReferenceSamplingParams):
               "structured_outputs", "a StructuredOutputsParams, a dict of its fields, or None", self.structured_outputs)
         if self.truncate_prompt_tokens is not None and self.truncate_prompt_tokens != -1:
             self._set("truncate_prompt_tokens", check_int(self.truncate_prompt_tokens, "truncate_prompt_tokens", 1))
+
+    def _check_reference_fields(self) -> None:
+        """The fields the oracle's SamplingParams has, checked as hostile input and stored in their normal form
+        (Python ints and floats, tuples), before the oracle's plain range check sees them."""
+        self._set("temperature", check_real(self.temperature, "temperature", 0, FLOAT32_MAX))
+        self._set("top_p", check_real(self.top_p, "top_p", 0, 1, low_open=True))
+        self._set("top_k", check_int(self.top_k, "top_k", -1, INT32_MAX))
+        self._set("min_p", check_real(self.min_p, "min_p", 0, 1))
+        self._set("max_tokens", check_int(self.max_tokens, "max_tokens", 1, optional=True))
+        if self.seed is not None:
+            check(is_int(self.seed) and -(2**63) <= self.seed < 2**64, "seed", "a 64-bit integer or None", self.seed)
+            self._set("seed", int(self.seed))
+        stop_token_ids = self.stop_token_ids if self.stop_token_ids is not None else ()
+        self._set("stop_token_ids", token_id_tuple(stop_token_ids, "stop_token_ids", MAX_STOP_TOKEN_IDS))
+        self._set("ignore_eos", check_bool(self.ignore_eos, "ignore_eos"))
+        self._set("logit_bias", logit_bias(self.logit_bias))
+        if self.allowed_token_ids is not None:
+            allowed = token_id_tuple(self.allowed_token_ids, "allowed_token_ids", MAX_ALLOWED_TOKEN_IDS)
+            check(len(allowed) > 0, "allowed_token_ids", "a non-empty list of token ids or None", allowed)
+            self._set("allowed_token_ids", allowed)
+        words = self.bad_words_token_ids or ()
+        check(isinstance(words, (list, tuple)) and len(words) <= MAX_BAD_WORDS, "bad_words_token_ids",
+              f"at most {MAX_BAD_WORDS} token-id sequences", words)
+        words = tuple(token_id_tuple(w, "bad_words_token_ids", MAX_STOP_TOKEN_IDS) for w in words)
+        check(all(words), "bad_words_token_ids", "non-empty token-id sequences", words)
+        self._set("bad_words_token_ids", words)
+
+    def _set(self, name: str, value) -> None:
+        """Store a checked field in its normal form (a frozen dataclass has no plain setattr)."""
+        object.__setattr__(self, name, value)
 
     def tokenize_bad_words(self, tokenizer) -> None:
         """Resolve bad_words into bad_words_token_ids with the model's tokenizer (vLLM's rule: each word alone and

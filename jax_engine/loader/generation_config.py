@@ -12,7 +12,7 @@ whatever the choice, as in vLLM.
 import json
 import os
 
-from reference.request import check
+from jax_engine.input_checks import check
 
 FILE_NAME = "generation_config.json"
 # generation_config.json name -> SamplingParams field; vLLM's ModelConfig.get_diff_sampling_param reads these.

@@ -9,10 +9,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from jax_engine.input_checks import is_unicode
 from jax_engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
 from jax_engine.server.tools import TOOL_CALL_END, TOOL_CALL_START, tool_constraint
 from jax_engine.structured_output import StructuredOutputsParams
-from reference.request import is_unicode
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
 # JSON values (schemas, tool parameters and arguments) nest at most this deep: far more than any real schema, and

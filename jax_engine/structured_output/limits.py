@@ -11,7 +11,7 @@ alone.
 import json
 import re
 
-from reference.request import check
+from jax_engine.input_checks import check
 
 MAX_SCHEMA_DEPTH = 64  # nesting of the schema document's objects and lists
 MAX_SCHEMA_REFS = 256  # "$ref"s in one schema

@@ -4,8 +4,8 @@ import dataclasses
 import json
 from dataclasses import dataclass
 
+from jax_engine.input_checks import check
 from jax_engine.structured_output.limits import check_depth
-from reference.request import check
 
 # The kinds of constraint, of which a request sets exactly one (vLLM's rule).
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
