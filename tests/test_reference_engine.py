@@ -100,19 +100,19 @@ def test_stop_token_ids_and_max_tokens(tiny_checkpoint):
     assert engine.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))[0].finish_reason == "length"
 
 
-@pytest.mark.parametrize("field, value, limit", [
-    ("temperature", math.nan, r"a number in \[0, 3.40282e\+38\]"),
-    ("temperature", math.inf, r"a number in \[0, 3.40282e\+38\]"),
-    ("temperature", -0.5, r"a number in \[0, 3.40282e\+38\]"),
-    ("top_p", 0.0, r"a number in \(0, 1\]"),
-    ("top_p", 1.5, r"a number in \(0, 1\]"),
-    ("top_k", -2, r"an integer in \[-1, 2147483647\]"),
-    ("min_p", 2.0, r"a number in \[0, 1\]"),
-    ("max_tokens", 0, "an integer >= 1 or None"),
+@pytest.mark.parametrize("field, value", [
+    ("temperature", -0.5), ("temperature", math.nan), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2),
+    ("min_p", 2.0), ("max_tokens", 0), ("allowed_token_ids", []), ("bad_words_token_ids", [[]]),
 ])
-def test_bad_sampling_params_name_the_field_and_limit(field, value, limit):
-    with pytest.raises(ValueError, match=f"{field} must be {limit}"):
+def test_sampling_params_out_of_range_name_the_field(field, value):
+    # The oracle's plain range check; the engine's hardening of hostile input is in tests/test_input_checks.py.
+    with pytest.raises(ValueError, match=f"{field} must be"):
         SamplingParams(**{field: value})
+
+
+def test_tiny_positive_temperatures_are_raised_to_vllms_minimum():
+    assert SamplingParams(temperature=1e-5).temperature == 0.01
+    assert SamplingParams(temperature=0).greedy
 
 
 def test_bad_prompts_name_the_field_and_limit(tiny_checkpoint):
