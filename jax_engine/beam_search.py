@@ -56,8 +56,19 @@ def beam_score(tokens: list[int], cum_logprob: float, eos_token_ids: tuple[int, 
 @dataclass
 class Candidate:
     cum_logprob: float
-    beam: object  # the Request it extends
+    beam: object  # the Sequence it extends
     token: int
+    logprob: float  # the token's own
+
+
+@dataclass
+class BeamUpdate:
+    """One beam-search step as a plan the scheduler applies (update_from_output): forks first, so children
+    copy their parent's tokens, then the pruned beams are freed, then each surviving beam appends its token."""
+
+    forks: list[tuple[object, object]] = field(default_factory=list)  # (parent, new child) Sequences
+    pruned: list = field(default_factory=list)
+    appends: list[tuple[object, int, float]] = field(default_factory=list)  # (beam, token, logprob)
 
 
 def select_candidates(live_beams: list, params: BeamSearchParams, eos_token_ids: tuple[int, ...]) -> tuple[list[Candidate], list[Candidate]]:
@@ -65,7 +76,7 @@ def select_candidates(live_beams: list, params: BeamSearchParams, eos_token_ids:
     live, completed = [], []
     for beam in live_beams:
         for token, logprob in beam.beam_proposals:
-            candidate = Candidate(beam.cumulative_logprob + logprob, beam, token)
+            candidate = Candidate(beam.cumulative_logprob + logprob, beam, token, logprob)
             (completed if token in eos_token_ids and not params.ignore_eos else live).append(candidate)
     live.sort(key=lambda c: c.cum_logprob, reverse=True)
     return live[: params.beam_width], completed

@@ -3,9 +3,7 @@
 import time
 from dataclasses import dataclass
 
-from jax_engine.core.kv_cache_manager import KVCacheManager
-from jax_engine.core.scheduler import Scheduler, SchedulerOutput
-from jax_engine.sequence import Sequence
+from jax_engine.core.scheduler import BlockStats, Scheduler, SchedulerOutput
 
 
 @dataclass
@@ -20,25 +18,11 @@ class StepTrace:
     num_free_blocks: int
 
 
-def step_trace(step: int, out: SchedulerOutput, kv: KVCacheManager) -> StepTrace:
-    misses = []
-    for seq in out.admitted:
-        full_blocks, hit_blocks = (seq.num_tokens - 1) // kv.block_size, seq.num_computed_tokens // kv.block_size
-        if hit_blocks < full_blocks or full_blocks == 0:
-            misses.append((seq.seq_id, _miss_reason(seq, kv, hit_blocks, full_blocks)))
+def step_trace(step: int, out: SchedulerOutput, scheduler: Scheduler) -> StepTrace:
+    misses = [(seq.seq_id, reason) for seq in out.admitted if (reason := scheduler.cache_miss(seq)) is not None]
     return StepTrace(step, [(s.seq.seq_id, s.num_new_tokens) for s in out.scheduled],
                      [(p.seq.seq_id, p.mode, p.reason) for p in out.preempted], misses,
-                     list(out.copies), kv.device.num_free_blocks)
-
-
-def _miss_reason(seq: Sequence, kv: KVCacheManager, hit_blocks: int, full_blocks: int) -> str:
-    if not kv.enable_prefix_caching:
-        return "prefix caching disabled"
-    if seq.seq_id in kv.uncached:
-        return "prompt logprobs need every prompt token computed"
-    if full_blocks == 0:
-        return "prefix shorter than one block"
-    return f"{hit_blocks} of {full_blocks} full blocks found in the cache"
+                     list(out.copies), scheduler.block_stats().num_free_blocks)
 
 
 class EngineStats:
@@ -50,29 +34,29 @@ class EngineStats:
         self.blocks_held = 0
         self.blocks_unshared = 0
 
-    def record(self, out: SchedulerOutput, kv: KVCacheManager) -> None:
+    def record(self, out: SchedulerOutput, blocks: BlockStats) -> None:
         now = time.time()
         for s in out.scheduled:
             s.seq.metrics.first_scheduled_time = s.seq.metrics.first_scheduled_time or now
         self.num_steps += 1
         self.seqs_scheduled += len(out.scheduled)
-        self.blocks_held += kv.device.num_blocks - kv.device.num_free_blocks
-        self.blocks_unshared += sum(len(t) for seq, t in kv.block_tables.items() if seq not in kv.swapped_out)
+        self.blocks_held += blocks.num_blocks - blocks.num_free_blocks
+        self.blocks_unshared += blocks.num_blocks_without_sharing
 
-    def report(self, kv: KVCacheManager, scheduler: Scheduler, runner) -> dict:
-        steps = max(self.num_steps, 1)
+    def report(self, scheduler: Scheduler, runner) -> dict:
+        steps, blocks = max(self.num_steps, 1), scheduler.block_stats()
         return {
-            "num_blocks": kv.device.num_blocks,
-            "num_free_blocks": kv.device.num_free_blocks,
-            "num_cached_blocks": kv.device.num_cached_blocks,
-            "kv_cache_usage": kv.usage,
-            "prefix_cache_queries": kv.prefix_cache_queries,
-            "prefix_cache_hits": kv.prefix_cache_hits,
+            "num_blocks": blocks.num_blocks,
+            "num_free_blocks": blocks.num_free_blocks,
+            "num_cached_blocks": blocks.num_cached_blocks,
+            "kv_cache_usage": blocks.usage,
+            "prefix_cache_queries": blocks.prefix_cache_queries,
+            "prefix_cache_hits": blocks.prefix_cache_hits,
             "num_preemptions": scheduler.num_preemptions,
             "memory_saved_by_sharing": 1 - self.blocks_held / self.blocks_unshared if self.blocks_unshared else 0.0,
             "num_steps": self.num_steps,
             "mean_batch_size": self.seqs_scheduled / steps,
-            "mean_kv_cache_usage": self.blocks_held / steps / kv.device.num_blocks,
+            "mean_kv_cache_usage": self.blocks_held / steps / blocks.num_blocks,
             "num_programs": runner.programs.num_programs,
             "num_compilations": runner.programs.num_late_compiles,  # after start-up
             "compile_seconds": runner.compile_seconds,

@@ -20,7 +20,7 @@ from jax_engine.attention import get_attention_backend
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.compile_shapes import compile_step_shapes, use_compilation_cache
 from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_dtype, resolve_scheduler_config
-from jax_engine.core.kv_cache_manager import KVCacheManager
+from jax_engine.core.kv_cache_manager import CacheConfig
 from jax_engine.distributed import multihost
 from jax_engine.distributed.tensor_parallel import make_mesh
 from jax_engine.core.scheduler import Scheduler, SchedulerOutput
@@ -83,8 +83,8 @@ class LLMEngine:
                                                                 model.kv_heads_per_device)
         if args.nnodes > 1:  # every host's cache must have the driver's block count (free memory may differ)
             num_blocks, num_host_blocks = multihost.agree((num_blocks, num_host_blocks))
-        self.kv_cache_manager = KVCacheManager(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
-        self.scheduler = Scheduler(self.scheduler_config, self.kv_cache_manager)
+        self.scheduler = Scheduler(self.scheduler_config, CacheConfig(num_blocks, block_size, num_host_blocks,
+                                                                      args.enable_prefix_caching))
         self.runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, self.scheduler_config.max_model_len,
                                   self.scheduler_config.max_num_seqs, self.attention_backend, self.dtype)
         generation_config = resolve_generation_config(args.generation_config, checkpoint.generation_config)
@@ -145,7 +145,7 @@ class LLMEngine:
         room = self.scheduler_config.max_model_len - len(token_ids)
         group = SequenceGroup.create(request_id, text, token_ids, params, self._arrivals, room,
                                      RequestMetrics(arrival_time or time.time()), self._new_sequence)
-        self.scheduler.add_request(group.seqs[0], cache_salt(prompt))
+        self.scheduler.add_request(group.seqs, cache_salt(prompt))
         self._groups[request_id] = group
         self._arrivals += 1
 
@@ -163,8 +163,7 @@ class LLMEngine:
         for rid in [request_id] if isinstance(request_id, str) else request_id:
             group = self._groups.pop(rid, None)
             if group is not None:
-                for seq in group.live_seqs:
-                    self.scheduler.finish(seq, RequestStatus.FINISHED_ABORTED)
+                self._finish_group(group, RequestStatus.FINISHED_ABORTED)
                 self._pending_outputs.append(self.output_processor.request_output(group))
 
     def has_unfinished_requests(self) -> bool:
@@ -175,7 +174,7 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix block; False (nothing forgotten) while requests hold blocks."""
-        return self.kv_cache_manager.reset_prefix_cache()
+        return self.scheduler.reset_prefix_cache()
 
     def enable_trace(self) -> list[StepTrace]:
         """Record every step's decisions from now on in `self.trace` (returned)."""
@@ -192,35 +191,42 @@ class LLMEngine:
         outputs, self._pending_outputs = self._pending_outputs, []
         out = self.scheduler.schedule()
         if self.trace is not None:
-            self.trace.append(step_trace(self.num_steps, out, self.kv_cache_manager))
+            self.trace.append(step_trace(self.num_steps, out, self.scheduler))
         if not out.scheduled:
             return outputs
-        self._stats.record(out, self.kv_cache_manager)
+        self._stats.record(out, self.scheduler.block_stats())
         self.runner.apply_block_moves(out)
-        inputs = self.runner.prepare(out, self.kv_cache_manager.block_tables)
+        inputs = self.runner.prepare(out)
         sampling_hidden, hidden = self.runner.execute(inputs)
         self.output_processor.score_prompts(out, inputs.row_of, hidden, self.runner.token_logprobs,
                                             self._failing_alone)
         tokens = [(seq, token) for seq, token in self._sample(sampling_hidden, inputs.sampling_seqs)
                   if not self._groups[seq.request_id].propose(seq, token)]
-        self.scheduler.update_from_output(out, tokens)
-        for seq, token in tokens:
-            if seq.status is RequestStatus.FINISHED_ERROR:  # its request failed earlier in this step
+        appended = self.scheduler.update_from_output(out, tokens, self._beam_updates(out))
+        for seq, token in appended:
+            if seq.status is RequestStatus.FINISHED_ERROR:  # its grammar rejected the token: the request fails
+                self._finish_group(self._groups[seq.request_id], RequestStatus.FINISHED_ERROR)
                 continue
             with self._failing_alone(seq):
-                if seq.grammar is not None:
-                    seq.grammar.accept(token.token)
                 if (status := self.output_processor.process_token(seq, token)) is not None:
-                    self.scheduler.finish(seq, status)
+                    self.scheduler.finish_requests([seq.seq_id], status)
         return outputs + self._request_outputs(out)
+
+    def _beam_updates(self, out: SchedulerOutput) -> list:
+        """This step's beam-search plans: every beam search whose live beams have all proposed."""
+        updates = []
+        for request_id in dict.fromkeys(s.seq.request_id for s in out.scheduled):
+            group = self._groups[request_id]
+            if group.is_beam_search and not group.finished:
+                with self._failing_alone(group.seqs[0]):
+                    if (update := group.beam_update(self._new_sequence, self.eos_token_ids)) is not None:
+                        updates.append(update)
+        return updates
 
     def _request_outputs(self, out: SchedulerOutput) -> list[RequestOutput]:
         outputs = []
         for request_id in dict.fromkeys(s.seq.request_id for s in out.scheduled):
             group = self._groups[request_id]
-            if group.is_beam_search and not group.finished:
-                with self._failing_alone(group.seqs[0]):
-                    group.advance_beams(self.scheduler, self._new_sequence, self.eos_token_ids)
             outputs.append(self.output_processor.request_output(group))
             if group.finished:
                 del self._groups[request_id]
@@ -270,8 +276,10 @@ class LLMEngine:
         except Exception:
             logger.exception("request %s failed; it ends with finish_reason 'error', the others go on",
                              seq.request_id)
-            for failed in self._groups[seq.request_id].live_seqs:
-                self.scheduler.finish(failed, RequestStatus.FINISHED_ERROR)
+            self._finish_group(self._groups[seq.request_id], RequestStatus.FINISHED_ERROR)
+
+    def _finish_group(self, group: SequenceGroup, status: RequestStatus) -> None:
+        self.scheduler.finish_requests([seq.seq_id for seq in group.live_seqs], status)
 
     # ---------------------------------------------------------------------------- statistics
     @property
@@ -280,4 +288,4 @@ class LLMEngine:
 
     def stats(self) -> dict:
         """KV-cache and scheduling statistics since the engine started."""
-        return self._stats.report(self.kv_cache_manager, self.scheduler, self.runner)
+        return self._stats.report(self.scheduler, self.runner)

@@ -207,7 +207,7 @@ class ModelRunner:
                             host_args)
 
     # ------------------------------------------------------------------------------- inputs
-    def prepare(self, out: SchedulerOutput, block_tables: dict[str, list[int]]) -> StepInputs:
+    def prepare(self, out: SchedulerOutput) -> StepInputs:
         """Lay out the step's tokens: decode sequences first, then prefill chunks, all padded."""
         bs = self.block_size
         decode = [s for s in out.scheduled if s.num_new_tokens == 1]
@@ -235,7 +235,7 @@ class ModelRunner:
         for slot, s in zip(seq_slots, decode + prefill):
             seq, n = s.seq, s.num_new_tokens
             first = seq.num_computed_tokens
-            table = block_tables[seq.seq_id]
+            table = s.block_table
             pos = np.arange(first, first + n)
             token_ids[row : row + n] = seq.all_token_ids[first : first + n]
             positions[row : row + n] = pos

@@ -9,15 +9,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jax_engine.beam_search import BeamSearchParams, BeamSearchSequence, select_candidates
-from jax_engine.core.scheduler import Scheduler
+from jax_engine.beam_search import BeamSearchParams, BeamSearchSequence, BeamUpdate, select_candidates
 from jax_engine.detokenizer import IncrementalDetokenizer
 from jax_engine.outputs import RequestMetrics
 from jax_engine.sampler import SampledToken
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
 from jax_engine.structured_output.grammar import GrammarCompiler
-from reference.request import RequestStatus
 
 
 class SequenceFactory:
@@ -89,37 +87,31 @@ class SequenceGroup:
         return [seq] + [child for child in self.seqs if child.fork_parent is seq and not child.status.is_finished]
 
     def propose(self, seq: Sequence, sampled: SampledToken) -> bool:
-        """Beam search: keep a beam's top tokens as its proposals (advance_beams picks among them)."""
+        """Beam search: keep a beam's top tokens as its proposals (beam_update picks among them)."""
         if self.is_beam_search:
             seq.beam_proposals = list(zip(sampled.top_ids.tolist(), sampled.top_logprobs.tolist()))
         return self.is_beam_search
 
-    def advance_beams(self, scheduler: Scheduler, new_sequence: SequenceFactory, eos_token_ids: tuple[int, ...]) -> None:
-        """Once every live beam proposed its next tokens: keep the best, fork, free the pruned."""
+    def beam_update(self, new_sequence: SequenceFactory, eos_token_ids: tuple[int, ...]) -> BeamUpdate | None:
+        """Once every live beam proposed its next tokens: keep the best, fork, free the pruned (a plan for the
+        scheduler). None while a beam has not proposed yet (it was preempted)."""
         beams, params = self.live_seqs, self.params
         if any(b.beam_proposals is None for b in beams):
-            return  # a beam was preempted before it proposed: wait for it
+            return None
         survivors, completed = select_candidates(beams, params, eos_token_ids)
         self.completed_beams += [BeamSearchSequence(c.beam.all_token_ids + [c.token], c.cum_logprob,
                                                     finish_reason="stop") for c in completed]
-        plan, used = [], set()
-        for candidate in survivors:  # fork before anyone appends, so children copy the parent's tokens
+        update, used = BeamUpdate(), set()
+        for candidate in survivors:
             beam = candidate.beam
-            target = beam if id(beam) not in used else self._fork_beam(beam, scheduler, new_sequence)
-            used.add(id(beam))
-            plan.append((target, candidate))
+            if id(beam) in used:  # the beam's first survivor continues it in place; later ones fork it
+                child = new_sequence(self, len(self.seqs), beam.sampling_params, beam.max_tokens, beam.metrics)
+                self.seqs.append(child)
+                update.forks.append((beam, child))
+                beam = child
+            used.add(id(candidate.beam))
+            update.appends.append((beam, candidate.token, candidate.logprob))
         for beam in beams:
             beam.beam_proposals = None
-            if id(beam) not in used:
-                scheduler.finish(beam, RequestStatus.FINISHED_ABORTED)  # pruned: its blocks are freed
-        for target, candidate in plan:
-            target.all_token_ids.append(candidate.token)
-            target.cumulative_logprob = candidate.cum_logprob
-            if target.num_output_tokens >= params.max_tokens:
-                scheduler.finish(target, RequestStatus.FINISHED_LENGTH)
-
-    def _fork_beam(self, parent: Sequence, scheduler: Scheduler, new_sequence: SequenceFactory) -> Sequence:
-        child = new_sequence(self, len(self.seqs), parent.sampling_params, parent.max_tokens, parent.metrics)
-        scheduler.fork(parent, child)
-        self.seqs.append(child)
-        return child
+        update.pruned = [beam for beam in beams if id(beam) not in used]
+        return update

@@ -12,6 +12,13 @@ from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
 
 
+def sequence(seq_id: str, prompt: list[int], max_tokens: int = 16, params: SamplingParams | None = None,
+             arrival: int = 0, eos_token_ids: tuple[int, ...] = ()) -> Sequence:
+    """A bare engine Sequence (no detokenizer) for driving the scheduler or the runner directly."""
+    return Sequence(seq_id, seq_id, 0, list(prompt), params or SamplingParams(max_tokens=max_tokens), arrival, 0,
+                    max_tokens, eos_token_ids, None, RequestMetrics(0.0))
+
+
 def engine_logits(checkpoint, token_ids: list[int], chunk_sizes: list[int], block_size: int = 4,
                   backend: str = "xla", dtype=jnp.float32, quantization: str | None = None,
                   mesh=None) -> np.ndarray:
@@ -23,11 +30,11 @@ def engine_logits(checkpoint, token_ids: list[int], chunk_sizes: list[int], bloc
     runner = ModelRunner(model, num_blocks, block_size, 0, len(token_ids) + 8, 1, get_attention_backend(backend, "cpu"),
                          dtype)
     table = [int(b) for b in np.random.default_rng(0).permutation(num_blocks)]
-    seq = Sequence("r", "r", 0, list(token_ids), SamplingParams(), 0, 0, 1, (), None, RequestMetrics(0.0))
+    seq = sequence("r", token_ids, max_tokens=1)
     logits = []
     for size in chunk_sizes:
-        out = SchedulerOutput(scheduled=[ScheduledSequence(seq, size)])
-        inputs = runner.prepare(out, {"r": table})
+        out = SchedulerOutput(scheduled=[ScheduledSequence(seq, size, table)])
+        inputs = runner.prepare(out)
         _, hidden = runner.execute(inputs)
         logits.append(runner.all_logits(hidden)[:size])
         seq.num_computed_tokens += size

@@ -18,7 +18,7 @@ def _engine(checkpoint, **kwargs) -> LLMEngine:
 
 
 def _free_blocks(engine: AsyncLLMEngine) -> int:
-    return engine.engine.kv_cache_manager.device.num_free_blocks
+    return engine.engine.scheduler.kv.device.num_free_blocks
 
 
 def test_concurrent_generate_equals_llm_generate(tiny_checkpoint):

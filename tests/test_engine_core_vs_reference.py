@@ -5,15 +5,14 @@ from hypothesis import strategies as st
 from hypothesis import given
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from jax_engine.core.kv_cache_manager import KVCacheManager
+from jax_engine.core.kv_cache_manager import CacheConfig, KVCacheManager
 from jax_engine.core.scheduler import Scheduler
-from jax_engine.outputs import RequestMetrics
 from jax_engine.sampler import SampledToken
 from jax_engine.sampling_params import SamplingParams
-from jax_engine.sequence import Sequence
 from reference import BlockManager
 from reference import Request as ReferenceRequest
 from reference import Scheduler as ReferenceScheduler
+from tests.engine_helpers import sequence
 from tests.strategies import prompts, scheduler_traces
 
 
@@ -35,11 +34,11 @@ class SameDecisions(RuleBasedStateMachine):
 
     @rule(prompt=prompts, read_cache=st.booleans())
     def allocate(self, prompt, read_cache):
-        """read_cache=False: a request asking for prompt logprobs (the engine marks it `uncached`)."""
+        """read_cache=False: a request asking for prompt logprobs (the engine marks it: skip_reading_cache)."""
         seq = f"s{self.next_id}"  # a fresh id per attempt: the engine never reuses a request id
         self.next_id += 1
         if not read_cache:
-            self.fast.uncached.add(seq)
+            self.fast.skip_reading_cache(seq)
         ok = self.ref.can_allocate(prompt, read_cache=read_cache)
         assert self.fast.can_allocate(seq, prompt) == ok
         if ok:
@@ -112,7 +111,7 @@ class SameDecisions(RuleBasedStateMachine):
         assert (self.ref.prefix_cache_hits, self.ref.prefix_cache_queries) == (
             self.fast.prefix_cache_hits, self.fast.prefix_cache_queries)
         # What the engine remembers per sequence (hashes, the uncached mark) goes when the sequence does.
-        assert self.fast.uncached | self.fast.block_hashes.keys() <= self.tokens.keys()
+        assert self.fast.tracked_seq_ids() <= self.tokens.keys()
 
 
 TestSameDecisions = SameDecisions.TestCase
@@ -121,8 +120,7 @@ TestSameDecisions = SameDecisions.TestCase
 # ------------------------------------------------------------------------------- scheduler traces
 def _engine_sequence(request_id, prompt, max_tokens, arrival, prompt_logprobs):
     params = SamplingParams(temperature=0, max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
-    return Sequence(request_id, request_id, 0, list(prompt), params, arrival, 0, max_tokens, (99,), None,
-                    RequestMetrics(0.0))
+    return sequence(request_id, prompt, max_tokens, params, arrival, eos_token_ids=(99,))
 
 
 def _sampled(token: int) -> SampledToken:
@@ -134,7 +132,7 @@ def test_engine_scheduler_decides_like_the_reference(trace, prompt_logprobs):
     """Request i asks for prompt logprobs when prompt_logprobs[i]: it computes every prompt token."""
     config, blocks, requests, sampled = trace
     ref = ReferenceScheduler(config, BlockManager(**blocks))
-    fast = Scheduler(config, KVCacheManager(**blocks))
+    fast = Scheduler(config, CacheConfig(**blocks))
     fast_requests = {}
     pending = sorted(enumerate(requests), key=lambda r: r[1][0])
     step = 0
@@ -148,10 +146,9 @@ def test_engine_scheduler_decides_like_the_reference(trace, prompt_logprobs):
             except ValueError:
                 continue  # the engine refuses the same requests before they reach its scheduler
             fast_requests[f"r{i}"] = _engine_sequence(f"r{i}", prompt, max_tokens, i, 1 if prompt_logprobs[i] else None)
-            fast.add_request(fast_requests[f"r{i}"])
+            fast.add_request([fast_requests[f"r{i}"]])
         ref_out, fast_out = ref.schedule(), fast.schedule()
-        assert [(s.seq.seq_id, s.num_new_tokens, fast.kv.block_tables[s.seq.seq_id])
-                for s in fast_out.scheduled] == [(s.request_id, s.num_new_tokens, s.block_table) for s in ref_out.scheduled]
+        assert [(s.seq.seq_id, s.num_new_tokens, s.block_table) for s in fast_out.scheduled] == [(s.request_id, s.num_new_tokens, s.block_table) for s in ref_out.scheduled]
         assert [p.seq.seq_id for p in fast_out.preempted] == ref_out.preempted
         assert (fast_out.swap_out, fast_out.swap_in, fast_out.copies) == (ref_out.swap_out, ref_out.swap_in, ref_out.copies)
         token = sampled[step % len(sampled)]
@@ -165,4 +162,22 @@ def test_engine_scheduler_decides_like_the_reference(trace, prompt_logprobs):
         step += 1
         assert step < 2000
     assert not fast.has_unfinished_requests()
-    assert not fast.kv.uncached and not fast.kv.block_hashes  # finished requests are forgotten
+    assert not fast.kv.tracked_seq_ids()  # finished requests are forgotten
+
+
+def test_trim_frees_the_tail_blocks_and_their_hashes():
+    """Rolling back rejected tokens (speculative decoding): the table shrinks to the blocks the kept tokens
+    need, the freed blocks return to the pool, and the sequence grows again from there."""
+    kv = KVCacheManager(num_blocks=8, block_size=4)
+    tokens = list(range(10))
+    kv.allocate("s", tokens)
+    kv.append_slots("s", 10, 5)  # 15 tokens' room: 4 blocks
+    kv.cache_full_blocks("s", tokens + [7] * 5, 15)  # 3 full blocks hashed
+    assert len(kv.block_tables["s"]) == 4 and len(kv.block_hashes["s"]) == 3
+    kv.trim("s", 9)  # keep 9 tokens: 3 blocks, 2 of them full
+    assert len(kv.block_tables["s"]) == 3 and len(kv.block_hashes["s"]) == 2
+    assert kv.device.num_free_blocks == 5
+    assert kv.num_blocks_to_append("s", 9, 7) == 1  # 16 tokens: the 4th block again
+    kv.free("s")
+    kv.forget("s")
+    assert kv.device.num_free_blocks == 8 and not kv.tracked_seq_ids()

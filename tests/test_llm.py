@@ -145,7 +145,7 @@ def test_eos_ends_a_chat_unless_ignored(llm):
 
 def test_abort_frees_every_block(llm):
     engine = llm.llm_engine
-    total = engine.kv_cache_manager.device.num_blocks
+    total = engine.scheduler.kv.device.num_blocks
     for i, prompt in enumerate(PROMPTS):
         engine.add_request(f"abort-{i}", prompt, SamplingParams(max_tokens=50, ignore_eos=True))
     engine.step()
@@ -154,7 +154,7 @@ def test_abort_frees_every_block(llm):
     outputs = engine.step()
     assert sorted(o.request_id for o in outputs) == ["abort-0", "abort-1", "abort-2"]
     assert all(o.finished and o.outputs[0].finish_reason == "abort" for o in outputs)
-    assert not engine.has_unfinished_requests() and engine.kv_cache_manager.device.num_free_blocks == total
+    assert not engine.has_unfinished_requests() and engine.scheduler.kv.device.num_free_blocks == total
 
 
 def test_bad_input_is_a_clear_value_error(llm):
@@ -217,7 +217,7 @@ def test_block_size_defaults_to_the_attention_backends(llm):
     assert resolve_block_size(None, XLA) == resolve_block_size(None, pallas) == 16  # vLLM's GPU default
     assert resolve_block_size(8, CPU) == 8
     engine = llm.llm_engine
-    assert engine.kv_cache_manager.block_size == resolve_block_size(None, engine.attention_backend)
+    assert engine.scheduler.kv.block_size == resolve_block_size(None, engine.attention_backend)
 
 
 def test_steady_state_never_recompiles(llm):
@@ -259,11 +259,11 @@ def test_sequence_rows_are_bucketed_as_finely_as_tokens(make_llm):
     for i in range(72):
         engine.add_request(str(i), [1000 + i], SamplingParams(max_tokens=1))
     out = engine.scheduler.schedule()
-    inputs = engine.runner.prepare(out, engine.kv_cache_manager.block_tables)
+    inputs = engine.runner.prepare(out)
     assert inputs.token_ids.shape == (80,) and inputs.logits_indices.shape == (80,)
     assert inputs.metadata.block_tables.shape[0] == 80 and list(inputs.logits_indices[:72]) == list(range(72))
     engine.abort_request([str(i) for i in range(72)])
-    assert engine.kv_cache_manager.device.num_free_blocks == 80
+    assert engine.scheduler.kv.device.num_free_blocks == 80
 
 
 def test_decode_steps_reuse_the_memory_of_their_logits(llm):

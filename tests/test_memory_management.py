@@ -23,7 +23,7 @@ BASE = dict(max_model_len=96, max_num_seqs=8, block_size=16)
 
 
 def assert_no_leak(llm):
-    kv = llm.llm_engine.kv_cache_manager
+    kv = llm.llm_engine.scheduler.kv
     for pool in (kv.device, kv.host):
         assert pool.num_free_blocks == pool.num_blocks and not any(pool.ref_cnt)
     assert not kv.block_tables and not llm.llm_engine.has_unfinished_requests()
@@ -102,7 +102,7 @@ def test_reset_prefix_cache_forgets_cached_blocks_but_not_while_a_request_holds_
     engine.step()
     assert not llm.reset_prefix_cache()  # the running request's blocks stay cached
     engine.abort_request("held")
-    assert llm.reset_prefix_cache() and engine.kv_cache_manager.device.num_cached_blocks == 0
+    assert llm.reset_prefix_cache() and engine.scheduler.kv.device.num_cached_blocks == 0
     [after] = llm.generate(PROMPTS[0], PARAMS[0], use_tqdm=False)
     assert after.num_cached_tokens == 0 and after.outputs[0].token_ids == first.outputs[0].token_ids
 

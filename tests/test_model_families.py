@@ -105,7 +105,7 @@ def test_greedy_text_matches_hf_through_the_engine(tmp_path, variant):
               enforce_eager=True, enable_prefix_caching=True)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=32, ignore_eos=True), use_tqdm=False)
     assert llm.llm_engine.scheduler.num_preemptions > 0
-    assert llm.llm_engine.kv_cache_manager.prefix_cache_hits > 0
+    assert llm.llm_engine.scheduler.kv.prefix_cache_hits > 0
     assert [o.outputs[0].token_ids for o in outputs] == hf_greedy(hf_model, prompts, 32)
 
 

@@ -101,7 +101,7 @@ def _refused_at_once_or_finishes(engine: LLMEngine, kwargs: dict) -> None:
         for completion in output.outputs:
             assert completion.finish_reason in ("stop", "length"), (kwargs, completion)
             assert all(0 <= t < vocab for t in completion.token_ids)
-    kv = engine.kv_cache_manager
+    kv = engine.scheduler.kv
     assert kv.device.num_free_blocks == kv.device.num_blocks
 
 
@@ -182,7 +182,7 @@ def test_a_request_whose_row_cannot_be_packed_fails_alone(engine, n):
         finals.update({o.request_id: o for o in engine.step() if o.finished})
     assert [c.finish_reason for c in finals["poisoned"].outputs] == ["error"] * n
     assert finals["healthy"].outputs[0].token_ids == alone.outputs[0].token_ids
-    kv = engine.kv_cache_manager
+    kv = engine.scheduler.kv
     assert kv.device.num_free_blocks == kv.device.num_blocks
 
 
@@ -206,4 +206,4 @@ def test_a_request_whose_output_processing_raises_fails_alone(engine, monkeypatc
     # The scheduler appended the third token; its text and logprobs (the output processor's part) failed.
     assert len(finals["faulty"].outputs[0].token_ids) == 3
     assert finals["healthy"].outputs[0].token_ids == alone.outputs[0].token_ids
-    assert engine.kv_cache_manager.device.num_free_blocks == engine.kv_cache_manager.device.num_blocks
+    assert engine.scheduler.kv.device.num_free_blocks == engine.scheduler.kv.device.num_blocks

@@ -198,3 +198,31 @@ def test_a_matcher_past_its_per_step_budget_ends_its_request_alone(llm, caplog):
     assert failed.outputs[0].finish_reason == "error" and len(failed.outputs[0].token_ids) < 100
     assert "structured output stopped: lexer error: too many expressions constructed" in caplog.text
     assert beside.outputs[0].token_ids == alone
+
+
+def test_a_token_its_grammar_rejects_ends_that_sequence_alone(llm, caplog):
+    """The scheduler appends tokens and advances grammars (update_from_output). A token the matcher refuses
+    (the mask makes this a bug, not a client's doing) ends that sequence with FINISHED_ERROR and frees its
+    blocks; the sequence beside it takes its token as usual."""
+    from jax_engine.core.kv_cache_manager import CacheConfig
+    from jax_engine.core.scheduler import Scheduler
+    from jax_engine.sampler import SampledToken
+    from reference.request import RequestStatus
+    from tests.engine_helpers import sequence
+
+    engine = llm.llm_engine
+    compiler = engine.grammar_compiler
+    scheduler = Scheduler(engine.scheduler_config, CacheConfig(num_blocks=8, block_size=16))
+    constrained, bystander = sequence("constrained", [1, 2, 3]), sequence("bystander", [1, 2, 3])
+    constrained.grammar = compiler.matcher(compiler.compile(StructuredOutputsParams(regex="[a-z]{3}")))
+    digit = engine.tokenizer.encode("7", add_special_tokens=False)[0]
+    for seq in (constrained, bystander):
+        scheduler.add_request([seq])
+    out = scheduler.schedule()
+    sampled = [(seq, SampledToken(digit, 0.0, 1, [], [])) for seq in (constrained, bystander)]
+    with caplog.at_level("ERROR", logger="jax_engine"):
+        appended = scheduler.update_from_output(out, sampled)
+    assert [seq for seq, _ in appended] == [constrained, bystander]
+    assert constrained.status is RequestStatus.FINISHED_ERROR and "the grammar rejected token" in caplog.text
+    assert bystander.status is RequestStatus.RUNNING and bystander.output_token_ids == [digit]
+    assert scheduler.block_stats().num_free_blocks == 8 - 1  # the bystander's one block

@@ -5,14 +5,25 @@ block hashes are computed once per full block and remembered per request, and ta
 """
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from jax_engine.core.block_pool import BlockPool
 from reference.block_manager import cdiv
 from reference.block_pool import BlockHash, hash_block_tokens, salt_hash
 
 
+@dataclass(frozen=True)
+class CacheConfig:
+    """The KV cache's shape, decided at start-up (jax_engine/config.py's plan_kv_cache); vLLM's CacheConfig."""
+
+    num_blocks: int
+    block_size: int
+    num_host_blocks: int = 0
+    enable_prefix_caching: bool = True
+
+
 class KVCacheManager:
-    """Allocates, shares, swaps and frees KV blocks for requests identified by `seq_id`."""
+    """Allocates, shares, swaps and frees KV blocks for sequences identified by `seq_id`."""
 
     def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
                  enable_prefix_caching: bool = True) -> None:
@@ -23,15 +34,30 @@ class KVCacheManager:
         self.block_tables: dict[str, list[int]] = {}
         self.block_hashes: dict[str, list[BlockHash]] = {}  # chained hashes of the full blocks so far
         self.swapped_out: set[str] = set()
-        self.uncached: set[str] = set()  # requests that must compute every token (prompt logprobs)
-        self.cache_salts: dict[str, str] = {}  # requests that share cached blocks only with the same salt
+        self._uncached: set[str] = set()  # sequences that must compute every token (prompt logprobs)
+        self._cache_salts: dict[str, str] = {}  # sequences that share cached blocks only with the same salt
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+
+    @classmethod
+    def from_config(cls, config: CacheConfig) -> "KVCacheManager":
+        return cls(config.num_blocks, config.block_size, config.num_host_blocks, config.enable_prefix_caching)
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
 
     # ---------------------------------------------------------------------------- prefix cache
+    def skip_reading_cache(self, seq_id: str) -> None:
+        """`seq_id` computes every token (prompt logprobs need them all): it never reads cached blocks."""
+        self._uncached.add(seq_id)
+
+    def reads_cache(self, seq_id: str) -> bool:
+        return self.enable_prefix_caching and seq_id not in self._uncached
+
+    def set_cache_salt(self, seq_id: str, salt: str) -> None:
+        """Root `seq_id`'s block hashes at `salt`: it shares cached blocks only with sequences of that salt."""
+        self._cache_salts[seq_id] = salt
+
     def _hashes(self, seq_id: str, token_ids: Sequence[int], num_blocks: int) -> list[BlockHash]:
         """The first `num_blocks` chained block hashes of a request, each computed only once.
 
@@ -40,13 +66,13 @@ class KVCacheManager:
         hashes = self.block_hashes.setdefault(seq_id, [])
         bs = self.block_size
         for i in range(len(hashes), num_blocks):
-            parent = hashes[-1] if hashes else salt_hash(self.cache_salts.get(seq_id))
+            parent = hashes[-1] if hashes else salt_hash(self._cache_salts.get(seq_id))
             hashes.append(hash_block_tokens(parent, token_ids[i * bs : (i + 1) * bs]))
         return hashes[:num_blocks]
 
     def find_cached_prefix(self, seq_id: str, token_ids: Sequence[int]) -> list[int]:
         """Block ids of the longest cached run of leading full blocks (never the last token)."""
-        if not self.enable_prefix_caching or seq_id in self.uncached:
+        if not self.reads_cache(seq_id):
             return []
         hits = []
         for block_hash in self._hashes(seq_id, token_ids, (len(token_ids) - 1) // self.block_size):
@@ -122,8 +148,8 @@ class KVCacheManager:
             self.device.share(block)
         self.block_tables[child_id] = list(self.block_tables[parent_id])
         self.block_hashes[child_id] = list(self.block_hashes.get(parent_id, []))
-        if parent_id in self.cache_salts:
-            self.cache_salts[child_id] = self.cache_salts[parent_id]
+        if parent_id in self._cache_salts:
+            self._cache_salts[child_id] = self._cache_salts[parent_id]
 
     def free(self, seq_id: str) -> None:
         """Release blocks tail first, so a request's tail is evicted before its prefix."""
@@ -132,11 +158,25 @@ class KVCacheManager:
             pool.free(block)
         self.swapped_out.discard(seq_id)
 
+    def trim(self, seq_id: str, num_tokens: int) -> None:
+        """Shrink a resident sequence's table to the blocks `num_tokens` tokens need, freeing the tail blocks
+        (tokens written and then rejected, as speculative decoding rejects drafts). Hashes of full blocks
+        past the new length are dropped: those blocks may be written again with other tokens."""
+        assert seq_id not in self.swapped_out, "trim a resident sequence"
+        table, keep = self.block_tables[seq_id], self.num_blocks_for(num_tokens)
+        while len(table) > keep:
+            self.device.free(table.pop())
+        del self.block_hashes.get(seq_id, [])[num_tokens // self.block_size:]
+
+    def tracked_seq_ids(self) -> set[str]:
+        """Every sequence the manager remembers anything of: a table, hashes, a mark or a salt."""
+        return self.block_tables.keys() | self.block_hashes.keys() | self._uncached | self._cache_salts.keys()
+
     def forget(self, seq_id: str) -> None:
-        """Drop what is remembered about a finished request."""
+        """Drop what is remembered about a finished sequence."""
         self.block_hashes.pop(seq_id, None)
-        self.uncached.discard(seq_id)
-        self.cache_salts.pop(seq_id, None)
+        self._uncached.discard(seq_id)
+        self._cache_salts.pop(seq_id, None)
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached block. Refused (False, nothing forgotten) while a request holds blocks."""
@@ -184,5 +224,10 @@ class KVCacheManager:
     # ------------------------------------------------------------------------------- statistics
     @property
     def usage(self) -> float:
-        """Fraction of device blocks held by requests (cached free blocks count as free)."""
+        """Fraction of device blocks held by sequences (cached free blocks count as free)."""
         return 1.0 - self.device.num_free_blocks / self.device.num_blocks
+
+    @property
+    def num_blocks_without_sharing(self) -> int:
+        """Device blocks the resident sequences would hold if none were shared."""
+        return sum(len(t) for seq_id, t in self.block_tables.items() if seq_id not in self.swapped_out)

@@ -13,10 +13,11 @@ are the same.
 
 import bisect
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from jax_engine.core.kv_cache_manager import KVCacheManager
+from jax_engine.core.kv_cache_manager import CacheConfig, KVCacheManager
 from jax_engine.sequence import Sequence
 from reference.request import RequestStatus
 from reference.scheduler import SchedulerConfig
@@ -24,13 +25,18 @@ from reference.scheduler import SchedulerConfig
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the sampler imports jax; the scheduler is host bookkeeping only
+    from jax_engine.beam_search import BeamUpdate
     from jax_engine.sampler import SampledToken
 
 
 @dataclass
 class ScheduledSequence:
+    """One sequence's share of a step: tokens to compute from num_computed_tokens on, and the blocks they are
+    written to (the KV manager's own list, as it stands after this step's allocation)."""
+
     seq: Sequence
     num_new_tokens: int
+    block_table: list[int]
 
 
 @dataclass
@@ -54,6 +60,22 @@ class SchedulerOutput:
         return sum(s.num_new_tokens for s in self.scheduled)
 
 
+@dataclass(frozen=True)
+class BlockStats:
+    """The KV cache's device blocks as the scheduler sees them, for statistics and traces."""
+
+    num_blocks: int
+    num_free_blocks: int  # cached blocks no sequence holds count as free
+    num_cached_blocks: int
+    num_blocks_without_sharing: int  # what the resident sequences would hold if no block were shared
+    prefix_cache_queries: int  # prompt tokens looked up
+    prefix_cache_hits: int  # prompt tokens found
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+
 class _ArrivalQueue:
     """Sequences kept sorted by arrival in a plain list: a binary search finds where to insert; inserting
     or popping the front shifts the list (a memmove, cheap at the queue lengths the engine sees)."""
@@ -75,25 +97,33 @@ class _ArrivalQueue:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    """Decides, step by step, which sequences run; owns the queues and the KV-cache manager, which nobody else
+    touches: the step's block tables travel in its output, statistics come from its methods."""
+
+    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig) -> None:
         self.config = config
-        self.kv = kv_cache_manager
+        self.kv = KVCacheManager.from_config(cache_config)
         self.waiting, self.running, self.swapped = _ArrivalQueue(), _ArrivalQueue(), _ArrivalQueue()
+        self.seqs: dict[str, Sequence] = {}  # every unfinished sequence, by seq_id
         self.num_preemptions = 0
 
-    def add_request(self, seq: Sequence, cache_salt: str | None = None) -> None:
-        """Queue a request's first sequence; `cache_salt` roots its prefix-cache hashes (vLLM's field)."""
-        if seq.skip_reading_prefix_cache:
-            self.kv.uncached.add(seq.seq_id)
+    def add_request(self, seqs: list[Sequence], cache_salt: str | None = None) -> None:
+        """Queue a request: its first sequence waits to be scheduled, the others (parallel samples) fork from it
+        later. `cache_salt` roots its prefix-cache hashes (vLLM's field)."""
+        first = seqs[0]
+        if first.skip_reading_prefix_cache:
+            self.kv.skip_reading_cache(first.seq_id)
         if cache_salt is not None:
-            self.kv.cache_salts[seq.seq_id] = cache_salt
-        self._enqueue(self.waiting, seq, RequestStatus.WAITING)
+            self.kv.set_cache_salt(first.seq_id, cache_salt)
+        self.seqs.update((seq.seq_id, seq) for seq in seqs)
+        self._enqueue(self.waiting, first, RequestStatus.WAITING)
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Start `child` as a copy of running `parent`: same tokens and progress, every block shared."""
         child.adopt(parent)
         parent.num_pending_forks = max(0, parent.num_pending_forks - 1)
         self.kv.fork(parent.seq_id, child.seq_id)
+        self.seqs[child.seq_id] = child
         self._enqueue(self.running, child, RequestStatus.RUNNING)
 
     def has_unfinished_requests(self) -> bool:
@@ -118,16 +148,17 @@ class Scheduler:
             self._preempt(self.running.items.pop(), out, "idle while holding blocks others wait for")
         return out
 
-    def update_from_output(self, out: SchedulerOutput, sampled: list[tuple[Sequence, "SampledToken"]]) -> None:
-        """After the model ran `out`: advance computed counts, cache full blocks, fork, append, finish.
+    def update_from_output(self, out: SchedulerOutput, sampled: list[tuple[Sequence, "SampledToken"]],
+                           beam_updates: Iterable["BeamUpdate"] = ()) -> list[tuple[Sequence, "SampledToken"]]:
+        """After the model ran `out`: the one place where sequences grow. Returns the tokens appended.
 
-        Args:
-            out: the output of the `schedule()` call that the model just ran.
-            sampled: a token for every sequence whose tokens are now all computed, in sampling order. A
-                parallel sample that is not running yet (`fork_parent` set) forks from its parent here,
-                sharing every block, then takes its own token.
-        Stop tokens, EOS and max_tokens finish a sequence and free its blocks; stop strings, which need the
-        text, are the output processor's (jax_engine/output_processor.py).
+        In order: computed counts advance and full blocks enter the prefix cache; parallel samples whose
+        parent's prompt is now computed fork from it (`fork_parent`), sharing every block; each sampled token
+        is appended and its grammar advanced; then each beam search's update (forks, prunes, appends) is
+        applied. `sampled` may hold several tokens of one sequence, in order: those after a stop are dropped.
+        Stop tokens, EOS and max_tokens finish a sequence and free its blocks; a token its grammar rejects
+        ends it with FINISHED_ERROR (the caller ends the rest of its request). Stop strings, which need the
+        text, are the output processor's: it ends those sequences through `finish_requests`.
         """
         for s in out.scheduled:
             if s.seq.status.is_finished:  # failed while this step ran: it holds no blocks any more
@@ -138,10 +169,52 @@ class Scheduler:
             if seq.fork_parent is not None:
                 self.fork(seq.fork_parent, seq)
                 seq.fork_parent = None
-        for seq, token in sampled:
-            status = seq.append_token(token.token, token.logprob)
-            if status is not None:
-                self.finish(seq, status)
+        appended = [(seq, token) for seq, token in sampled if self._append(seq, token.token, token.logprob)]
+        for update in beam_updates:
+            self._apply_beam_update(update)
+        return appended
+
+    def _append(self, seq: Sequence, token: int, logprob: float) -> bool:
+        """Append one token, advance the sequence's grammar, finish it if the token ends it. False when the
+        sequence had already finished (the token is dropped)."""
+        if seq.status.is_finished:
+            return False
+        status = seq.append_token(token, logprob)
+        if seq.grammar is not None:
+            try:
+                seq.grammar.accept(token)
+            except RuntimeError as error:
+                logger.error("request %s failed: %s", seq.request_id, str(error)[:300])
+                status = RequestStatus.FINISHED_ERROR
+        if status is not None:
+            self._finish(seq, status)
+        return True
+
+    def _apply_beam_update(self, update: "BeamUpdate") -> None:
+        for parent, child in update.forks:  # fork before anyone appends, so children copy the parent's tokens
+            self.fork(parent, child)
+        for beam in update.pruned:
+            self._finish(beam, RequestStatus.FINISHED_ABORTED)
+        for beam, token, logprob in update.appends:
+            self._append(beam, token, logprob)
+
+    def finish_requests(self, seq_ids: Iterable[str], status: RequestStatus) -> None:
+        """End sequences from outside the step (aborts, stop strings, faults): out of their queues, blocks freed.
+        Unknown or finished ids are ignored (vLLM's name)."""
+        for seq_id in seq_ids:
+            if (seq := self.seqs.get(seq_id)) is not None:
+                self._finish(seq, status)
+
+    def _finish(self, seq: Sequence, status: RequestStatus) -> None:
+        queue = {RequestStatus.WAITING: self.waiting, RequestStatus.RUNNING: self.running,
+                 RequestStatus.SWAPPED: self.swapped}.get(seq.status)
+        if queue is not None and seq in queue.items:  # a parallel sample not forked yet waits in no queue
+            queue.remove(seq)
+        if seq.seq_id in self.kv.block_tables:
+            self.kv.free(seq.seq_id)
+        self.kv.forget(seq.seq_id)
+        self.seqs.pop(seq.seq_id, None)
+        seq.status = status
 
     def _chunk(self, num_remaining: int, budget: int) -> int:
         if self.config.enable_chunked_prefill:
@@ -163,7 +236,7 @@ class Scheduler:
                 if seq.status is not RequestStatus.RUNNING:
                     return used
             out.copies += kv.append_slots(seq.seq_id, seq.num_computed_tokens, n)
-            out.scheduled.append(ScheduledSequence(seq, n))
+            out.scheduled.append(ScheduledSequence(seq, n, kv.block_tables[seq.seq_id]))
             used += n
             i += 1
         return used
@@ -185,7 +258,7 @@ class Scheduler:
             out.swap_in.update(kv.swap_in([seq.seq_id]))
             out.copies += kv.append_slots(seq.seq_id, seq.num_computed_tokens, n)
             self._enqueue(self.running, seq, RequestStatus.RUNNING)
-            out.scheduled.append(ScheduledSequence(seq, n))
+            out.scheduled.append(ScheduledSequence(seq, n, kv.block_tables[seq.seq_id]))
             used += n
         return used
 
@@ -203,7 +276,7 @@ class Scheduler:
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = seq.num_computed_tokens
             self._enqueue(self.running, seq, RequestStatus.RUNNING)
-            out.scheduled.append(ScheduledSequence(seq, n))
+            out.scheduled.append(ScheduledSequence(seq, n, kv.block_tables[seq.seq_id]))
             out.admitted.append(seq)
             budget -= n
 
@@ -227,12 +300,26 @@ class Scheduler:
         seq.status = status
         queue.insert(seq)
 
-    def finish(self, seq: Sequence, status: RequestStatus) -> None:
-        """Take a sequence out of its queue and free its blocks (it stopped, or was aborted)."""
-        for queue in (self.waiting, self.running, self.swapped):
-            if seq in queue.items:
-                queue.remove(seq)
-        if seq.seq_id in self.kv.block_tables:
-            self.kv.free(seq.seq_id)
-        self.kv.forget(seq.seq_id)
-        seq.status = status
+    # ------------------------------------------------------------------------------- statistics
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block; False (nothing forgotten) while sequences hold blocks."""
+        return self.kv.reset_prefix_cache()
+
+    def block_stats(self) -> BlockStats:
+        kv = self.kv
+        return BlockStats(kv.device.num_blocks, kv.device.num_free_blocks, kv.device.num_cached_blocks,
+                          kv.num_blocks_without_sharing, kv.prefix_cache_queries, kv.prefix_cache_hits)
+
+    def cache_miss(self, seq: Sequence) -> str | None:
+        """Why an admitted sequence's prompt was not (fully) found in the prefix cache; None if it was."""
+        block_size = self.kv.block_size
+        full_blocks, hit_blocks = (seq.num_tokens - 1) // block_size, seq.num_computed_tokens // block_size
+        if hit_blocks >= full_blocks > 0:
+            return None
+        if not self.kv.enable_prefix_caching:
+            return "prefix caching disabled"
+        if not self.kv.reads_cache(seq.seq_id):
+            return "prompt logprobs need every prompt token computed"
+        if full_blocks == 0:
+            return "prefix shorter than one block"
+        return f"{hit_blocks} of {full_blocks} full blocks found in the cache"

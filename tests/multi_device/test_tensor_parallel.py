@@ -60,8 +60,8 @@ def test_default_model_tokens_equal_unsplit(make_llm, unsplit, tp, preemption_mo
     assert generate(llm, GREEDY) == unsplit[0]
     assert engine.scheduler.num_preemptions > 0
     assert generate(llm, SAMPLES) == unsplit[1]
-    assert engine.kv_cache_manager.prefix_cache_hits > 0
-    assert engine.kv_cache_manager.usage == 0  # nothing lost
+    assert engine.scheduler.kv.prefix_cache_hits > 0
+    assert engine.scheduler.kv.usage == 0  # nothing lost
 
 
 @pytest.mark.parametrize("tp", SIZES)
