@@ -16,28 +16,24 @@ from collections.abc import Iterator
 
 import jax
 
-from jax_engine.attention import get_attention_backend
 from jax_engine.beam_search import BeamSearchParams
-from jax_engine.compile_shapes import compile_step_shapes, use_compilation_cache
-from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_dtype, resolve_scheduler_config
-from jax_engine.core.kv_cache_manager import CacheConfig
+from jax_engine.compile_shapes import compile_step_shapes
+from jax_engine.config import EngineArgs, resolve_scheduler_config
 from jax_engine.distributed import multihost
-from jax_engine.distributed.tensor_parallel import make_mesh
 from jax_engine.core.scheduler import Scheduler, SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
 from jax_engine.input_processor import InputProcessor, Prompt, cache_salt
 from jax_engine.loader import Checkpoint, load_checkpoint
 from jax_engine.loader.generation_config import default_sampling_fields, resolve_generation_config
 from jax_engine.model_config import token_ids
-from jax_engine.model_runner import ModelRunner
-from jax_engine.models import CausalLM
 from jax_engine.output_processor import OutputProcessor
 from jax_engine.outputs import RequestMetrics, RequestOutput
-from jax_engine.sampler import SampledToken, sampling_batch
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
 from jax_engine.sequence_group import SequenceFactory, SequenceGroup
+from jax_engine.step_sampler import StepSampler
 from jax_engine.structured_output.grammar import GrammarCompiler
+from jax_engine.worker import init_devices, load_model
 from reference.request import RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -66,36 +62,16 @@ class LLMEngine:
     def _build(self, args: EngineArgs, checkpoint: Checkpoint | None, devices: list | None) -> None:
         started = time.perf_counter()
         self.args = args
-        if args.nnodes > 1:  # before anything asks JAX for its devices
-            multihost.initialize(args.nnodes, args.node_rank, args.master_addr, args.master_port)
-        use_compilation_cache(args.compilation_cache_dir)
-        mesh = make_mesh(args.tensor_parallel_size, devices)  # checked before anything loads
+        mesh = init_devices(args, devices)  # checked before anything loads
         checkpoint = checkpoint or load_checkpoint(args.model)
         self.model_config = cfg = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
-        self.dtype = resolve_dtype(args.dtype)
         self.scheduler_config = resolve_scheduler_config(args, cfg)
-        model = CausalLM.from_hf_weights(cfg, checkpoint.weights, self.dtype, args.quantization, checkpoint.blocks,
-                                         mesh)
-        self.attention_backend = get_attention_backend(args.attention_backend, platform())
-        block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, self.dtype, self.attention_backend,
-                                                                self.scheduler_config.max_model_len,
-                                                                model.kv_heads_per_device)
-        if args.nnodes > 1:  # every host's cache must have the driver's block count (free memory may differ)
-            num_blocks, num_host_blocks = multihost.agree((num_blocks, num_host_blocks))
-        self.scheduler = Scheduler(self.scheduler_config, CacheConfig(num_blocks, block_size, num_host_blocks,
-                                                                      args.enable_prefix_caching))
-        self.runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, self.scheduler_config.max_model_len,
-                                  self.scheduler_config.max_num_seqs, self.attention_backend, self.dtype)
+        loaded = load_model(args, checkpoint, mesh, self.scheduler_config)
+        self.runner, self.attention_backend, self.dtype = loaded.runner, loaded.attention_backend, loaded.dtype
+        self.scheduler = Scheduler(self.scheduler_config, loaded.cache_config)
         generation_config = resolve_generation_config(args.generation_config, checkpoint.generation_config)
         self.default_sampling_fields = default_sampling_fields(args.generation_config, generation_config)
-        if self.default_sampling_fields:
-            try:  # a bad value fails here, once, not in every request that takes the defaults
-                self.get_default_sampling_params()
-            except ValueError as error:
-                raise ValueError(f"the generation config's sampling defaults: {error}") from None
-            logger.info("default sampling parameters %s come from the model's generation config; "
-                        "generation_config='vllm' ignores them", self.default_sampling_fields)
         self.eos_token_ids = tuple(dict.fromkeys(checkpoint.eos_token_ids +
                                                  token_ids(generation_config.get("eos_token_id"))))
         self.grammar_compiler = GrammarCompiler(self.tokenizer, cfg.vocab_size, self.eos_token_ids)
@@ -112,6 +88,7 @@ class LLMEngine:
             swap=self.scheduler_config.preemption_mode == "swap")
         if args.nnodes > 1 and args.node_rank == 0:
             self.runner = multihost.DriverRunner(self.runner)
+        self._step_sampler = StepSampler(self.runner, self.grammar_compiler, cfg.vocab_size, self._failing_alone)
         logger.info("engine ready in %.1f s (attention backend %r)", time.perf_counter() - started,
                     self.attention_backend.name)
 
@@ -200,7 +177,9 @@ class LLMEngine:
         sampling_hidden, hidden = self.runner.execute(inputs)
         self.output_processor.score_prompts(out, inputs.row_of, hidden, self.runner.token_logprobs,
                                             self._failing_alone)
-        tokens = [(seq, token) for seq, token in self._sample(sampling_hidden, inputs.sampling_seqs)
+        samplers = [(row, sampler) for row, seq in enumerate(inputs.sampling_seqs)  # parallel samples: the parent's row
+                    for sampler in self._groups[seq.request_id].sampling_seqs(seq)]
+        tokens = [(seq, token) for seq, token in self._step_sampler.sample(sampling_hidden, samplers)
                   if not self._groups[seq.request_id].propose(seq, token)]
         appended = self.scheduler.update_from_output(out, tokens, self._beam_updates(out))
         for seq, token in appended:
@@ -231,38 +210,6 @@ class LLMEngine:
             if group.finished:
                 del self._groups[request_id]
         return outputs
-
-    def _sample(self, sampling_hidden, seqs: list[Sequence]) -> list[tuple[Sequence, SampledToken]]:
-        """A token for every sequence that samples this step; parallel samples read their parent's row."""
-        rows, samplers = [], []
-        for row, seq in enumerate(seqs):
-            for sampler in self._groups[seq.request_id].sampling_seqs(seq) if not seq.status.is_finished else []:
-                rows.append(row)
-                samplers.append(sampler)
-        # The grammar masks are computed here, on the host, while the device still runs the step's forward pass.
-        grammars = [seq.grammar for seq in samplers]
-        bitmask = self.grammar_compiler.fill_bitmask(grammars) if any(grammars) else None
-        if self._fail_broken_grammars(samplers):
-            return self._sample(sampling_hidden, seqs)
-        try:
-            batch = self.runner.sampling_batch(samplers, bitmask)
-            return list(zip(samplers, self.runner.sample(sampling_hidden, rows, batch)))
-        except Exception:  # some sequence's values do not pack into the sampler's arrays: it fails alone
-            for seq in samplers:
-                with self._failing_alone(seq):
-                    sampling_batch([seq], 1, self.model_config.vocab_size)
-            if not any(seq.status.is_finished for seq in samplers):
-                raise  # not a packing fault: the step itself failed
-            return self._sample(sampling_hidden, seqs)
-
-    def _fail_broken_grammars(self, seqs: list[Sequence]) -> bool:
-        """Fail the requests whose grammar matcher stopped (its mask passed the library's per-step budget):
-        their masks allow nothing meaningful. True if any did."""
-        broken = [seq for seq in seqs if seq.grammar is not None and seq.grammar.error is not None]
-        for seq in broken:
-            with self._failing_alone(seq):
-                raise RuntimeError(f"structured output stopped: {seq.grammar.error[:300]}")
-        return bool(broken)
 
     @contextlib.contextmanager
     def _failing_alone(self, seq: Sequence) -> Iterator[None]:

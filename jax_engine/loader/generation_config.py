@@ -10,9 +10,13 @@ whatever the choice, as in vLLM.
 """
 
 import json
+import logging
 import os
 
 from jax_engine.input_checks import check
+from jax_engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 FILE_NAME = "generation_config.json"
 # generation_config.json name -> SamplingParams field; vLLM's ModelConfig.get_diff_sampling_param reads these.
@@ -43,9 +47,18 @@ def resolve_generation_config(choice: str, model_generation_config: dict) -> dic
 
 
 def default_sampling_fields(choice: str, generation_config: dict) -> dict:
-    """SamplingParams fields that replace vLLM's defaults: {} for "vllm", else those the config sets."""
+    """SamplingParams fields that replace vLLM's defaults: {} for "vllm", else those the config sets. They are
+    checked here, once: a bad value fails the engine's start, not every request that takes the defaults."""
     if choice == "vllm":
         return {}
-    return {field: generation_config[name] for name, field in SAMPLING_FIELDS.items()
-            if generation_config.get(name) is not None}
+    fields = {field: generation_config[name] for name, field in SAMPLING_FIELDS.items()
+              if generation_config.get(name) is not None}
+    if fields:
+        try:
+            SamplingParams(**fields)
+        except ValueError as error:
+            raise ValueError(f"the generation config's sampling defaults: {error}") from None
+        logger.info("default sampling parameters %s come from the model's generation config; "
+                    "generation_config='vllm' ignores them", fields)
+    return fields
 

@@ -1,0 +1,55 @@
+"""A step's sampling on the host side: which rows sample, the grammar masks, and faults that stay with their request.
+
+The model runner samples rows of logits on the device (jax_engine/sampler.py). Around that call the engine
+must decide who samples from which row (a parallel sample reads its parent's row on the step its parent's
+prompt is done, then forks), fill the structured-output masks on the host while the device still runs the
+forward pass, and keep one request's bad values from failing the others: a request whose grammar matcher
+broke, or whose values do not pack into the sampler's arrays, fails alone and the rest are sampled again.
+"""
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+from jax_engine.model_runner import ModelRunner
+from jax_engine.sampler import SampledToken, sampling_batch
+from jax_engine.sequence import Sequence
+from jax_engine.structured_output.grammar import GrammarCompiler
+
+FailingAlone = Callable[[Sequence], AbstractContextManager]  # LLMEngine._failing_alone
+
+
+class StepSampler:
+    def __init__(self, runner: ModelRunner, grammar_compiler: GrammarCompiler, vocab_size: int,
+                 failing_alone: FailingAlone) -> None:
+        self.runner = runner
+        self.grammar_compiler = grammar_compiler
+        self.vocab_size = vocab_size
+        self.failing_alone = failing_alone
+
+    def sample(self, sampling_hidden, samplers: list[tuple[int, Sequence]]) -> list[tuple[Sequence, SampledToken]]:
+        """A token for each (logits row, sequence) whose request has not failed."""
+        samplers = [(row, seq) for row, seq in samplers if not seq.status.is_finished]
+        rows, seqs = [row for row, _ in samplers], [seq for _, seq in samplers]
+        grammars = [seq.grammar for seq in seqs]
+        bitmask = self.grammar_compiler.fill_bitmask(grammars) if any(grammars) else None
+        if self._fail_broken_grammars(seqs):
+            return self.sample(sampling_hidden, samplers)
+        try:
+            batch = self.runner.sampling_batch(seqs, bitmask)
+            return list(zip(seqs, self.runner.sample(sampling_hidden, rows, batch)))
+        except Exception:  # some sequence's values do not pack into the sampler's arrays: it fails alone
+            for seq in seqs:
+                with self.failing_alone(seq):
+                    sampling_batch([seq], 1, self.vocab_size)
+            if not any(seq.status.is_finished for seq in seqs):
+                raise  # not a packing fault: the step itself failed
+            return self.sample(sampling_hidden, samplers)
+
+    def _fail_broken_grammars(self, seqs: list[Sequence]) -> bool:
+        """Fail the requests whose grammar matcher stopped (its mask passed the library's per-step budget):
+        their masks allow nothing meaningful. True if any did."""
+        broken = [seq for seq in seqs if seq.grammar is not None and seq.grammar.error is not None]
+        for seq in broken:
+            with self.failing_alone(seq):
+                raise RuntimeError(f"structured output stopped: {seq.grammar.error[:300]}")
+        return bool(broken)

@@ -1,0 +1,54 @@
+"""The model on its devices with its KV cache sized: what start-up does before the engine's first step.
+
+vLLM's Worker in two calls: `init_devices` joins the other hosts and builds the tensor-parallel mesh (before
+anything loads, so a bad device setting fails in seconds), and `load_model` places the weights, picks the
+attention backend, sizes the KV cache from the memory left and builds the model runner over it. The engine
+then hands the cache's shape to its scheduler (CacheConfig) and compiles the runner's programs.
+"""
+
+from dataclasses import dataclass
+
+from jax.sharding import Mesh
+
+from jax_engine.attention import AttentionBackend, get_attention_backend
+from jax_engine.compile_shapes import use_compilation_cache
+from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_dtype
+from jax_engine.core.kv_cache_manager import CacheConfig
+from jax_engine.distributed import multihost
+from jax_engine.distributed.tensor_parallel import make_mesh
+from jax_engine.loader import Checkpoint
+from jax_engine.model_runner import ModelRunner
+from jax_engine.models import CausalLM
+from reference.scheduler import SchedulerConfig
+
+
+@dataclass
+class LoadedModel:
+    runner: ModelRunner
+    cache_config: CacheConfig
+    attention_backend: AttentionBackend
+    dtype: object
+
+
+def init_devices(args: EngineArgs, devices: list | None) -> Mesh | None:
+    """Join the other hosts (multi-node), turn the compilation cache on, build the mesh (None without TP)."""
+    if args.nnodes > 1:  # before anything asks JAX for its devices
+        multihost.initialize(args.nnodes, args.node_rank, args.master_addr, args.master_port)
+    use_compilation_cache(args.compilation_cache_dir)
+    return make_mesh(args.tensor_parallel_size, devices)
+
+
+def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
+               scheduler_config: SchedulerConfig) -> LoadedModel:
+    """Weights on the devices, the attention backend, the KV cache sized and allocated, the runner over it."""
+    cfg, dtype = checkpoint.config, resolve_dtype(args.dtype)
+    model = CausalLM.from_hf_weights(cfg, checkpoint.weights, dtype, args.quantization, checkpoint.blocks, mesh)
+    backend = get_attention_backend(args.attention_backend, platform())
+    block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, dtype, backend, scheduler_config.max_model_len,
+                                                            model.kv_heads_per_device)
+    if args.nnodes > 1:  # every host's cache must have the driver's block count (free memory may differ)
+        num_blocks, num_host_blocks = multihost.agree((num_blocks, num_host_blocks))
+    runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, scheduler_config.max_model_len,
+                         scheduler_config.max_num_seqs, backend, dtype)
+    cache_config = CacheConfig(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
+    return LoadedModel(runner, cache_config, backend, dtype)
