@@ -59,7 +59,7 @@ class EngineArgs:
             several hosts, the devices of all of them.
         data_parallel_size: engine replicas, each on its own tensor_parallel_size devices, behind one server
             (`jax-engine serve`); requests go to the replica with the fewest unfinished requests
-            (jax_engine/distributed/data_parallel.py).
+            (jax_engine/server/data_parallel.py).
         nnodes: processes (hosts) the devices come from; with more than one, node_rank 0 runs the engine and
             the others run `jax-engine serve --headless` (jax_engine/distributed/multihost.py).
         node_rank: this process's rank among the nnodes.

@@ -8,7 +8,7 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import asyncio  # noqa: E402
 
 from jax_engine import EngineArgs, SamplingParams  # noqa: E402
-from jax_engine.distributed.data_parallel import DataParallelEngine  # noqa: E402
+from jax_engine.server.data_parallel import DataParallelEngine  # noqa: E402
 
 PROMPTS = ["The capital of France is", "1, 2, 3, 4,", "Once upon a time",
            "Water boils at"]

@@ -139,7 +139,7 @@ def main(ns: argparse.Namespace) -> None:
         return
     config = server_config(ns, ns.served_model_name or args.model or DEFAULT_MODEL_NAME)
     if args.data_parallel_size > 1:
-        from jax_engine.distributed.data_parallel import DataParallelEngine
+        from jax_engine.server.data_parallel import DataParallelEngine
 
         engine = DataParallelEngine.from_engine_args(args)
     else:

@@ -1,4 +1,4 @@
-"""Data parallelism (jax_engine/distributed/data_parallel.py): two replicas of the default model behind one real
+"""Data parallelism (jax_engine.server.data_parallel.py): two replicas of the default model behind one real
 HTTP server, driven by the official openai client, against one engine; each replica on its own devices."""
 
 import subprocess
@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
-from jax_engine.distributed.data_parallel import DataParallelEngine
+from jax_engine.server.data_parallel import DataParallelEngine
 from jax_engine.server.state import ServerConfig
 from tests.server_helpers import ThreadedServer, wait_for
 

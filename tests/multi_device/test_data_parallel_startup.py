@@ -10,7 +10,7 @@ program for device 0 from JAX's disk cache, compiling it for device 1 failed in 
 import jax
 
 from jax_engine import LLM, EngineArgs, SamplingParams
-from jax_engine.distributed.data_parallel import DataParallelEngine
+from jax_engine.server.data_parallel import DataParallelEngine
 from tests.multi_device.test_data_parallel import ENGINE_ARGS, MAX_TOKENS, PROMPTS, devices_of
 
 
