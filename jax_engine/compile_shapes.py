@@ -38,7 +38,8 @@ from jax_engine.buckets import all_buckets, bucket, bucket_tokens
 from jax_engine.executable_store import ExecutableStore
 from jax_engine.model_runner import (SCORED_ROWS, ModelRunner, _copy_blocks, _forward, _gather_blocks, _logits,
                                     _scatter_blocks, _token_logprobs, block_move_bucket, sampler_key, step_key)
-from jax_engine.sampler import SAMPLER_PROGRAMS, empty_sampling_batch, sample
+from jax_engine.sampler import sample
+from jax_engine.sampling_batch import SAMPLER_PROGRAMS, empty_sampling_batch
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
 from jax_engine.core.scheduler import SchedulerOutput
 from jax_engine.models import CausalLM
 from jax_engine.program_cache import ProgramCache
-from jax_engine.sampler import STAGES, SampledToken, SamplingBatch, sample, sampling_batch, to_host, token_logprobs
+from jax_engine.sampler import SampledToken, sample, to_host, token_logprobs
+from jax_engine.sampling_batch import STAGES, SamplingBatch, sampling_batch
 from reference.block_manager import cdiv
 
 
