@@ -46,9 +46,10 @@ test: $(VENV)/.installed-test $(CHROMIUM)
 test-thorough: $(VENV)/.installed-test
 	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -q
 
-# 10,000 mixed requests against `jax-engine serve` on a tiny random model; prints the figures for docs/benchmarks.md.
+# 10 minutes of mixed requests against `jax-engine serve` on a tiny random model; prints the figures for
+# docs/benchmarks.md.
 soak: $(VENV)/.installed-test
-	$(PY) -m tests.test_soak --num-requests 10000
+	$(PY) -m tests.test_soak --duration 600
 
 # Redraw every figure of the site from its script (docs/figures/*.py); tests/test_figures.py checks they are current.
 figures: $(VENV)/.installed-test

@@ -1,7 +1,7 @@
 """`jax-engine bench soak`: mixed, partly hostile traffic against a running server, then a health check.
 
     jax-engine serve &
-    jax-engine bench soak --num-requests 10000
+    jax-engine bench soak --duration 600      # or --num-requests 10000
 
 Requests: completions and chat completions, streamed or not, n 1-3, stop strings and seeds, and every other
 option a request can set: penalties, logit_bias, allowed_token_ids, bad_words, min_tokens with stop tokens,
@@ -10,7 +10,8 @@ grammar) and tools under each tool_choice; clients that disconnect mid-stream, t
 reading for a while; invalid bodies (bad JSON, wrong types, lone surrogates, forged roles, oversized values).
 At the end it waits for the server to go idle and checks what a soak is for: no 5xx, every KV block free,
 nothing running or waiting, and resident memory and memory maps flat once warm (a compiled program adds
-both: none may be compiled after start-up).
+both: none may be compiled after start-up). Valid requests the server refuses (a 400 for a limit, say) are
+listed by their error message, so that a refusal nobody meant shows.
 """
 
 import argparse
@@ -100,7 +101,18 @@ async def _drain(response: httpx.Response, leave_after: int | None, stall: float
             return
 
 
-async def _one(client: httpx.AsyncClient, rng: random.Random, max_tokens: int) -> str:
+def _refusal(response: httpx.Response) -> str | None:
+    """The error message of a 4xx answer to a request the soak meant as valid, digits blurred so they group."""
+    if not 400 <= response.status_code < 500:
+        return None
+    try:
+        message = json.loads(response.content)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = response.text
+    return re.sub(r"\d+", "N", str(message))[:160]
+
+
+async def _one(client: httpx.AsyncClient, rng: random.Random, max_tokens: int, refusals: Counter) -> str:
     """Send one request of a random kind; return its kind and outcome, e.g. 'stream/200'."""
     roll = rng.random()
     if roll < 0.13:
@@ -133,10 +145,15 @@ async def _one(client: httpx.AsyncClient, rng: random.Random, max_tokens: int) -
         leave_after = rng.choice([None, None, 1, 2])
         stall = rng.choice([0.0, 0.0, 0.0, rng.uniform(0.5, 2.0)])
         async with client.stream("POST", path, json={**body, "stream": True}) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                refusals[_refusal(response)] += 1
             await _drain(response, leave_after, stall)
             kind = "stream" if leave_after is None else "disconnect"
             return f"{kind}{'-stalled' if stall else ''}/{response.status_code}"
     response = await client.post(path, json=body)
+    if (refusal := _refusal(response)) is not None:
+        refusals[refusal] += 1
     return f"{'chat' if chat else 'completion'}/{response.status_code}"
 
 
@@ -160,56 +177,70 @@ async def _wait_idle(client: httpx.AsyncClient, timeout: float) -> bool:
     return False
 
 
-async def soak(base_url: str, num_requests: int, concurrency: int = 16, max_tokens: int = 16, seed: int = 0,
-               api_key: str | None = None, warm_fraction: float = 0.2) -> dict:
-    """Run the soak and return its figures (see the module docstring)."""
+async def soak(base_url: str, num_requests: int | None = None, duration_s: float | None = None,
+               concurrency: int = 16, max_tokens: int = 16, seed: int = 0, api_key: str | None = None,
+               warm_fraction: float = 0.2, num_samples: int = 10) -> dict:
+    """Run the soak, `num_requests` requests or for `duration_s` seconds, and return its figures (see the module
+    docstring). Resident memory and memory maps are sampled `num_samples` times, on the clock for a timed soak."""
+    if (num_requests is None) == (duration_s is None):
+        raise ValueError("give the soak either num_requests or duration_s")
     rng = random.Random(seed)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=120, limits=limits) as client:
-        slots, outcomes, rss, maps = asyncio.Semaphore(concurrency), Counter(), {}, {}
-        warm_at = max(1, int(num_requests * warm_fraction))
-        tenth = max(1, num_requests // 10)
+        outcomes, refusals, samples = Counter(), Counter(), []  # samples: (requests done, rss, memory maps)
+        started = time.perf_counter()
+        sent = 0
 
-        async def worker(i: int) -> None:
-            async with slots:
-                if i == warm_at:
-                    rss["warm"] = await _metric(client, "process_resident_memory_bytes")
-                if i % tenth == 0:
-                    rss[i] = await _metric(client, "process_resident_memory_bytes")
-                    maps[i] = await _metric(client, "jax_engine:num_memory_maps")
+        def progress() -> float:  # how far the soak is, 0 to 1
+            if duration_s is not None:
+                return (time.perf_counter() - started) / duration_s
+            return sent / num_requests
+
+        async def sample() -> None:
+            samples.append((sum(outcomes.values()), await _metric(client, "process_resident_memory_bytes"),
+                            await _metric(client, "jax_engine:num_memory_maps")))
+
+        async def worker() -> None:
+            nonlocal sent
+            while progress() < 1:
+                sent += 1
                 try:
-                    outcomes[await _one(client, random.Random(rng.random()), max_tokens)] += 1
+                    outcomes[await _one(client, random.Random(rng.random()), max_tokens, refusals)] += 1
                 except httpx.TransportError as error:  # the server dropped a connection: count it, go on
                     outcomes[f"transport-error/{type(error).__name__}"] += 1
 
-        started = time.perf_counter()
-        await asyncio.gather(*(worker(i) for i in range(num_requests)))
+        async def sampler() -> None:
+            for k in range(num_samples):
+                while progress() < k / num_samples:
+                    await asyncio.sleep(0.05)
+                await sample()
+
+        await asyncio.gather(sampler(), *(worker() for _ in range(concurrency)))
         duration = time.perf_counter() - started
         idle = await _wait_idle(client, timeout=60)
-        rss["end"] = await _metric(client, "process_resident_memory_bytes")
-        maps["end"] = await _metric(client, "jax_engine:num_memory_maps")
+        await sample()
         compilations = await _metric(client, "jax_engine:compilations_total")
         health = (await client.get("/health")).status_code
+    done = sum(outcomes.values())
+    warm = [s for s in samples if s[0] >= warm_fraction * done] or samples[-1:]
     statuses = Counter(int(o.split("/")[1]) for o in outcomes if o.split("/")[1].isdigit())
-    return {"num_requests": num_requests, "duration_s": round(duration, 1),
-            "requests_per_s": round(num_requests / duration, 1), "outcomes": dict(sorted(outcomes.items())),
+    return {"num_requests": done, "duration_s": round(duration, 1), "requests_per_s": round(done / duration, 1),
+            "outcomes": dict(sorted(outcomes.items())), "refused_valid_requests": dict(refusals.most_common()),
             "num_5xx": sum(n for status, n in statuses.items() if status >= 500),
             "idle_with_every_block_free": idle, "health": health,
-            "rss_warm_mb": round(rss.get("warm", rss["end"]) / 2**20, 1), "rss_end_mb": round(rss["end"] / 2**20, 1),
-            "rss_growth_mb": round((rss["end"] - rss.get("warm", rss["end"])) / 2**20, 1),
-            "rss_mb_every_tenth": [round(rss[i] / 2**20) for i in sorted(k for k in rss if isinstance(k, int))],
-            "rss_slope_mb_per_1000_requests": _slope(rss, warm_at, 1000 / 2**20),
-            "memory_maps_every_tenth": [int(maps[i]) for i in sorted(k for k in maps if isinstance(k, int))],
-            "memory_maps_growth": int(maps["end"] - maps[min(k for k in maps if isinstance(k, int) and k >= warm_at)]
-                                      if any(isinstance(k, int) and k >= warm_at for k in maps) else 0),
+            "rss_warm_mb": round(warm[0][1] / 2**20, 1), "rss_end_mb": round(samples[-1][1] / 2**20, 1),
+            "rss_growth_mb": round((samples[-1][1] - warm[0][1]) / 2**20, 1),
+            "rss_mb_samples": [round(s[1] / 2**20) for s in samples],
+            "rss_slope_mb_per_1000_requests": _slope([(s[0], s[1]) for s in warm], 1000 / 2**20),
+            "memory_maps_samples": [int(s[2]) for s in samples],
+            "memory_maps_growth": int(samples[-1][2] - warm[0][2]),
             "compilations_after_start_up": int(compilations)}
 
 
-def _slope(samples: dict, since: int, scale: float) -> float:
-    """Least-squares slope of the samples taken at request counts >= `since`, times `scale`."""
-    points = sorted((k, v) for k, v in samples.items() if isinstance(k, int) and k >= since)
-    if len(points) < 3:
+def _slope(points: list[tuple[float, float]], scale: float) -> float:
+    """Least-squares slope of (x, y) points, times `scale`."""
+    if len({x for x, _ in points}) < 3:
         return 0.0
     xs, ys = zip(*points)
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
@@ -217,17 +248,32 @@ def _slope(samples: dict, since: int, scale: float) -> float:
     return round(slope * scale, 2)
 
 
+def add_length_arguments(parser: argparse.ArgumentParser) -> None:
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--num-requests", type=int, default=None, help="send this many requests")
+    length.add_argument("--duration", type=float, default=None, help="send requests for this many seconds "
+                        "(the default: 600)")
+
+
+def soak_length(ns: argparse.Namespace) -> dict:
+    """The soak's length from --num-requests or --duration: 10 minutes when neither is given."""
+    if ns.num_requests is not None:
+        return {"num_requests": ns.num_requests}
+    return {"duration_s": 600.0 if ns.duration is None else ns.duration}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", default="http://127.0.0.1:8000")
     parser.add_argument("--api-key", default=None)
-    parser.add_argument("--num-requests", type=int, default=10_000)
+    add_length_arguments(parser)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=16, help="largest max_tokens a request asks for")
     parser.add_argument("--seed", type=int, default=0)
 
 
 def main(ns: argparse.Namespace) -> dict:
-    report = asyncio.run(soak(ns.base_url, ns.num_requests, ns.concurrency, ns.max_tokens, ns.seed, ns.api_key))
+    report = asyncio.run(soak(ns.base_url, **soak_length(ns), concurrency=ns.concurrency, max_tokens=ns.max_tokens,
+                              seed=ns.seed, api_key=ns.api_key))
     print(json.dumps(report, indent=2))
     if report["num_5xx"] or not report["idle_with_every_block_free"] or report["health"] != 200:
         raise SystemExit("soak: FAILED (5xx answers, blocks left held, or an unhealthy server)")
