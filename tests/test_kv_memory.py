@@ -2,8 +2,8 @@
 
 import pytest
 
-from reference import contiguous_usage, paged_usage
-from reference.kv_memory import Chunk, contiguous_usage_under_load, first_fit_steps, paged_usage_under_load
+from reference.tutorial.kv_memory import (Chunk, contiguous_usage, contiguous_usage_under_load, first_fit_steps,
+                                         paged_usage, paged_usage_under_load)
 
 
 def test_one_request_exact_slot_counts():

@@ -1,7 +1,8 @@
 """Where KV-cache memory goes under load: contiguous reservations versus paging."""
 
 from jax_engine.bench.workloads import request_lengths
-from reference.kv_memory import contiguous_usage_under_load, paged_usage_under_load
+from reference.tutorial.kv_memory import (contiguous_usage_under_load,
+                                          paged_usage_under_load)
 
 # 400 requests with ShareGPT-like lengths (means 161 prompt, 338 output tokens), all
 # waiting at once, served from one KV cache of 40,000 token slots.

@@ -1,15 +1,16 @@
 """The four kinds of slot in a contiguously allocated KV cache, at one step of `first_fit_steps`.
 
 Five requests (prompt and output lengths below) each reserve the power of two at or above their final length,
-served first come, first served from a 32-slot arena by a first-fit allocator (reference/kv_memory.py). The step
-drawn is the first in which the next request waits although enough slots are free in total.
+served first come, first served from a 32-slot arena by a first-fit allocator
+(reference/tutorial/kv_memory.py). The step drawn is the first in which the next request waits although enough
+slots are free in total.
 """
 
 from matplotlib.patches import Rectangle
 
 from docs.figures._blocks import EDGE, canvas, legend
 from docs.figures._figure import COLORS, save
-from reference.kv_memory import first_fit_steps
+from reference.tutorial.kv_memory import first_fit_steps
 
 NAMES = "ABCDE"
 trace = [(2, 4), (2, 1), (4, 5), (3, 1), (5, 2)]  # (prompt, output) tokens of requests A-E

@@ -1,6 +1,6 @@
 """KV-cache waste of paging against block size: the unfilled tail of each request's last block.
 
-`reference.kv_memory.paged_usage` over every decoding step of two traces with the paper's mean lengths
+`reference.tutorial.kv_memory.paged_usage` over every decoding step of two traces with the paper's mean lengths
 (jax_engine/bench/workloads.py): ShareGPT-like (161 prompt / 338 output tokens) and Alpaca-like (19 / 58).
 """
 
@@ -8,7 +8,7 @@ import numpy as np
 
 from docs.figures._figure import COLORS, plt, save
 from jax_engine.bench.workloads import request_lengths
-from reference.kv_memory import paged_usage
+from reference.tutorial.kv_memory import paged_usage
 
 block_sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 fig, ax = plt.subplots(figsize=(7.0, 3.2))

@@ -1,4 +1,4 @@
-"""The paper's Figure 2 from reference.kv_memory: where the KV cache goes under load, contiguous versus paged.
+"""The paper's Figure 2 from reference.tutorial.kv_memory: where the KV cache goes under load, contiguous versus paged.
 
 Drawn from docs/examples/kv_memory.py (its trace, its arena, its four accountings).
 """
