@@ -22,28 +22,15 @@ def cdiv(a: int, b: int) -> int:
 class BlockManager:
     """Allocates, shares, swaps and frees KV blocks for sequences identified by `seq_id`.
 
-    Args:
-        num_blocks: physical blocks in the device pool, where attention reads.
-        block_size: tokens per block.
-        num_host_blocks: blocks in the host pool that swapped-out sequences move to (0: no swapping).
-        enable_prefix_caching: find full blocks again by their chained hash, and reuse them.
-
-    Raises:
-        ValueError: a pool or block size out of range.
+    `num_blocks` device blocks are where attention reads; `num_host_blocks` host blocks are where swapped-out
+    sequences wait (0: no swapping).
     """
 
-    def __init__(
-        self,
-        num_blocks: int,
-        block_size: int,
-        num_host_blocks: int = 0,
-        enable_prefix_caching: bool = True,
-    ) -> None:
+    def __init__(self, num_blocks: int, block_size: int, num_host_blocks: int = 0,
+                 enable_prefix_caching: bool = True) -> None:
         if num_blocks < 1 or block_size < 1 or num_host_blocks < 0:
-            raise ValueError(
-                f"need num_blocks >= 1, block_size >= 1, num_host_blocks >= 0; got "
-                f"{num_blocks}, {block_size}, {num_host_blocks}"
-            )
+            raise ValueError(f"need num_blocks >= 1, block_size >= 1, num_host_blocks >= 0; got "
+                             f"{num_blocks}, {block_size}, {num_host_blocks}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.device = BlockPool(num_blocks)
@@ -55,25 +42,12 @@ class BlockManager:
 
     # ----------------------------------------------------------------------------------- queries
     def num_blocks_for(self, num_tokens: int) -> int:
-        """Blocks needed to hold `num_tokens` tokens: the last one may be partly filled.
-
-        Args:
-            num_tokens: tokens of one sequence.
-
-        Returns:
-            `ceil(num_tokens / block_size)`.
-        """
+        """Blocks needed to hold `num_tokens` tokens: the last one may be partly filled."""
         return cdiv(num_tokens, self.block_size)
 
     def block_table(self, seq_id: str) -> list[int]:
-        """The sequence's block table: the physical block id of each of its logical blocks, in order.
-
-        Args:
-            seq_id: a sequence that holds blocks (allocated or forked, not yet freed).
-
-        Returns:
-            Block ids, in the device pool or, while the sequence is swapped out, in the host pool.
-        """
+        """The physical block id of each of the sequence's logical blocks, in order (host blocks while it is
+        swapped out)."""
         return [block.block_id for block in self.block_tables[seq_id]]
 
     def _full_block_hashes(self, token_ids: Sequence[int], num_blocks: int) -> list[BlockHash]:
@@ -84,19 +58,11 @@ class BlockManager:
         return hashes
 
     def find_cached_prefix(self, token_ids: Sequence[int], *, read_cache: bool = True) -> list[Block]:
-        """The longest run of leading full blocks already in the prefix cache.
+        """The longest run of leading full blocks already in the prefix cache; nothing is reserved.
 
         NOTE: the last token is never taken from the cache: its logits are needed to sample the next
-        token, so at least one token is always computed.
-
-        Args:
-            token_ids: a prompt (or a preempted sequence's prompt and output so far).
-            read_cache: False for a request that must compute every token (one asking for prompt
-                logprobs): it gets no hits, though its own full blocks are still cached for others.
-
-        Returns:
-            The cached device blocks that hold its first tokens, in order; empty when prefix caching
-            is off. Nothing is reserved: `allocate` takes them.
+        token, so at least one token is always computed. `read_cache=False` is for a request that must
+        compute every token (prompt logprobs): it gets no hits, though its full blocks are still cached.
         """
         if not self.enable_prefix_caching or not read_cache:
             return []
@@ -110,31 +76,15 @@ class BlockManager:
 
     # -------------------------------------------------------------------- allocation and growth
     def can_allocate(self, token_ids: Sequence[int], *, read_cache: bool = True) -> bool:
-        """Whether `allocate` would find enough free device blocks for a new sequence of these tokens.
-
-        Args:
-            token_ids: the tokens the new sequence starts with.
-            read_cache: see `find_cached_prefix`.
-
-        Returns:
-            True if its blocks, less those found in the prefix cache, fit in the free device blocks.
-        """
+        """Whether `allocate` would find enough free device blocks for a new sequence of these tokens."""
         hits = self.find_cached_prefix(token_ids, read_cache=read_cache)
         # A hit on a free cached block takes it out of the free queue, so it costs a free block too.
         needed = self.num_blocks_for(len(token_ids)) - len(hits) + sum(b.ref_cnt == 0 for b in hits)
         return needed <= self.device.num_free_blocks
 
     def allocate(self, seq_id: str, token_ids: Sequence[int], *, read_cache: bool = True) -> int:
-        """Give a new sequence blocks for all `token_ids`, reusing cached prefix blocks.
-
-        Args:
-            seq_id: the new sequence; it must not hold blocks yet.
-            token_ids: its tokens; `can_allocate(token_ids)` must be true.
-            read_cache: see `find_cached_prefix`.
-
-        Returns:
-            The number of leading tokens whose K/V are already in the cache (num_cached_tokens).
-        """
+        """Give a new sequence blocks for all `token_ids`, reusing cached prefix blocks; returns
+        num_cached_tokens, the leading tokens whose K/V are already in the cache."""
         assert seq_id not in self.block_tables, f"sequence {seq_id!r} already has blocks"
         assert self.can_allocate(token_ids, read_cache=read_cache), f"not enough free blocks for sequence {seq_id!r}"
         hits = self.find_cached_prefix(token_ids, read_cache=read_cache)
@@ -153,46 +103,22 @@ class BlockManager:
         return num_computed_tokens < len(table) * self.block_size and table[-1].ref_cnt > 1
 
     def num_blocks_to_append(self, seq_id: str, num_computed_tokens: int, num_new_tokens: int) -> int:
-        """Free device blocks needed to write `num_new_tokens` more tokens (copy-on-write included).
-
-        Args:
-            seq_id: a sequence on the device.
-            num_computed_tokens: tokens whose K/V are already written.
-            num_new_tokens: tokens the next step writes after them.
-
-        Returns:
-            New blocks to append, plus one if its partially filled last block is shared and must be
-            copied before the write.
-        """
+        """Free device blocks needed to write `num_new_tokens` more tokens: new blocks, plus one if the
+        partially filled last block is shared and must be copied first."""
         table = self.block_tables[seq_id]
         new = max(0, self.num_blocks_for(num_computed_tokens + num_new_tokens) - len(table))
         return new + self._writes_shared_block(seq_id, num_computed_tokens)
 
     def can_append_slots(self, seq_id: str, num_computed_tokens: int, num_new_tokens: int) -> bool:
-        """Whether `append_slots` would find the free device blocks it needs.
-
-        Args:
-            seq_id: a sequence on the device.
-            num_computed_tokens: tokens whose K/V are already written.
-            num_new_tokens: tokens the next step writes after them.
-
-        Returns:
-            True if `num_blocks_to_append(...)` blocks are free.
-        """
+        """Whether `append_slots` would find the free device blocks it needs."""
         needed = self.num_blocks_to_append(seq_id, num_computed_tokens, num_new_tokens)
         return needed <= self.device.num_free_blocks
 
     def append_slots(self, seq_id: str, num_computed_tokens: int, num_new_tokens: int) -> list[tuple[int, int]]:
         """Make room for tokens at positions [num_computed_tokens, num_computed_tokens + num_new_tokens).
 
-        Args:
-            seq_id: a sequence on the device.
-            num_computed_tokens: tokens whose K/V are already written.
-            num_new_tokens: tokens the next step writes after them; `can_append_slots` must be true.
-
-        Returns:
-            Copy-on-write copies (src_block, dst_block): if the partially filled last block is shared
-            (after a fork), this sequence gets a private copy before writing to it.
+        Returns the copy-on-write copies (src_block, dst_block): a shared, partially filled last block (after
+        a fork) is replaced by a private copy before this sequence writes to it.
         """
         assert self.can_append_slots(seq_id, num_computed_tokens, num_new_tokens), "out of blocks"
         table = self.block_tables[seq_id]
@@ -207,15 +133,9 @@ class BlockManager:
         return copies
 
     def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
-        """Enter the sequence's full, computed blocks into the prefix cache.
+        """Enter the sequence's blocks that are full of computed tokens into the prefix cache.
 
-        Does nothing when prefix caching is off or the sequence is swapped out (its blocks are in the
-        host pool, where nobody looks them up).
-
-        Args:
-            seq_id: a sequence that holds blocks.
-            token_ids: all its tokens so far; each full block's hash chains over them.
-            num_computed_tokens: tokens whose K/V are written; only blocks full of those are cached.
+        Not while it is swapped out: its blocks are in the host pool, where nobody looks them up.
         """
         if not self.enable_prefix_caching or seq_id in self.swapped_out:
             return
@@ -230,10 +150,6 @@ class BlockManager:
 
         Each block's `ref_cnt` goes up by one; no block is copied until one of them writes into a
         shared, partially filled block (copy-on-write, in `append_slots`).
-
-        Args:
-            parent_id: a sequence on the device.
-            child_id: a new sequence id that holds no blocks yet.
         """
         assert child_id not in self.block_tables, f"sequence {child_id!r} already has blocks"
         assert parent_id not in self.swapped_out, f"cannot fork swapped-out sequence {parent_id!r}"
@@ -246,9 +162,6 @@ class BlockManager:
 
         A block goes back to the free queue when its last holder frees it; a cached block stays
         findable by its hash until the free queue hands it out again.
-
-        Args:
-            seq_id: a sequence that holds blocks, on the device or swapped out.
         """
         pool = self.host if seq_id in self.swapped_out else self.device
         for block in reversed(self.block_tables.pop(seq_id)):
@@ -263,52 +176,26 @@ class BlockManager:
         return list(seen.values())
 
     def can_swap_out(self, seq_ids: Sequence[str]) -> bool:
-        """Whether the host pool has a free block for every distinct block of the group.
-
-        Args:
-            seq_ids: a sequence group (a request's parallel samples or beams), all on the device.
-
-        Returns:
-            True if `swap_out(seq_ids)` would fit; blocks shared inside the group count once.
-        """
+        """Whether the host pool has a free block for every distinct block of the group (a request's parallel
+        samples or beams): blocks shared inside the group count once."""
         return len(self._distinct_blocks(seq_ids)) <= self.host.num_free_blocks
 
     def can_swap_in(self, seq_ids: Sequence[str], num_extra_blocks: int = 0) -> bool:
-        """Whether the device pool has a free block for every distinct block of the group, and more.
-
-        Args:
-            seq_ids: a swapped-out sequence group.
-            num_extra_blocks: blocks the group will need right after (for the step's new tokens).
-
-        Returns:
-            True if the group's blocks, counted once each, plus `num_extra_blocks` are free.
-        """
+        """Whether the device pool has a free block for every distinct block of the group, plus
+        `num_extra_blocks` for the step's new tokens."""
         return len(self._distinct_blocks(seq_ids)) + num_extra_blocks <= self.device.num_free_blocks
 
     def swap_out(self, seq_ids: Sequence[str]) -> dict[int, int]:
-        """Move a sequence group's blocks to the host pool; the group is swapped out.
+        """Move a sequence group's blocks to the host pool; returns the copies to make, {device: host block}.
 
         The whole group moves together (vLLM's all-or-nothing eviction of a sequence group), and blocks
         shared inside it stay shared in the host pool.
-
-        Args:
-            seq_ids: a sequence group on the device; `can_swap_out(seq_ids)` must be true.
-
-        Returns:
-            The copies the KV cache must make, `{device_block: host_block}`.
         """
         assert self.can_swap_out(seq_ids), "not enough host blocks to swap out"
         return self._move(seq_ids, src=self.device, dst=self.host, swapped=True)
 
     def swap_in(self, seq_ids: Sequence[str]) -> dict[int, int]:
-        """Bring a swapped-out group back to the device pool, blocks shared inside it still shared.
-
-        Args:
-            seq_ids: a swapped-out sequence group; `can_swap_in(seq_ids)` must be true.
-
-        Returns:
-            The copies the KV cache must make, `{host_block: device_block}`.
-        """
+        """Bring a swapped-out group back, blocks shared inside it still shared; returns {host: device block}."""
         assert self.can_swap_in(seq_ids), "not enough device blocks to swap in"
         return self._move(seq_ids, src=self.host, dst=self.device, swapped=False)
 

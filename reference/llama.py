@@ -40,11 +40,8 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
-    """Rotary position embedding, "rotate half" layout: pairs are (x[i], x[i + d/2]).
-
-    Args:
-        x: [num_tokens, num_heads, head_dim]; positions: [num_tokens].
-    """
+    """Rotary position embedding of x [num_tokens, num_heads, head_dim], "rotate half" layout: pairs are
+    (x[i], x[i + d/2])."""
     half = x.shape[-1] // 2
     inv_freq = 1.0 / theta ** (np.arange(half, dtype=np.float64) * 2 / x.shape[-1])
     angles = (positions[:, None] * inv_freq[None, :])[:, None, :]  # [T, 1, d/2]
@@ -88,26 +85,12 @@ class LlamaModel:
         up = x @ self._w(layer, "mlp.up_proj.weight").T
         return (silu(gate) * up) @ self._w(layer, "mlp.down_proj.weight").T
 
-    def forward(
-        self,
-        token_ids: np.ndarray,
-        positions: np.ndarray,
-        cache: KVCache,
-        metadata: AttentionMetadata,
-        logits_indices: np.ndarray | None = None,
-    ) -> np.ndarray:
-        """Run the new tokens of a batch through the model, writing their K/V into the cache.
+    def forward(self, token_ids: np.ndarray, positions: np.ndarray, cache: KVCache, metadata: AttentionMetadata,
+                logits_indices: np.ndarray | None = None) -> np.ndarray:
+        """Run the batch's new tokens through the model, writing their K/V into the cache in place.
 
-        Args:
-            token_ids: [num_tokens] the batch's new tokens.
-            positions: [num_tokens] their positions in their sequences.
-            cache: the paged KV cache, updated in place.
-            metadata: slots, block tables and context lengths of the batch's sequences.
-            logits_indices: rows whose logits are wanted (usually each sequence's last token); all rows
-                if None.
-
-        Returns:
-            [len(logits_indices), vocab_size] float32 logits.
+        Returns [len(logits_indices), vocab_size] logits: the rows wanted (usually each sequence's last
+        token), or every row when logits_indices is None.
         """
         cfg = self.config
         x = self.weights["model.embed_tokens.weight"][token_ids]  # [T, hidden]

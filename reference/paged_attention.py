@@ -120,34 +120,17 @@ def _attend_sequence(q, k_cache, v_cache, block_table, seq_len, scale, sliding_w
     return (o / l[..., None]).reshape(n, num_heads, head_dim)
 
 
-def paged_attention(
-    q: np.ndarray,
-    k_cache: np.ndarray,
-    v_cache: np.ndarray,
-    metadata: AttentionMetadata,
-    scale: float,
-    *,
-    sliding_window: int | None = None,
-    alibi_slopes: np.ndarray | None = None,
-) -> np.ndarray:
+def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, metadata: AttentionMetadata,
+                    scale: float, *, sliding_window: int | None = None,
+                    alibi_slopes: np.ndarray | None = None) -> np.ndarray:
     """Causal attention of every new token over its own sequence's cached context.
 
     Works for any mix of prefill chunks and decode tokens, and for MHA, GQA and MQA (query heads are a
-    multiple of KV heads). New K/V must already be written with `write_kv`.
+    multiple of KV heads). New K/V must already be written with `write_kv`. Shapes:
 
-    Args:
-        q: [num_tokens, num_heads, head_dim] queries of the batch's new tokens.
-        k_cache: [num_blocks, block_size, num_kv_heads, head_dim] one layer's key cache.
-        v_cache: the same layer's value cache, same shape.
-        metadata: batch layout; see AttentionMetadata.
-        scale: softmax scale, usually 1 / sqrt(head_dim).
-        sliding_window: each query sees only its last `sliding_window` keys, itself included (None: all).
-            Blocks wholly before a chunk's windows are not read.
-        alibi_slopes: [num_heads] ALiBi slope of each query head, adding slope * (t - p) to the score of
-            key position t for the query at position p (None: no ALiBi).
-
-    Returns:
-        [num_tokens, num_heads, head_dim] attention outputs.
+        q, out          [num_tokens, num_heads, head_dim]      the batch's new tokens
+        k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]   one layer
+        alibi_slopes    [num_heads]                            None: no ALiBi
     """
     out = np.empty_like(q)
     starts = metadata.query_start_loc
@@ -158,27 +141,11 @@ def paged_attention(
     return out
 
 
-def dense_attention(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    scale: float,
-    *,
-    sliding_window: int | None = None,
-    alibi_slopes: np.ndarray | None = None,
-) -> np.ndarray:
+def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
+                    sliding_window: int | None = None, alibi_slopes: np.ndarray | None = None) -> np.ndarray:
     """Plain causal softmax attention for one sequence, the textbook formula, for checking.
 
-    Args:
-        q: [n, num_heads, d], the last n positions of the sequence.
-        k: [seq_len, num_kv_heads, d] keys of the whole sequence.
-        v: [seq_len, num_kv_heads, d] values of the whole sequence.
-        scale: softmax scale.
-        sliding_window: each query sees only its last `sliding_window` keys, itself included (None: all).
-        alibi_slopes: [num_heads] ALiBi slopes (None: no ALiBi); see paged_attention.
-
-    Returns:
-        [n, num_heads, d] attention outputs.
+    q [n, num_heads, d] holds the sequence's last n positions; k and v [seq_len, num_kv_heads, d] all of it.
     """
     n, num_heads, _ = q.shape
     seq_len, num_kv_heads, _ = k.shape

@@ -53,14 +53,9 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 def sample(logits: np.ndarray, params: SamplingParams, position: int, rng: np.random.Generator,
            output_ids: Sequence[int] = ()) -> int:
-    """The next token for one request.
+    """The next token for one request, sampled at `position` (the request's current length).
 
-    Args:
-        logits: [vocab_size] the request's last-token logits.
-        params: its sampling parameters.
-        position: position of the token being sampled (the request's current length).
-        rng: the engine's generator, used only by unseeded requests.
-        output_ids: the tokens it generated so far (bad words look at them).
+    `rng` is the engine's generator, used only by unseeded requests; bad words look at `output_ids`.
     """
     logits = processed_logits(logits, params, output_ids)
     if params.greedy:

@@ -30,28 +30,14 @@ PREEMPTION_MODES = ("recompute", "swap")
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """The scheduler's budgets and policies, checked when the config is made.
+    """The scheduler's budgets and policies, checked when the config is made."""
 
-    Attributes:
-        max_num_seqs: the most requests running at once (rows of a decode batch).
-        max_num_batched_tokens: the most tokens computed in one step, prefill and decode together.
-        max_model_len: the longest a request may grow, prompt plus generated tokens.
-        enable_chunked_prefill: split a prompt longer than the step's remaining token budget across
-            steps; without it a prompt is computed whole or waits, so `max_num_batched_tokens` must be
-            at least `max_model_len`.
-        preemption_mode: how a request gives its blocks back when the cache is full: `"recompute"`
-            (free them and compute the tokens again later) or `"swap"` (copy them to the host pool;
-            recompute when the host pool is full too).
-
-    Raises:
-        ValueError: a budget below 1, an unknown preemption mode, or a token budget that could never
-            hold a whole prompt without chunked prefill.
-    """
-
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
-    max_model_len: int = 2048
+    max_num_seqs: int = 256  # the most requests running at once (rows of a decode batch)
+    max_num_batched_tokens: int = 2048  # the most tokens computed in one step, prefill and decode together
+    max_model_len: int = 2048  # the longest a request may grow, prompt plus generated tokens
+    # Without chunked prefill a prompt is computed whole or waits, so the token budget must hold max_model_len.
     enable_chunked_prefill: bool = False
+    # "swap" falls back to "recompute" when the host pool is full too.
     preemption_mode: str = "recompute"
 
     def __post_init__(self) -> None:
@@ -126,11 +112,7 @@ class Scheduler:
         self._enqueue(self.waiting, request, RequestStatus.WAITING)
 
     def abort_request(self, request_id: str) -> None:
-        """Finish a request as FINISHED_ABORTED and free its blocks; a finished or unknown id is ignored.
-
-        Args:
-            request_id: the id the request was added with.
-        """
+        """Finish a request as FINISHED_ABORTED and free its blocks; a finished or unknown id is ignored."""
         request = self.requests.get(request_id)
         if request is not None and not request.status.is_finished:
             self._finish(request, RequestStatus.FINISHED_ABORTED)
@@ -141,17 +123,10 @@ class Scheduler:
 
     # ------------------------------------------------------------------------------------ one step
     def schedule(self) -> SchedulerOutput:
-        """Decide what the next step runs, and reserve the blocks it writes to.
+        """Decide what the next step runs (the module's policy), and reserve the blocks it writes to.
 
-        The policy is the module's: running requests first (preempting the latest arrivals when blocks
-        run out), then swapped-out requests, then waiting ones in arrival order, both only when nobody
-        was preempted in this step. The block tables in the output already hold every slot the step
-        writes; call `update_from_output` once the model has run.
-
-        Returns:
-            The requests to run with their token counts and block tables, the requests preempted in
-            this step, and the block copies (swap out, swap in, copy-on-write) the KV cache must make
-            before the model runs.
+        The block tables in the output already hold every slot the step writes; the KV cache makes the
+        output's copies before the model runs, and `update_from_output` follows once it has run.
         """
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens - self._schedule_running(out)
@@ -252,16 +227,8 @@ class Scheduler:
 
     # -------------------------------------------------------------------------- after the model ran
     def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int], eos_token_ids: Iterable[int] = ()) -> list[Request]:
-        """Advance computed counts, append sampled tokens, free finished requests.
-
-        Args:
-            out: the output of the `schedule()` call that the model just ran.
-            sampled: the new token of every scheduled request whose tokens are now all computed.
-            eos_token_ids: tokens that finish a request unless it sets ignore_eos.
-
-        Returns:
-            The requests that finished in this step.
-        """
+        """Advance computed counts, append each sampled token (one per request whose tokens are now all
+        computed), and free the requests that finished, which it returns."""
         finished = []
         for scheduled in out.scheduled:
             request = self.requests[scheduled.request_id]
