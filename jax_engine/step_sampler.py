@@ -11,7 +11,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from jax_engine.model_runner import ModelRunner
-from jax_engine.sampler import SampledToken, sampling_batch
+from jax_engine.sampler import SampledToken
+from jax_engine.sampling_batch import sampling_batch
 from jax_engine.sequence import Sequence
 from jax_engine.structured_output.grammar import GrammarCompiler
 
