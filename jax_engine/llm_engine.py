@@ -46,7 +46,7 @@ class LLMEngine:
         """Load the model (or take an already loaded `checkpoint`), size the KV cache, build the loop.
 
         `devices`: the devices to run on, the mesh taking the first tensor_parallel_size of them (default:
-        jax.devices()); a data-parallel replica gets its own (jax_engine/distributed/data_parallel.py).
+        jax.devices()); a data-parallel replica gets its own (jax_engine/server/data_parallel.py).
         """
         if args.data_parallel_size > 1 and devices is None:
             raise ValueError(f"data_parallel_size > 1 (got {args.data_parallel_size}) is served by `jax-engine serve` "
