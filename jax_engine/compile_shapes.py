@@ -8,8 +8,10 @@ so start-up can list them all: the model step for every token bucket up to max_n
 logits and the sampler's four programs (greedy; random, with and without top-k/top-p; the general one with
 every optional stage) for every row bucket up to max_num_seqs, the prompt-logprob scorer, the block copies of
 parallel samples (fewer where a small KV cache bounds them), and, with preemption_mode="swap", the swaps out
-and in for every bucket of blocks. No request option changes a shape (sampler.py), so after start-up nothing
-compiles on the ragged layout; what does (program_cache.py) is logged with its cause.
+and in for every bucket of blocks. Each device program declares its start-up shapes beside it
+(device_programs.py); this file bounds them and compiles them. No request option changes a shape
+(sampling_batch.py), so after start-up nothing compiles on the ragged layout; what does (program_cache.py) is
+logged with its cause.
 
 Compiled programs are kept on disk twice over: in an ExecutableStore under our own key, which a second start
 loads without tracing anything (jax_engine/executable_store.py), and in JAX's persistent compilation cache,
@@ -24,97 +26,46 @@ import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 from tqdm.auto import tqdm
 
 from jax_engine import native
-from jax_engine.attention.metadata import AttentionMetadata
-from jax_engine.buckets import all_buckets, bucket, bucket_tokens
+from jax_engine.device_programs import DEVICE_PROGRAMS, ProgramCall, StartupShapes
 from jax_engine.executable_store import ExecutableStore
-from jax_engine.model_runner import (SCORED_ROWS, ModelRunner, _copy_blocks, _forward, _gather_blocks, _logits,
-                                    _scatter_blocks, _token_logprobs, block_move_bucket, sampler_key, step_key)
-from jax_engine.sampler import sample
-from jax_engine.sampling_batch import SAMPLER_PROGRAMS, empty_sampling_batch
+from jax_engine.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class Program:
-    """One program start-up provides: the model runner's key for it, and how to call (and so lower) it."""
-
-    key: tuple  # its first item names the program: "step", "logits", "sample" or "copy"
-    fn: callable  # a jitted function
-    args: tuple
-    kwargs: dict = field(default_factory=dict)
-    static: tuple = ()  # trailing static arguments: given to lower, not to the compiled program
-
-    def lower(self) -> jax.stages.Lowered:
-        return self.fn.lower(*self.args, *self.static, **self.kwargs)
-
-
-def _step_inputs(runner: ModelRunner, num_tokens: int) -> tuple:
-    """Arguments of `_forward` for a ragged step of `num_tokens` (values do not matter, only shapes)."""
-    rows = min(num_tokens, runner.max_num_seqs)
-    i32 = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
-    metadata = AttentionMetadata(i32(num_tokens), i32(num_tokens), i32(rows, runner.max_blocks_per_seq), i32(rows),
-                                 i32(rows + 1), i32(0), i32(0, 0), 0)
-    return (runner.model, runner.k_cache, runner.v_cache, *runner.placed((i32(num_tokens), metadata,
-                                                                         i32(runner.max_num_seqs))))
-
-
-def _programs(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = False) -> list[Program]:
-    """Every program start-up provides, with arguments of the right shapes (their values do not matter)."""
-    # Called exactly as the model runner calls them (a keyword argument is a different jit signature).
-    programs = []
+def startup_shapes(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = False) -> StartupShapes:
+    """The most of each size a step can take under the engine's limits and its KV cache."""
     # A step writes every token it computes into a slot of its own (blocks a step writes are never shared:
     # forks copy on write, and the prefix cache holds computed blocks only), and each block it copies goes to a
     # block of its own: a small KV cache bounds those shapes, whatever the limits. Not the rows sampled: the n
     # samples of a request all sample from their parent's row before they fork, up to max_num_seqs in all.
     num_blocks = runner.num_slots // runner.block_size
-    max_tokens, max_rows = min(max_num_batched_tokens, runner.num_slots), runner.max_num_seqs
-    for tokens in all_buckets(bucket_tokens, max_tokens):
-        args = _step_inputs(runner, tokens)
-        programs.append(Program(step_key(*args[3:]), _forward, args, static=(runner.backend.attend,)))
-    shape = jax.ShapeDtypeStruct
-    hidden = shape((runner.max_num_seqs, runner.model.cfg.hidden_size), runner.k_cache.dtype, sharding=runner.replicated)
-    for rows in all_buckets(bucket, max_rows):
-        logits = shape((rows, runner.model.cfg.vocab_size), jnp.float32, sharding=runner.replicated)
-        programs.append(Program(("logits", rows), _logits,
-                                (runner.model, hidden, runner.placed(np.zeros(rows, np.int32)), logits)))
-        for flags in SAMPLER_PROGRAMS:
-            batch = empty_sampling_batch(rows, flags, runner.model.cfg.vocab_size, runner.max_model_len)
-            programs.append(Program(sampler_key(batch), sample, (logits, runner.placed(batch)), {"scratch": logits}))
-    scored = runner.placed((np.zeros((SCORED_ROWS, runner.model.cfg.hidden_size), runner.k_cache.dtype),
-                            np.zeros(SCORED_ROWS, np.int32)))
-    programs.append(Program(("token_logprobs", SCORED_ROWS), _token_logprobs, (runner.model, *scored)))
-    for copies in all_buckets(block_move_bucket, min(max_rows, num_blocks)):  # copy-on-write of forked blocks
-        indices = runner.placed(np.zeros(copies, np.int32))
-        programs.append(Program(("copy", copies), _copy_blocks,
-                                (runner.k_cache, runner.v_cache, indices, indices)))
-    cache = runner.k_cache
-    for count in all_buckets(block_move_bucket, min(num_blocks, runner.host_k.shape[1])) if swap else ():
-        indices = runner.placed(np.zeros(count, np.int32))
-        blocks = shape((cache.shape[0], count, *cache.shape[2:]), cache.dtype, sharding=cache.sharding)
-        programs.append(Program(("swap_out", count), _gather_blocks, (cache, indices)))
-        programs.append(Program(("swap_in", count), _scatter_blocks, (cache, blocks, indices)))
-    return programs
+    return StartupShapes(max_tokens=min(max_num_batched_tokens, runner.num_slots), max_rows=runner.max_num_seqs,
+                         max_copies=min(runner.max_num_seqs, num_blocks),
+                         max_swaps=min(num_blocks, runner.host_k.shape[1]) if swap else 0)
+
+
+def startup_programs(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = False) -> list[ProgramCall]:
+    """Every program start-up provides: each device program at each of its start-up shapes."""
+    shapes = startup_shapes(runner, max_num_batched_tokens, swap)
+    return [call for program in DEVICE_PROGRAMS for call in program.startup_calls(runner, shapes)]
 
 
 def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_dir: str = "auto",
                         use_tqdm: bool = True, swap: bool = False) -> float:
-    """Load or compile every program of `_programs` into runner.programs.startup (the swaps too when `swap`: the
+    """Load or compile every program of `startup_programs` into runner.programs.startup (the swaps too when `swap`: the
     engine preempts by swapping); returns the seconds it took."""
     if not runner.backend.ragged:
         logger.info("attention backend %r pads its layout: step shapes compile on first use", runner.backend.name)
         return 0.0
     started = time.perf_counter()
-    programs = _programs(runner, max_num_batched_tokens, swap)
+    programs = startup_programs(runner, max_num_batched_tokens, swap)
     root = compilation_cache_path(cache_dir)
     store = ExecutableStore(root / "programs") if root else None
     paths = [store.path(p.key[0], p.args, p.kwargs, p.static) if store else None for p in programs]

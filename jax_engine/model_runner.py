@@ -4,11 +4,11 @@ Every shape is rounded up to a bucket (powers of two, the rows sampled among the
 for the token count past 16; 1.5 x powers of two for the context length on the padded layout), so the number of
 compilations stays small and a steady state (same buckets) never recompiles. On the ragged layout every
 shape of the model step follows from the token bucket alone, so start-up can compile them all
-(jax_engine/compile_shapes.py) into `programs`, which the runner calls instead of the jitted functions.
+(jax_engine/compile_shapes.py) into `programs`, which the runner calls instead of the jitted functions (each
+declared once, in jax_engine/device_programs.py).
 The KV cache is donated to each step and updated in place.
 """
 
-import functools
 from dataclasses import dataclass
 
 import jax
@@ -19,111 +19,19 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
 from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
 from jax_engine.core.scheduler import SchedulerOutput
+from jax_engine.device_programs import (ALL_LOGITS, COPY, LOGITS, SAMPLE, SCORED_ROWS, STEP, SWAP_IN, SWAP_OUT,
+                                        TOKEN_LOGPROBS, DeviceProgram, block_move_bucket)
 from jax_engine.models import CausalLM
 from jax_engine.program_cache import ProgramCache
-from jax_engine.sampler import SampledToken, sample, to_host, token_logprobs
+from jax_engine.recycled_buffers import RecycledBuffers
+from jax_engine.sampler import SampledToken, to_host
 from jax_engine.sampling_batch import STAGES, SamplingBatch, sampling_batch
 from reference.block_manager import cdiv
-
-
-
-@functools.partial(jax.jit, static_argnames=("attention",), donate_argnames=("k_cache", "v_cache"))
-def _forward(model, k_cache, v_cache, token_ids, metadata, logits_indices, attention):
-    """The model over the step's tokens; returns the hidden states of the sampling rows too.
-
-    logits_indices has one entry per possible sequence (max_num_seqs), whatever the step's size, so this
-    function, the costly one to compile, has one shape per token bucket and the logits one per row bucket.
-    """
-    hidden, k_cache, v_cache = model(token_ids, k_cache, v_cache, metadata, attention)
-    return hidden[logits_indices], hidden, k_cache, v_cache
-
-
-def step_key(token_ids: np.ndarray, metadata: AttentionMetadata, logits_indices: np.ndarray) -> tuple:
-    """Everything that sets the shapes of a step's program (ModelRunner.programs key)."""
-    return ("step", token_ids.shape, metadata.block_tables.shape, metadata.decode_token_index.shape,
-            metadata.prefill_token_index.shape, logits_indices.shape)
-
-
-def sampler_key(batch) -> tuple:
-    """The sampler's program for `batch`: its flags, logprob count and array shapes."""
-    leaves, tree = jax.tree.flatten(batch)
-    return ("sample", tree, tuple(np.shape(x) for x in leaves))
-
-
-@functools.partial(jax.jit, donate_argnames=("logits_buffer",))
-def _logits(model, sampling_hidden, rows, logits_buffer):
-    # Overwriting the whole donated buffer makes XLA compute the logits straight into its memory.
-    return jax.lax.dynamic_update_slice(logits_buffer, model.logits(sampling_hidden[rows]), (0, 0))
-
-
-@jax.jit
-def _all_logits(model, hidden):
-    return model.logits(hidden)
-
-
-@jax.jit
-def _token_logprobs(model, hidden, targets):
-    """Log-probabilities of `targets` after each row of hidden states, their ranks, and the top MAX_LOGPROBS."""
-    return token_logprobs(model.logits(hidden), targets)
-
-
-# Prompt positions scored per call of _token_logprobs: one program, whatever a step's size.
-SCORED_ROWS = 64
-
-
-@functools.partial(jax.jit, donate_argnames=("k_cache", "v_cache"))
-def _copy_blocks(k_cache, v_cache, src, dst):
-    """Copy blocks src[i] -> dst[i]; a dst past the cache (padding) is dropped."""
-    return (k_cache.at[:, dst].set(k_cache[:, src], mode="drop"),
-            v_cache.at[:, dst].set(v_cache[:, src], mode="drop"))
-
-
-@jax.jit
-def _gather_blocks(cache, src):
-    """Swap out: blocks src[i] of every layer, [L, len(src), ...]."""
-    return cache[:, src]
-
-
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def _scatter_blocks(cache, blocks, dst):
-    """Swap in: blocks[:, i] into block dst[i] of every layer, in place; a dst past the cache (padding) is dropped."""
-    return cache.at[:, dst].set(blocks, mode="drop")
-
-
-def block_move_bucket(num_blocks: int) -> int:
-    """Blocks moved by one swap or copy, padded so that their counts share a few programs."""
-    return bucket(num_blocks, 8)
 
 
 def _padded(indices: list[int], count: int, fill: int) -> np.ndarray:
     """indices as int32, padded with `fill` to `count` entries."""
     return np.pad(np.asarray(indices, np.int32), (0, count - len(indices)), constant_values=fill)
-
-
-class RecycledBuffers:
-    """Step-sized float32 buffers handed back after use and donated again, instead of allocated every step.
-
-    A fresh [rows, vocab] array (50 MB at 256 rows of SmolLM2) costs ~15 ms on a CPU before anything is
-    computed: malloc maps large blocks anew each time and the kernel zero-fills them page by page. A jitted
-    function that takes a donated buffer and overwrites all of it reuses memory already mapped. A step uses
-    two, the logits and the sampler's scratch; only buffers of the latest shape are kept.
-    """
-
-    def __init__(self, sharding=None) -> None:
-        self.sharding = sharding  # where the logits live: the default device, or replicated over a mesh
-        self.shape: tuple | None = None
-        self.free: list[jax.Array] = []
-
-    def take(self, shape: tuple) -> jax.Array:
-        if self.shape == shape and self.free:
-            return self.free.pop()
-        return jax.device_put(np.zeros(shape, np.float32), self.sharding)  # a transfer: jnp.zeros compiles per shape
-
-    def give(self, buffer: jax.Array) -> None:
-        if buffer.shape != self.shape:
-            self.shape, self.free = buffer.shape, []
-        if len(self.free) < 2:
-            self.free.append(buffer)
 
 
 @dataclass
@@ -158,8 +66,8 @@ class ModelRunner:
         host_shape = model.kv_cache_shape(num_host_blocks, block_size)
         self.host_k = np.zeros(host_shape, np.dtype(dtype))
         self.host_v = np.zeros(host_shape, np.dtype(dtype))
-        # Every device call's program: start-up's (compile_shapes.py) by step_key, sampler_key, ("logits", rows),
-        # ("copy", n), ...; a shape start-up did not list compiles on first use, at most MAX_LATE_PROGRAMS kept.
+        # Every device call's program, by its key (device_programs.py): start-up's (compile_shapes.py), or one
+        # compiled on first use for a shape start-up did not list (at most MAX_LATE_PROGRAMS kept).
         self.programs = ProgramCache()
         self.recycled = RecycledBuffers(self.replicated)
 
@@ -175,7 +83,7 @@ class ModelRunner:
             count = block_move_bucket(len(src))
             src_padded = _padded(src, count, 0)  # padding reads block 0 again
             for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)):
-                moved = self.programs.call(("swap_out", count), _gather_blocks, (cache, src_padded))
+                moved = self._run(SWAP_OUT, (cache, src_padded))
                 for shard in moved.addressable_shards:  # each device's heads (all of them on one device)
                     layers, _, slots, heads, dims = shard.index
                     host[layers, dst, slots, heads, dims] = np.asarray(shard.data)[:, : len(dst)]
@@ -193,11 +101,15 @@ class ModelRunner:
             src, dst = zip(*out.copies)
             count = block_move_bucket(len(src))
             src, dst = _padded(src, count, 0), _padded(dst, count, self.k_cache.shape[1])  # padding writes are dropped
-            self.k_cache, self.v_cache = self.programs.call(("copy", count), _copy_blocks,
-                                                            (self.k_cache, self.v_cache, src, dst))
+            self.k_cache, self.v_cache = self._run(COPY, (self.k_cache, self.v_cache, src, dst))
 
     def _swap_in(self, cache: jax.Array, blocks: jax.Array, dst: np.ndarray) -> jax.Array:
-        return self.programs.call(("swap_in", len(dst)), _scatter_blocks, (cache, blocks, dst))
+        return self._run(SWAP_IN, (cache, blocks, dst))
+
+    def _run(self, program: DeviceProgram, args: tuple, kwargs: dict | None = None, cause: str = ""):
+        """Run `program` on `args`: start-up's compiled program for their shapes, or one compiled now (see
+        ProgramCache.call; `cause` says what made the shape)."""
+        return self.programs.call(program.key(args, kwargs), program.fn, args, kwargs, program.static(self), cause)
 
     def placed(self, host_args):
         """Host arguments as start-up compiles a program for them: on the default device, or replicated over the
@@ -297,13 +209,13 @@ class ModelRunner:
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
         """Run the step. Returns (hidden states of the sampling rows [max_num_seqs, H], all of them [T, H])."""
         host_inputs = (inputs.token_ids, inputs.metadata, inputs.logits_indices)
-        key = step_key(*host_inputs)
+        key = STEP.key((self.model, self.k_cache, self.v_cache, *host_inputs))
         if key not in self.programs.startup and self.replicated is not None:  # through jit: place them first
             host_inputs = jax.device_put(host_inputs, self.replicated)
         # A compiled program places NumPy inputs itself, by its input shardings: the call took 0.2 ms at batch 1,
         # where jax.device_put first and then the call took 0.5 (of a ~8 ms int8 token on 2 cores).
-        sampling_hidden, hidden, self.k_cache, self.v_cache = self.programs.call(
-            key, _forward, (self.model, self.k_cache, self.v_cache, *host_inputs), static=(self.backend.attend,),
+        sampling_hidden, hidden, self.k_cache, self.v_cache = self._run(
+            STEP, (self.model, self.k_cache, self.v_cache, *host_inputs),
             cause=f"a step of {key[1][0]} tokens, {key[2][0]} sequences, {key[2][1]} blocks")
         return sampling_hidden, hidden
 
@@ -321,19 +233,18 @@ class ModelRunner:
         padded = np.zeros(bucket(len(rows)), np.int32)
         padded[: len(rows)] = rows
         buffer = self.recycled.take((len(padded), self.model.cfg.vocab_size))
-        logits = self.programs.call(("logits", len(padded)), _logits, (self.model, sampling_hidden, padded, buffer),
-                                    cause=f"{len(rows)} rows sampled")
+        logits = self._run(LOGITS, (self.model, sampling_hidden, padded, buffer), cause=f"{len(rows)} rows sampled")
         scratch = self.recycled.take(logits.shape)
         stages = [s for s, on in zip(STAGES, batch.stages) if on] if batch.flags.general else []
-        result, scratch = self.programs.call(sampler_key(batch), sample, (logits, batch), {"scratch": scratch},
-                                             cause=f"{len(rows)} rows sampled with {batch.flags} {stages}")
+        result, scratch = self._run(SAMPLE, (logits, batch), {"scratch": scratch},
+                                    cause=f"{len(rows)} rows sampled with {batch.flags} {stages}")
         self.recycled.give(scratch)
         self.recycled.give(logits)
         return result.rows(len(rows))
 
     def all_logits(self, hidden: jax.Array) -> np.ndarray:
         """Logits of every row of a step's hidden states (tests compare them with other models')."""
-        return to_host(self.programs.call(("all_logits", hidden.shape), _all_logits, (self.model, hidden)))
+        return to_host(self._run(ALL_LOGITS, (self.model, hidden)))
 
     def token_logprobs(self, hidden: jax.Array, rows: list[int], targets: list[int]):
         """(logprob, rank, top MAX_LOGPROBS ids, their logprobs) of each target token after its row of a step's
@@ -348,8 +259,7 @@ class ModelRunner:
             part = chosen[start : start + SCORED_ROWS]
             chunk[: len(part)] = part
             chunk_targets = _padded(targets[start : start + SCORED_ROWS], SCORED_ROWS, 0)
-            scores = self.programs.call(("token_logprobs", SCORED_ROWS), _token_logprobs,
-                                        (self.model, chunk, chunk_targets), cause="prompt logprobs")
+            scores = self._run(TOKEN_LOGPROBS, (self.model, chunk, chunk_targets), cause="prompt logprobs")
             results.append([to_host(x) for x in scores])
         return tuple(np.concatenate(column)[: len(rows)] for column in zip(*results))
 

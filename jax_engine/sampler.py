@@ -164,7 +164,7 @@ def sample(logits, batch: SamplingBatch, scratch=None) -> tuple[SamplerOutput, j
         logits: [R, V] float32 next-token logits.
         batch: the rows' sampling settings (see SamplingBatch); its flags are static and pick the program.
         scratch: optional donated [R, V] float32 buffer that the sampling weights are written into instead
-            of a fresh array (see model_runner.RecycledBuffers).
+            of a fresh array (see recycled_buffers.py).
 
     Returns:
         (the sampled tokens with their logprobs, the scratch buffer to hand back, or None); logprobs are of

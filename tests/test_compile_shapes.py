@@ -19,7 +19,7 @@ from jax import monitoring
 
 from jax_engine import SamplingParams
 from jax_engine.attention.cpu import kernel_unavailable_reason
-from jax_engine.compile_shapes import _programs
+from jax_engine.compile_shapes import startup_programs
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu" or kernel_unavailable_reason() is not None,
                                 reason="start-up compiles the ragged layout of the CPU default backend")
@@ -130,7 +130,7 @@ def test_a_small_kv_cache_bounds_the_start_up_shapes(make_llm):
     samples of one request sample from their parent's row before they fork, up to max_num_seqs."""
     llm = make_llm(num_gpu_blocks_override=4, block_size=8, max_model_len=32, max_num_batched_tokens=256,
                    max_num_seqs=16)
-    keys = [p.key for p in _programs(llm.llm_engine.runner, 256)]
+    keys = [p.key for p in startup_programs(llm.llm_engine.runner, 256)]
     assert max(key[1][0] for key in keys if key[0] == "step") == 32
     assert max(key[1] for key in keys if key[0] == "copy") == 8
     assert max(key[1] for key in keys if key[0] == "logits") == 16

@@ -282,7 +282,7 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     """A decode step of a few rows copies no weight matrix out of the stacked layers: the few-rows kernel takes
     the whole stack and the layer index. (XLA's dot, for more rows, reads a sliced copy: see models/llama.py.)
     Slicing out each layer's matrices would add a copy of the model's weights to a step that only reads them."""
-    from jax_engine.model_runner import _forward
+    from jax_engine.device_programs import STEP
 
     runner = llm.llm_engine.runner
     seen = []
@@ -290,8 +290,8 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     monkeypatch.setattr(runner, "execute", lambda inputs: seen.append(inputs) or execute(inputs))
     llm.generate(PROMPTS[0], SamplingParams(max_tokens=1), use_tqdm=False)
     inputs = seen[0]
-    step = _forward.lower(runner.model, runner.k_cache, runner.v_cache, inputs.token_ids, inputs.metadata,
-                          inputs.logits_indices, runner.backend.attend).compile().as_text()
+    step = STEP.fn.lower(runner.model, runner.k_cache, runner.v_cache, inputs.token_ids, inputs.metadata,
+                         inputs.logits_indices, runner.backend.attend).compile().as_text()
     sliced = re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} dynamic-slice\(", step)
     matrices = [shape for shape in sliced if sum(int(d) > 1 for d in shape.split(",")) > 1]
     assert "ENTRY" in step and "jax_engine_few_rows_matmul" in step and sliced and not matrices
@@ -302,13 +302,12 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
 def test_a_step_updates_the_kv_cache_in_place(llm, num_tokens):
     """No step copies the cache or rewrites it whole. A one-token step's scatter became a dynamic-update-slice
     that XLA:CPU did not do in place: every layer rewrote the whole cache (2 s a step with a 1 GB cache)."""
-    from jax_engine.compile_shapes import _step_inputs
-    from jax_engine.model_runner import _forward
+    from jax_engine.device_programs import STEP, step_example
 
     runner = llm.llm_engine.runner
     cache = runner.k_cache
     flat = f"f32[{cache.shape[0]},{cache.shape[1] * cache.shape[2]},{cache.shape[3]},{cache.shape[4]}]"
-    step = _forward.lower(*_step_inputs(runner, num_tokens), runner.backend.attend).compile().as_text()
+    step = STEP.fn.lower(*step_example(runner, num_tokens).args, runner.backend.attend).compile().as_text()
     whole_cache = re.compile(re.escape(flat) + r"\{[0-9,]*\} (copy|dynamic-update-slice)\(")
     assert "ENTRY" in step and not whole_cache.search(step)
 

@@ -24,11 +24,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jax_engine.buckets import bucket
+from jax_engine.device_programs import DEVICE_PROGRAMS
 
 logger = logging.getLogger(__name__)
 
 # The model runner's methods that run programs on the devices: the workers make each of these calls too.
-DEVICE_CALLS = ("apply_block_moves", "execute", "sample", "token_logprobs", "all_logits")
+DEVICE_CALLS = frozenset(program.caller for program in DEVICE_PROGRAMS)
 _SHUTDOWN = "shutdown"
 
 

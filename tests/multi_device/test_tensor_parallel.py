@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
-from jax_engine.compile_shapes import _programs
+from jax_engine.compile_shapes import startup_programs
 from jax_engine.distributed.tensor_parallel import head_layout, make_mesh
 from jax_engine.loader import load_checkpoint
 from tests.engine_helpers import engine_logits
@@ -107,7 +107,7 @@ def test_step_has_one_all_reduce_after_attention_and_one_after_the_mlp(make_llm)
     """The compiled step's collectives: in the layer loop's body exactly two all-reduces (o and down), one
     more for the embedding lookup, nothing that gathers or moves weights; the logits one all-gather."""
     runner = make_llm(3).llm_engine.runner
-    programs = _programs(runner, 64)
+    programs = startup_programs(runner, 64)
     step = next(p for p in programs if p.key[0] == "step").lower().compile().as_text()
     logits = next(p for p in programs if p.key[0] == "logits").lower().compile().as_text()
     reduces = re.findall(r"all-reduce(?:-start)?\(.*op_name=\"([^\"]+)\"", step)

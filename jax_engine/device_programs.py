@@ -1,0 +1,238 @@
+"""The model runner's device programs, each declared once: its jitted function, the runner method that calls it,
+how its key follows from its arguments, and example arguments for every shape start-up compiles.
+
+    program          caller              shapes start-up compiles (up to StartupShapes)
+    step             execute             every token bucket
+    logits           sample              every row bucket
+    sample           sample              every row bucket x the sampler's four programs (sampling_batch.py)
+    token_logprobs   token_logprobs      SCORED_ROWS rows
+    all_logits       all_logits          none (tests compare logits with it): compiled on first use
+    copy             apply_block_moves   every bucket of blocks copied on write
+    swap_out         apply_block_moves   every bucket of blocks swapped, when the engine preempts by swapping
+    swap_in          apply_block_moves   the same
+
+A program's key is its name and what sets its shapes. The runner calls each program through its ProgramCache
+under `program.key(args)`; start-up (compile_shapes.py) compiles `program.startup_calls(...)` under the same keys,
+so a step whose shapes start-up listed finds its program; multi-host workers repeat the calls of every program's
+caller (distributed/multihost.py).
+"""
+
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_engine.attention.metadata import AttentionMetadata
+from jax_engine.buckets import all_buckets, bucket, bucket_tokens
+from jax_engine.sampler import sample, token_logprobs
+from jax_engine.sampling_batch import SAMPLER_PROGRAMS, empty_sampling_batch
+
+if TYPE_CHECKING:  # the runner imports this table; the examples only read its attributes
+    from jax_engine.model_runner import ModelRunner
+
+# Prompt positions scored per call of _token_logprobs: one program, whatever a step's size.
+SCORED_ROWS = 64
+
+
+def block_move_bucket(num_blocks: int) -> int:
+    """Blocks moved by one swap or copy, padded so that their counts share a few programs."""
+    return bucket(num_blocks, 8)
+
+
+# ------------------------------------------------------------------------------------ the jitted functions
+@functools.partial(jax.jit, static_argnames=("attention",), donate_argnames=("k_cache", "v_cache"))
+def _forward(model, k_cache, v_cache, token_ids, metadata, logits_indices, attention):
+    """The model over the step's tokens; returns the hidden states of the sampling rows too.
+
+    logits_indices has one entry per possible sequence (max_num_seqs), whatever the step's size, so this
+    function, the costly one to compile, has one shape per token bucket and the logits one per row bucket.
+    """
+    hidden, k_cache, v_cache = model(token_ids, k_cache, v_cache, metadata, attention)
+    return hidden[logits_indices], hidden, k_cache, v_cache
+
+
+@functools.partial(jax.jit, donate_argnames=("logits_buffer",))
+def _logits(model, sampling_hidden, rows, logits_buffer):
+    # Overwriting the whole donated buffer makes XLA compute the logits straight into its memory.
+    return jax.lax.dynamic_update_slice(logits_buffer, model.logits(sampling_hidden[rows]), (0, 0))
+
+
+@jax.jit
+def _all_logits(model, hidden):
+    return model.logits(hidden)
+
+
+@jax.jit
+def _token_logprobs(model, hidden, targets):
+    """Log-probabilities of `targets` after each row of hidden states, their ranks, and the top MAX_LOGPROBS."""
+    return token_logprobs(model.logits(hidden), targets)
+
+
+@functools.partial(jax.jit, donate_argnames=("k_cache", "v_cache"))
+def _copy_blocks(k_cache, v_cache, src, dst):
+    """Copy blocks src[i] -> dst[i]; a dst past the cache (padding) is dropped."""
+    return (k_cache.at[:, dst].set(k_cache[:, src], mode="drop"),
+            v_cache.at[:, dst].set(v_cache[:, src], mode="drop"))
+
+
+@jax.jit
+def _gather_blocks(cache, src):
+    """Swap out: blocks src[i] of every layer, [L, len(src), ...]."""
+    return cache[:, src]
+
+
+@functools.partial(jax.jit, donate_argnames=("cache",))
+def _scatter_blocks(cache, blocks, dst):
+    """Swap in: blocks[:, i] into block dst[i] of every layer, in place; a dst past the cache (padding) is dropped."""
+    return cache.at[:, dst].set(blocks, mode="drop")
+
+
+# -------------------------------------------------------------------------------------------- the table
+@dataclass(frozen=True)
+class StartupShapes:
+    """The most of each size a step can take: start-up compiles every bucket up to it."""
+
+    max_tokens: int  # tokens computed in one step
+    max_rows: int  # rows sampled in one step
+    max_copies: int  # blocks copied on write in one step
+    max_swaps: int  # blocks swapped out (or in) in one step; 0 when the engine does not swap
+
+
+@dataclass(frozen=True)
+class Example:
+    """Arguments of one shape, passed as the runner passes them (a keyword argument is another jit signature);
+    their values do not matter, and an array may be a ShapeDtypeStruct."""
+
+    args: tuple
+    kwargs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProgramCall:
+    """A program with arguments of one shape, filed under its key: what start-up lowers and compiles."""
+
+    key: tuple
+    fn: Callable
+    args: tuple
+    kwargs: dict
+    static: tuple  # trailing static arguments: given to lower, not to the compiled program
+
+    def lower(self) -> jax.stages.Lowered:
+        return self.fn.lower(*self.args, *self.static, **self.kwargs)
+
+
+def _no_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
+    return ()
+
+
+def _no_static(runner: "ModelRunner") -> tuple:
+    return ()
+
+
+@dataclass(frozen=True)
+class DeviceProgram:
+    """One device program of the model runner (see the module docstring)."""
+
+    name: str  # the first item of its key; it names the program's stored executables too
+    fn: Callable  # the jitted function
+    caller: str  # the ModelRunner method that runs it: multi-host workers repeat that method's calls
+    shapes_of: Callable[..., tuple]  # (its arguments) -> what sets its shapes: the rest of its key
+    examples: Callable[["ModelRunner", StartupShapes], Iterable[Example]] = _no_examples  # a start-up shape each
+    static: Callable[["ModelRunner"], tuple] = _no_static  # its trailing static arguments
+
+    def key(self, args: tuple, kwargs: dict | None = None) -> tuple:
+        return (self.name, *self.shapes_of(*args, **(kwargs or {})))
+
+    def startup_calls(self, runner: "ModelRunner", shapes: StartupShapes) -> list[ProgramCall]:
+        static = self.static(runner)
+        return [ProgramCall(self.key(e.args, e.kwargs), self.fn, e.args, e.kwargs, static)
+                for e in self.examples(runner, shapes)]
+
+
+def _step_shapes(model, k_cache, v_cache, token_ids, metadata: AttentionMetadata, logits_indices) -> tuple:
+    return (token_ids.shape, metadata.block_tables.shape, metadata.decode_token_index.shape,
+            metadata.prefill_token_index.shape, logits_indices.shape)
+
+
+def step_example(runner: "ModelRunner", num_tokens: int) -> Example:
+    """Arguments of `_forward` for a ragged step of `num_tokens` tokens."""
+    rows = min(num_tokens, runner.max_num_seqs)
+    i32 = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
+    metadata = AttentionMetadata(i32(num_tokens), i32(num_tokens), i32(rows, runner.max_blocks_per_seq), i32(rows),
+                                 i32(rows + 1), i32(0), i32(0, 0), 0)
+    host_inputs = runner.placed((i32(num_tokens), metadata, i32(runner.max_num_seqs)))
+    return Example((runner.model, runner.k_cache, runner.v_cache, *host_inputs))
+
+
+def _step_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
+    return (step_example(runner, tokens) for tokens in all_buckets(bucket_tokens, shapes.max_tokens))
+
+
+def _replicated(runner: "ModelRunner", shape: tuple, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=runner.replicated)
+
+
+def _logits_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
+    cfg = runner.model.cfg
+    hidden = _replicated(runner, (runner.max_num_seqs, cfg.hidden_size), runner.k_cache.dtype)
+    for rows in all_buckets(bucket, shapes.max_rows):
+        buffer = _replicated(runner, (rows, cfg.vocab_size), jnp.float32)
+        yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32)), buffer))
+
+
+def _sampler_shapes(logits, batch, scratch=None) -> tuple:
+    leaves, tree = jax.tree.flatten(batch)  # the tree holds the flags, which pick one of the four programs
+    return (tree, tuple(np.shape(x) for x in leaves))
+
+
+def _sample_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
+    vocab_size = runner.model.cfg.vocab_size
+    for rows in all_buckets(bucket, shapes.max_rows):
+        logits = _replicated(runner, (rows, vocab_size), jnp.float32)
+        for flags in SAMPLER_PROGRAMS:
+            batch = empty_sampling_batch(rows, flags, vocab_size, runner.max_model_len)
+            yield Example((logits, runner.placed(batch)), {"scratch": logits})
+
+
+def _token_logprobs_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
+    hidden = np.zeros((SCORED_ROWS, runner.model.cfg.hidden_size), runner.k_cache.dtype)
+    yield Example((runner.model, *runner.placed((hidden, np.zeros(SCORED_ROWS, np.int32)))))
+
+
+def _copy_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
+    for count in all_buckets(block_move_bucket, shapes.max_copies):
+        indices = runner.placed(np.zeros(count, np.int32))
+        yield Example((runner.k_cache, runner.v_cache, indices, indices))
+
+
+def _swap_out_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
+    for count in all_buckets(block_move_bucket, shapes.max_swaps):
+        yield Example((runner.k_cache, runner.placed(np.zeros(count, np.int32))))
+
+
+def _swap_in_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
+    cache = runner.k_cache
+    for count in all_buckets(block_move_bucket, shapes.max_swaps):
+        blocks = jax.ShapeDtypeStruct((cache.shape[0], count, *cache.shape[2:]), cache.dtype, sharding=cache.sharding)
+        yield Example((cache, blocks, runner.placed(np.zeros(count, np.int32))))
+
+
+STEP = DeviceProgram("step", _forward, "execute", _step_shapes, _step_examples,
+                     static=lambda runner: (runner.backend.attend,))
+LOGITS = DeviceProgram("logits", _logits, "sample", lambda model, hidden, rows, buffer: (rows.shape[0],),
+                       _logits_examples)
+SAMPLE = DeviceProgram("sample", sample, "sample", _sampler_shapes, _sample_examples)
+TOKEN_LOGPROBS = DeviceProgram("token_logprobs", _token_logprobs, "token_logprobs",
+                               lambda model, hidden, targets: (targets.shape[0],), _token_logprobs_examples)
+ALL_LOGITS = DeviceProgram("all_logits", _all_logits, "all_logits", lambda model, hidden: (hidden.shape,))
+COPY = DeviceProgram("copy", _copy_blocks, "apply_block_moves", lambda k_cache, v_cache, src, dst: (src.shape[0],),
+                     _copy_examples)
+SWAP_OUT = DeviceProgram("swap_out", _gather_blocks, "apply_block_moves", lambda cache, src: (src.shape[0],),
+                         _swap_out_examples)
+SWAP_IN = DeviceProgram("swap_in", _scatter_blocks, "apply_block_moves", lambda cache, blocks, dst: (dst.shape[0],),
+                        _swap_in_examples)
+DEVICE_PROGRAMS = (STEP, LOGITS, SAMPLE, TOKEN_LOGPROBS, ALL_LOGITS, COPY, SWAP_OUT, SWAP_IN)
