@@ -34,6 +34,31 @@ def _padded(indices: list[int], count: int, fill: int) -> np.ndarray:
     return np.pad(np.asarray(indices, np.int32), (0, count - len(indices)), constant_values=fill)
 
 
+def padded_table_rows(num_decode: int, num_prefill: int) -> tuple[list[int], int]:
+    """(the block-table row of each sequence, decode then prefill; the rows in all) on the padded layout:
+
+        rows [ d0 d1 d2 pad pad pad pad pad | p0 p1 ]   each kind's rows bucketed, decode to at least 8
+
+    Padding a few decode rows costs far less than a compile per batch size as a batch drains (1, 2, 4 would
+    each compile the whole model once more)."""
+    decode_rows = bucket(num_decode, 8)
+    return [*range(num_decode), *range(decode_rows, decode_rows + num_prefill)], decode_rows + bucket(num_prefill)
+
+
+def padded_kind_rows(decode_starts: list[int], prefill_chunks: list[tuple[int, int]],
+                     padded_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """The padded layout's token rows of each decode sequence [Bd] and of each prefill chunk [Bp, Qp], from the
+    row of each decode token and the (first row, length) of each chunk; padding rows hold padded_tokens (past
+    the last token). Bd, Bp and Qp are bucketed as in padded_table_rows."""
+    decode_rows = np.full(bucket(len(decode_starts), 8), padded_tokens, np.int32)
+    decode_rows[: len(decode_starts)] = decode_starts
+    max_chunk = bucket(max((length for _, length in prefill_chunks), default=0), 8)
+    prefill_rows = np.full((bucket(len(prefill_chunks)), max_chunk), padded_tokens, np.int32)
+    for j, (first, length) in enumerate(prefill_chunks):
+        prefill_rows[j, :length] = np.arange(first, first + length)
+    return decode_rows, prefill_rows
+
+
 @dataclass
 class StepInputs:
     """Host-side arrays of one step, before transfer."""
@@ -179,31 +204,19 @@ class ModelRunner:
             # token bucket (padding rows and columns cost a few bytes to copy, a distinct shape a compile).
             count = len(decode) + len(prefill)
             return list(range(count)), ragged_rows, self.max_blocks_per_seq
-        # At least 8 decode rows: padding a few rows costs far less than a compile per batch size as a
-        # batch drains (1, 2, 4 would each compile the whole model once more).
-        num_decode = bucket(len(decode), 8)
-        seq_slots = list(range(len(decode))) + [num_decode + j for j in range(len(prefill))]
+        seq_slots, num_rows = padded_table_rows(len(decode), len(prefill))
         max_blocks = max(cdiv(s.seq.num_computed_tokens + s.num_new_tokens, self.block_size)
                          for s in decode + prefill)
-        num_cols = min(bucket_fine(max_blocks, 8), self.max_blocks_per_seq)
-        return seq_slots, num_decode + bucket(len(prefill)), num_cols
+        return seq_slots, num_rows, min(bucket_fine(max_blocks, 8), self.max_blocks_per_seq)
 
     def _kind_rows(self, decode: list, prefill: list, row_of: dict[str, int],
                    padded_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-        """Token rows of each decode sequence [Bd] and each prefill chunk [Bp, Qp]; padding = padded_tokens.
-
-        Empty for a ragged backend, which does not read them (and so compiles no shape per chunk length).
-        """
+        """padded_kind_rows of the step; empty for a ragged backend, which does not read them (and so compiles
+        no shape per chunk length)."""
         if self.backend.ragged:
             return np.zeros(0, np.int32), np.zeros((0, 0), np.int32)
-        decode_rows = np.full(bucket(len(decode), 8), padded_tokens, np.int32)
-        decode_rows[: len(decode)] = [row_of[s.seq.seq_id] for s in decode]
-        max_chunk = bucket(max((s.num_new_tokens for s in prefill), default=0), 8)
-        prefill_rows = np.full((bucket(len(prefill)), max_chunk), padded_tokens, np.int32)
-        for j, s in enumerate(prefill):
-            first = row_of[s.seq.seq_id]
-            prefill_rows[j, : s.num_new_tokens] = np.arange(first, first + s.num_new_tokens)
-        return decode_rows, prefill_rows
+        return padded_kind_rows([row_of[s.seq.seq_id] for s in decode],
+                                [(row_of[s.seq.seq_id], s.num_new_tokens) for s in prefill], padded_tokens)
 
     # -------------------------------------------------------------------------------- execute
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:

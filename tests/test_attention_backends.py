@@ -13,6 +13,7 @@ from hypothesis import example, given, settings
 
 from jax_engine.attention import cpu, pallas, xla
 from jax_engine.attention.metadata import AttentionMetadata
+from jax_engine.model_runner import padded_kind_rows, padded_table_rows
 from tests.kernel_cases import Variant, expected, make_case, paged_batches, variants
 
 PADDING_TOKENS = 2  # the runner buckets a step's tokens: rows past the last sequence's belong to no one
@@ -36,24 +37,16 @@ class Step:
     want: np.ndarray  # [len(real_rows), N, D]
 
 
-def _ordered(seq_lens: list[int], q_lens: list[int]) -> tuple[list[int], int]:
-    """(the case's sequences in the runner's order: decode, then padding sequences as padding decode rows, then
-    prefill chunks; how many rows the decode part has)."""
+def _layout(seq_lens: list[int], q_lens: list[int], ragged: bool) -> tuple[list[int], list[int], int]:
+    """(the case's sequences in the runner's order, decode then prefill; the block-table row of each; the rows
+    in all), laid out by the runner's own functions. The case's padding sequences (no tokens) are left to the
+    runner's padding rows: between the kinds on the padded layout, after the sequences on the ragged one."""
     decode = [i for i, n in enumerate(seq_lens) if n and q_lens[i] == 1]
-    padding = [i for i, n in enumerate(seq_lens) if not n]
     prefill = [i for i, n in enumerate(seq_lens) if n and q_lens[i] > 1]
-    return decode + padding + prefill, len(decode) + len(padding)
-
-
-def _kind_rows(query_start_loc: np.ndarray, q_lens: list[int], num_decode: int, num_tokens: int):
-    """The padded layout's decode_token_index [Bd], prefill_token_index [Bp, Qp] and Qp; padding = num_tokens."""
-    decode_rows = np.where(np.array(q_lens[:num_decode], int) == 1, query_start_loc[:num_decode], num_tokens)
-    chunks = list(zip(query_start_loc[num_decode:-1], q_lens[num_decode:]))
-    max_query_len = max([n for _, n in chunks], default=1)
-    prefill_rows = np.full((len(chunks), max_query_len), num_tokens, np.int32)
-    for j, (first, n) in enumerate(chunks):
-        prefill_rows[j, :n] = np.arange(first, first + n)
-    return decode_rows.astype(np.int32), prefill_rows, max_query_len
+    if ragged:
+        count = len(decode) + len(prefill)
+        return decode + prefill, list(range(count)), len(seq_lens)
+    return decode + prefill, *padded_table_rows(len(decode), len(prefill))
 
 
 def make_step(case, options: dict, ragged: bool) -> Step:
@@ -61,27 +54,37 @@ def make_step(case, options: dict, ragged: bool) -> Step:
     the case's cache holds at their slots, so writing them changes nothing."""
     block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed = case
     k_blocks, v_blocks, tables, q_case, starts = make_case(*case)
-    order, num_decode = _ordered(seq_lens, q_lens)
+    order, table_rows, num_rows = _layout(seq_lens, q_lens, ragged)
     lens = [q_lens[i] for i in order]
-    case_rows = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in order]).astype(int)
-    positions = np.concatenate([np.arange(seq_lens[i] - q_lens[i], seq_lens[i]) for i in order]).astype(int)
-    token_blocks = np.concatenate([np.repeat(tables[i : i + 1], q_lens[i], axis=0) for i in order])
+    none = [np.zeros(0, int)]  # a case of padding sequences alone has no tokens
+    case_rows = np.concatenate(none + [np.arange(starts[i], starts[i + 1]) for i in order]).astype(int)
+    positions = np.concatenate(none + [np.arange(seq_lens[i] - q_lens[i], seq_lens[i]) for i in order]).astype(int)
+    token_blocks = np.concatenate([tables[:0]] + [np.repeat(tables[i : i + 1], q_lens[i], axis=0) for i in order])
     slots = token_blocks[np.arange(len(positions)), positions // block_size] * block_size + positions % block_size
     k_cache, v_cache = (x.reshape(2, -1, num_kv_heads, head_dim) for x in (k_blocks, v_blocks))
     num_tokens = len(case_rows) + PADDING_TOKENS
-    query_start_loc = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    step_tables = np.zeros((num_rows, tables.shape[1]), np.int32)
+    step_seq_lens, row_q_lens = np.zeros(num_rows, np.int32), np.zeros(num_rows, np.int32)
+    for i, row in zip(order, table_rows):
+        step_tables[row], step_seq_lens[row], row_q_lens[row] = tables[i], seq_lens[i], q_lens[i]
+    query_start_loc = np.concatenate([[0], np.cumsum(row_q_lens)]).astype(np.int32)
+    first_rows = np.concatenate([[0], np.cumsum(lens)])  # each sequence's first token row, in order
+    num_decode = sum(n == 1 for n in lens)
     if ragged:
         decode_rows, prefill_rows, max_query_len = np.zeros(0, np.int32), np.zeros((0, 0), np.int32), 0
     else:
-        decode_rows, prefill_rows, max_query_len = _kind_rows(query_start_loc, lens, num_decode, num_tokens)
+        decode_rows, prefill_rows = padded_kind_rows(list(first_rows[:num_decode]),
+                                                     list(zip(first_rows[num_decode:-1], lens[num_decode:])),
+                                                     num_tokens)
+        max_query_len = max(prefill_rows.shape[1], 1)
 
     def pad(x: np.ndarray, value) -> np.ndarray:
         return np.concatenate([x, np.full((PADDING_TOKENS, *x.shape[1:]), value, x.dtype)])
 
     metadata = AttentionMetadata(
         jnp.array(pad(positions, 0), jnp.int32), jnp.array(pad(slots, k_cache.shape[1]), jnp.int32),  # pad: dropped
-        jnp.array(tables[order]), jnp.array([seq_lens[i] for i in order], jnp.int32), jnp.array(query_start_loc),
-        jnp.array(decode_rows), jnp.array(prefill_rows), max_query_len)
+        jnp.array(step_tables), jnp.array(step_seq_lens), jnp.array(query_start_loc), jnp.array(decode_rows),
+        jnp.array(prefill_rows), max_query_len)
     want = expected(q_case, k_blocks, v_blocks, tables, seq_lens, starts, head_dim, **options)[case_rows]
     return Step(pad(q_case[case_rows], 0.0), pad(k_cache[1, slots], 0.0), pad(v_cache[1, slots], 0.0), k_cache,
                 v_cache, metadata, np.arange(len(case_rows)), want)
