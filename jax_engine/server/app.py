@@ -23,8 +23,10 @@ from jax_engine.server.completions import Completions
 from jax_engine.server.errors import APIError, bad_request, error_response, install_error_handlers
 from jax_engine.server.limits import BodySizeLimitMiddleware, BodyTimeoutMiddleware
 from jax_engine.server.metrics import ServingMetrics
+from jax_engine.server.json_fields import check_json_fields
 from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
-                                        TokenizeRequest, check_json_fields, conversation)
+                                        TokenizeRequest)
+from jax_engine.server.request_parts import conversation
 from jax_engine.server.state import ServerConfig, ServerState
 from jax_engine.server.streams import add_streams, collect, merge, until_disconnect
 

@@ -2,92 +2,22 @@
 
 Limits that need no model live here, so the OpenAPI schema documents them and a bad value is a 400 before
 anything reaches the engine. Limits that depend on the model (prompt length, token ids) are the engine's.
+The parts of a body (messages, tools, formats) are in request_parts.py, the checks on its JSON values in
+json_fields.py.
 """
 
-import json
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from jax_engine.input_checks import is_unicode
 from jax_engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
-from jax_engine.server.tools import TOOL_CALL_END, TOOL_CALL_START, tool_constraint
+from jax_engine.server.json_fields import Shallow, Text
+from jax_engine.server.request_parts import (APIModel, ChatMessage, NamedToolChoice, ResponseFormat, StreamOptions,
+                                             StructuredOutputsBody, Tool, conversation)
+from jax_engine.server.tools import tool_constraint
 from jax_engine.structured_output import StructuredOutputsParams
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-# JSON values (schemas, tool parameters and arguments) nest at most this deep: far more than any real schema, and
-# far from Python's recursion limit, which json, pydantic and the grammar code would otherwise hit as a 500.
-MAX_JSON_DEPTH = 128
-_NOT_UNICODE = "not valid Unicode (it holds a lone surrogate)"
-
-
-def _unicode(text: str) -> str:
-    if not is_unicode(text):
-        raise ValueError(_NOT_UNICODE)
-    return text
-
-
-def json_depth(value) -> int:
-    """How deep lists and dicts nest in a JSON value (a scalar: 0), counted without recursion; it stops counting
-    past MAX_JSON_DEPTH."""
-    deepest, stack = 0, [(value, 1)]
-    while stack and deepest <= MAX_JSON_DEPTH:
-        item, depth = stack.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
-def _nesting(value) -> int:
-    """json_depth of a JSON value, or of JSON text (0 for other text: it is used as text, or refused by whatever
-    parses it)."""
-    if not isinstance(value, str):
-        return json_depth(value)
-    try:
-        return json_depth(json.loads(value))
-    except RecursionError:
-        return MAX_JSON_DEPTH + 1
-    except ValueError:
-        return 0
-
-
-def _shallow(value):
-    if _nesting(value) > MAX_JSON_DEPTH:
-        raise ValueError(f"nests deeper than {MAX_JSON_DEPTH} levels")
-    return value
-
-
-def _strings(value):
-    """Every string in a JSON value, dict keys included."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            yield item
-        elif isinstance(item, dict):
-            stack += [*item.keys(), *item.values()]
-        elif isinstance(item, list):
-            stack += item
-
-
-def check_json_fields(fields: dict) -> None:
-    """A ValueError naming the first field that nests too deep or holds text that is not Unicode (for bodies
-    whose fields pydantic does not check: /generate's)."""
-    for name, value in fields.items():
-        if json_depth(value) > MAX_JSON_DEPTH:
-            raise ValueError(f"{name} nests deeper than {MAX_JSON_DEPTH} levels")
-        if not all(map(is_unicode, _strings(value))):
-            raise ValueError(f"{name} is {_NOT_UNICODE}")
-
-
-Text = Annotated[str, AfterValidator(_unicode)]
-Shallow = AfterValidator(_shallow)
-
-
-class APIModel(BaseModel):
-    # Strict: "5" is no integer and true is no token id. Unknown fields of the parts of a body are ignored.
-    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 # Fields of OpenAI's request schemas that change nothing this server could honour or a client could see:
@@ -103,42 +33,10 @@ class RequestBody(APIModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
 
-class StreamOptions(APIModel):
-    include_usage: bool = False
-
-
 # The sampling fields a model's generation config may set, and the value when neither it nor the request does:
 # SamplingParams' own default.
 _DEFAULTS = {name: getattr(SamplingParams(), name) for name in
              ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
-
-
-class JsonSchemaFormat(APIModel):
-    name: str = Field(max_length=64)
-    description: str | None = None
-    # pydantic's BaseModel owns the name `schema`
-    json_schema: Annotated[dict | None, Shallow] = Field(None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(APIModel):
-    """OpenAI's response_format: free text, any JSON object, or JSON that validates against a schema."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-
-class StructuredOutputsBody(APIModel):
-    """vLLM's `structured_outputs` request field (StructuredOutputsParams)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    json_: Annotated[dict | str | bool | None, Shallow] = Field(None, alias="json")
-    regex: str | None = None
-    choice: list[str] | None = None
-    grammar: str | None = None
-    json_object: bool | None = None
-    disable_any_whitespace: bool = False
-
 
 # vLLM's older spelling of structured_outputs: one top-level field per kind.
 GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
@@ -267,74 +165,6 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(16, ge=0, description="0 with echo: score the prompt, generate nothing")
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-
-
-class TextPart(APIModel):
-    type: Literal["text"]
-    text: Text
-
-
-class FunctionCall(APIModel):
-    name: str
-    arguments: Annotated[str, Shallow]
-
-
-class MessageToolCall(APIModel):
-    """A tool call an earlier assistant message made (sent back by the client with the tool's answer)."""
-
-    id: str | None = None
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(APIModel):
-    # Any other role string would reach the chat template as is, where it could forge a turn.
-    role: Literal["system", "user", "assistant", "tool"]
-    content: Text | list[TextPart] | None = None
-    tool_calls: list[MessageToolCall] | None = None
-    tool_call_id: str | None = None
-
-    def text(self) -> str:
-        """The content as the template sees it; an assistant's tool calls are written as the model writes them."""
-        text = "".join(part.text for part in self.content) if isinstance(self.content, list) else self.content or ""
-        if self.tool_calls:
-            calls = [{"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}
-                     for c in self.tool_calls]
-            text += f"{TOOL_CALL_START}{json.dumps(calls)}{TOOL_CALL_END}"
-        return text
-
-
-def _json_or_text(arguments: str):
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments
-
-
-def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as the chat template takes them (text parts joined)."""
-    return [{"role": m.role, "content": m.text()} for m in messages]
-
-
-class FunctionDefinition(APIModel):
-    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: Annotated[dict | None, Shallow] = None
-    strict: bool | None = None
-
-
-class Tool(APIModel):
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class NamedFunction(APIModel):
-    name: str
-
-
-class NamedToolChoice(APIModel):
-    type: Literal["function"]
-    function: NamedFunction
 
 
 class ChatCompletionRequest(SamplingRequest):
