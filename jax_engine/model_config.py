@@ -69,10 +69,6 @@ class ModelConfig:
         return self.softmax_scale if self.softmax_scale is not None else self.head_dim**-0.5
 
     @property
-    def num_queries_per_kv(self) -> int:
-        return self.num_heads // self.num_kv_heads
-
-    @property
     def num_params(self) -> int:
         """Parameter count, counting tied embeddings once."""
         attn = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)

@@ -13,7 +13,6 @@ import jax.numpy as jnp
 
 BLOCK = 32
 BYTES_PER_BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
-BLOCK_FORMATS = tuple(BYTES_PER_BLOCK)
 
 
 def block_format(row_bytes: int, in_features: int) -> str:
