@@ -79,6 +79,48 @@ def _blocks_per_partition(num_columns: int, block_size: int, num_partitions: int
     return pl.cdiv(pl.cdiv(reach, num_partitions), blocks_per_step) * blocks_per_step
 
 
+def _launch_decode(layer, seq_lens, tables, q, alibi_slopes, k_cache, v_cache, *, num_partitions: int,
+                   interpret: bool, **kernel_options) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One program per (sequence, KV head, partition) of _decode_kernel (its static arguments: kernel_options),
+    each over a KV head's group of query heads padded to `rows`; returns every partition's (o, m, l) of those
+    rows, for merge_partitions."""
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[3]
+    group = num_heads // num_kv_heads
+    rows = max(MIN_ROWS, pl.next_power_of_2(group))
+    q_groups = jnp.pad(q.reshape(batch, num_kv_heads, group, head_dim), ((0, 0), (0, 0), (0, rows - group), (0, 0)))
+    slopes = jnp.zeros(num_heads, jnp.float32) if alibi_slopes is None else alibi_slopes.astype(jnp.float32)
+    slopes = jnp.pad(slopes.reshape(num_kv_heads, group), ((0, 0), (0, rows - group)))  # laid out as q_groups
+    kernel = functools.partial(_decode_kernel, **kernel_options)
+    whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, p: (0, 0, 0, 0, 0))
+    return pl.pallas_call(
+        kernel,
+        grid=(batch, num_kv_heads, num_partitions),
+        in_specs=[
+            pl.BlockSpec((1,), lambda b, h, p: (0,)),  # layer
+            pl.BlockSpec((1,), lambda b, h, p: (b,)),  # seq_lens
+            pl.BlockSpec((None, tables.shape[1]), lambda b, h, p: (b, 0)),  # block_tables
+            pl.BlockSpec((None, rows), lambda b, h, p: (h, 0)),  # alibi slopes
+            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, p: (b, h, 0, 0)),  # q
+            whole_cache,  # k_cache
+            whole_cache,  # v_cache
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, p: (p, b, h, 0, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda b, h, p: (p, b, h, 0)),
+            pl.BlockSpec((None, None, None, rows), lambda b, h, p: (p, b, h, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows, head_dim), jnp.float32),
+            jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows), jnp.float32),
+            jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows), jnp.float32),
+        ],
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        name="paged_decode_attention",
+    )(jnp.asarray(layer, jnp.int32).reshape(1), seq_lens.astype(jnp.int32), tables, slopes, q_groups, k_cache, v_cache)
+
+
 @functools.partial(jax.jit, static_argnames=("num_partitions", "blocks_per_step", "scale", "sliding_window",
                                              "interpret"))
 def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, block_tables: jax.Array,
@@ -112,8 +154,6 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     if block_tables.shape[0] != batch or seq_lens.shape != (batch,):
         raise ValueError(f"block_tables {block_tables.shape} and seq_lens {seq_lens.shape} must have batch {batch}")
     check_variant(sliding_window, alibi_slopes, num_heads)
-    group = num_heads // num_kv_heads
-    rows = max(MIN_ROWS, pl.next_power_of_2(group))
     blocks_per_step = max(blocks_per_step, pl.cdiv(MIN_ROWS, block_size))  # >= 16 keys per dot
     num_columns = block_tables.shape[1]
     per_partition = _blocks_per_partition(num_columns, block_size, num_partitions, blocks_per_step, sliding_window)
@@ -121,38 +161,10 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     # keeps every step's table read inside the table.
     width = per_partition * num_partitions + (num_columns if sliding_window is not None else 0)
     tables = jnp.pad(block_tables.astype(jnp.int32), ((0, 0), (0, width - num_columns)))
-    q_groups = jnp.pad(q.reshape(batch, num_kv_heads, group, head_dim), ((0, 0), (0, 0), (0, rows - group), (0, 0)))
-    slopes = jnp.zeros(num_heads, jnp.float32) if alibi_slopes is None else alibi_slopes.astype(jnp.float32)
-    slopes = jnp.pad(slopes.reshape(num_kv_heads, group), ((0, 0), (0, rows - group)))  # laid out as q_groups
-    kernel = functools.partial(_decode_kernel, block_size=block_size, blocks_per_step=blocks_per_step,
-                               blocks_per_partition=per_partition, scale=scale or head_dim**-0.5,
-                               sliding_window=sliding_window, alibi=alibi_slopes is not None)
-    whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, p: (0, 0, 0, 0, 0))
-    o, m, l = pl.pallas_call(
-        kernel,
-        grid=(batch, num_kv_heads, num_partitions),
-        in_specs=[
-            pl.BlockSpec((1,), lambda b, h, p: (0,)),  # layer
-            pl.BlockSpec((1,), lambda b, h, p: (b,)),  # seq_lens
-            pl.BlockSpec((None, tables.shape[1]), lambda b, h, p: (b, 0)),  # block_tables
-            pl.BlockSpec((None, rows), lambda b, h, p: (h, 0)),  # alibi slopes
-            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, p: (b, h, 0, 0)),  # q
-            whole_cache,  # k_cache
-            whole_cache,  # v_cache
-        ],
-        out_specs=[
-            pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, p: (p, b, h, 0, 0)),
-            pl.BlockSpec((None, None, None, rows), lambda b, h, p: (p, b, h, 0)),
-            pl.BlockSpec((None, None, None, rows), lambda b, h, p: (p, b, h, 0)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows, head_dim), jnp.float32),
-            jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows), jnp.float32),
-            jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows), jnp.float32),
-        ],
-        interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-        name="paged_decode_attention",
-    )(jnp.asarray(layer, jnp.int32).reshape(1), seq_lens.astype(jnp.int32), tables, slopes, q_groups, k_cache, v_cache)
-    out = merge_partitions(o, m, l)[:, :, :group]  # [B, K, G, D]
+    o, m, l = _launch_decode(layer, seq_lens, tables, q, alibi_slopes, k_cache, v_cache,
+                             num_partitions=num_partitions, interpret=interpret, block_size=block_size,
+                             blocks_per_step=blocks_per_step, blocks_per_partition=per_partition,
+                             scale=scale or head_dim**-0.5, sliding_window=sliding_window,
+                             alibi=alibi_slopes is not None)
+    out = merge_partitions(o, m, l)[:, :, : num_heads // num_kv_heads]  # [B, K, G, D]
     return out.reshape(batch, num_heads, head_dim).astype(q.dtype)

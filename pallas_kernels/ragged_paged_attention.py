@@ -60,6 +60,35 @@ def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, slopes_ref, q_re
         plgpu.store(o_ref.at[rows, head, :, :], out.astype(o_ref.dtype), mask=valid[:, None, None])
 
 
+def _launch_ragged(layer, query_start_loc, seq_lens, tables, q, alibi_slopes, k_cache, v_cache, *,
+                   num_query_blocks: int, interpret: bool, **kernel_options) -> jax.Array:
+    """One program per (sequence, KV head, query block) of _ragged_kernel (its static arguments: kernel_options);
+    returns the attention of q's rows [T, K, G, D]."""
+    (num_tokens, num_heads, head_dim), num_kv_heads = q.shape, k_cache.shape[3]
+    batch, columns = seq_lens.shape[0], tables.shape[1]
+    block_q, group = kernel_options["block_q"], kernel_options["group"]
+    # Pad the flat batch by one query block so a program's row window never runs off the end.
+    q_flat = jnp.pad(q.reshape(num_tokens, num_kv_heads, group, head_dim), ((0, block_q), (0, 0), (0, 0), (0, 0)))
+    slopes = jnp.zeros(num_heads, jnp.float32) if alibi_slopes is None else alibi_slopes.astype(jnp.float32)
+    slopes = jnp.tile(slopes.reshape(num_kv_heads, group), (1, block_q))  # [K, block_q * G], as a program's q rows
+    whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
+    return pl.pallas_call(
+        functools.partial(_ragged_kernel, **kernel_options),
+        grid=(batch, num_kv_heads, num_query_blocks),
+        in_specs=[whole((1,)), whole((batch + 1,)), whole((batch,)),
+                  pl.BlockSpec((None, columns), lambda s, h, b: (s, 0)),
+                  pl.BlockSpec((None, block_q * group), lambda s, h, b: (h, 0)),  # alibi slopes
+                  whole(q_flat.shape), whole(k_cache.shape), whole(v_cache.shape)],
+        out_specs=whole(q_flat.shape),
+        out_shape=jax.ShapeDtypeStruct(q_flat.shape, q_flat.dtype),
+        input_output_aliases={},
+        interpret=interpret,
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
+        name="ragged_paged_attention",
+    )(jnp.asarray(layer, jnp.int32).reshape(1), query_start_loc.astype(jnp.int32), seq_lens.astype(jnp.int32),
+      tables, slopes, q_flat, k_cache, v_cache)[:num_tokens]
+
+
 @functools.partial(jax.jit, static_argnames=("max_q_len", "block_q", "blocks_per_step", "scale", "sliding_window",
                                              "interpret"))
 def ragged_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, block_tables: jax.Array,
@@ -104,27 +133,8 @@ def ragged_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     blocks_per_step = max(blocks_per_step, pl.cdiv(MIN_ROWS, block_size))
     columns = pl.cdiv(block_tables.shape[1], blocks_per_step) * blocks_per_step
     tables = jnp.pad(block_tables.astype(jnp.int32), ((0, 0), (0, columns - block_tables.shape[1])))
-    # Pad the flat batch by one query block so a program's row window never runs off the end.
-    q_flat = jnp.pad(q.reshape(num_tokens, num_kv_heads, group, head_dim), ((0, block_q), (0, 0), (0, 0), (0, 0)))
-    slopes = jnp.zeros(num_heads, jnp.float32) if alibi_slopes is None else alibi_slopes.astype(jnp.float32)
-    slopes = jnp.tile(slopes.reshape(num_kv_heads, group), (1, block_q))  # [K, block_q * G], as a program's q rows
-    kernel = functools.partial(_ragged_kernel, block_size=block_size, blocks_per_step=blocks_per_step,
-                               block_q=block_q, group=group, scale=scale or head_dim**-0.5,
-                               sliding_window=sliding_window, alibi=alibi_slopes is not None)
-    whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
-    out = pl.pallas_call(
-        kernel,
-        grid=(batch, num_kv_heads, pl.cdiv(max_q_len, block_q)),
-        in_specs=[whole((1,)), whole((batch + 1,)), whole((batch,)),
-                  pl.BlockSpec((None, columns), lambda s, h, b: (s, 0)),
-                  pl.BlockSpec((None, block_q * group), lambda s, h, b: (h, 0)),  # alibi slopes
-                  whole(q_flat.shape), whole(k_cache.shape), whole(v_cache.shape)],
-        out_specs=whole(q_flat.shape),
-        out_shape=jax.ShapeDtypeStruct(q_flat.shape, q.dtype),
-        input_output_aliases={},
-        interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
-        name="ragged_paged_attention",
-    )(jnp.asarray(layer, jnp.int32).reshape(1), query_start_loc.astype(jnp.int32), seq_lens.astype(jnp.int32),
-      tables, slopes, q_flat, k_cache, v_cache)
-    return out[:num_tokens].reshape(num_tokens, num_heads, head_dim)
+    out = _launch_ragged(layer, query_start_loc, seq_lens, tables, q, alibi_slopes, k_cache, v_cache,
+                         num_query_blocks=pl.cdiv(max_q_len, block_q), interpret=interpret, block_size=block_size,
+                         blocks_per_step=blocks_per_step, block_q=block_q, group=group, scale=scale or head_dim**-0.5,
+                         sliding_window=sliding_window, alibi=alibi_slopes is not None)
+    return out.reshape(num_tokens, num_heads, head_dim)
