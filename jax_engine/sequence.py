@@ -81,10 +81,6 @@ class Sequence:
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - len(self.prompt_token_ids)
 
-    @property
-    def max_num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + self.max_tokens
-
     def append_token(self, token_id: int, logprob: float = 0.0) -> RequestStatus | None:
         """Record a sampled token; return the finished status it causes, if any."""
         self.all_token_ids.append(token_id)

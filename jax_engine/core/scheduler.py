@@ -129,10 +129,6 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(len(self.waiting) or len(self.running) or len(self.swapped))
 
-    @property
-    def num_unfinished_requests(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.swapped)
-
     # ------------------------------------------------------------------------------- one step
     def schedule(self) -> SchedulerOutput:
         """Pick this step's sequences and token counts; allocate, swap and copy their blocks (see module doc)."""
