@@ -3,7 +3,8 @@
 import time
 from dataclasses import dataclass
 
-from jax_engine.core.scheduler import BlockStats, Scheduler, SchedulerOutput
+from jax_engine.core.scheduler import Scheduler
+from jax_engine.core.scheduler_output import BlockStats, SchedulerOutput
 
 
 @dataclass

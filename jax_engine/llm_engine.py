@@ -20,7 +20,8 @@ from jax_engine.beam_search import BeamSearchParams
 from jax_engine.compile_shapes import compile_step_shapes
 from jax_engine.config import EngineArgs, resolve_scheduler_config
 from jax_engine.distributed import multihost
-from jax_engine.core.scheduler import Scheduler, SchedulerOutput
+from jax_engine.core.scheduler import Scheduler
+from jax_engine.core.scheduler_output import SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
 from jax_engine.input_processor import InputProcessor, Prompt, cache_salt
 from jax_engine.loader import Checkpoint, load_checkpoint

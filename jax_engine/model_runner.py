@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
 from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
-from jax_engine.core.scheduler import SchedulerOutput
+from jax_engine.core.scheduler_output import SchedulerOutput
 from jax_engine.device_programs import (ALL_LOGITS, COPY, LOGITS, SAMPLE, SCORED_ROWS, STEP, SWAP_IN, SWAP_OUT,
                                         TOKEN_LOGPROBS, DeviceProgram, block_move_bucket)
 from jax_engine.models import CausalLM

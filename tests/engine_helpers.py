@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.attention import get_attention_backend
-from jax_engine.core.scheduler import ScheduledSequence, SchedulerOutput
+from jax_engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from jax_engine.model_runner import ModelRunner
 from jax_engine.models import CausalLM
 from jax_engine.outputs import RequestMetrics
