@@ -222,6 +222,13 @@ async def soak(base_url: str, num_requests: int | None = None, duration_s: float
         await sample()
         compilations = await _metric(client, "jax_engine:compilations_total")
         health = (await client.get("/health")).status_code
+    return _figures(outcomes, refusals, samples, duration, warm_fraction, idle, health, compilations)
+
+
+def _figures(outcomes: Counter, refusals: Counter, samples: list[tuple], duration: float, warm_fraction: float,
+             idle: bool, health: int, compilations: float) -> dict:
+    """The soak's figures from what it saw: its outcomes, its memory samples (requests done, rss, memory maps;
+    growth counts from the first sample after `warm_fraction` of the requests) and the server's state after."""
     done = sum(outcomes.values())
     warm = [s for s in samples if s[0] >= warm_fraction * done] or samples[-1:]
     statuses = Counter(int(o.split("/")[1]) for o in outcomes if o.split("/")[1].isdigit())
