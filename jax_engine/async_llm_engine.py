@@ -143,7 +143,7 @@ class AsyncLLMEngine:
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.check_accepting(tenant)
-        text, token_ids = self.engine.validate_request(prompt, params)
+        text, token_ids, params = self.engine.validate_request(prompt, params)  # the engine's copy: checked once
         self.start()
         stream = self._streams[request_id] = RequestStream(request_id, self)
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None

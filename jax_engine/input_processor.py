@@ -4,15 +4,27 @@ Reads only the tokenizer and the configuration, so a server may call it while a 
 is a ValueError that names the field and its limit.
 """
 
+from typing import NamedTuple
+
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.input_checks import check, is_int, is_unicode
 from jax_engine.model_config import ModelConfig
-from jax_engine.sampler import allowed_token_mask
+from jax_engine.sampling_batch import allowed_token_mask
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.structured_output.grammar import GrammarCompiler
 from reference.scheduler import SchedulerConfig
 
 Prompt = str | list[int] | dict
+
+
+class ProcessedRequest(NamedTuple):
+    """A request as the engine runs it. `params` is the engine's own copy of the caller's SamplingParams, with
+    what it derived (compiled grammar, tokenized bad words, allowed-token mask): the caller's object is never
+    changed, so it can be reused, or sent to another engine with another tokenizer."""
+
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams | BeamSearchParams
 
 
 def cache_salt(prompt: Prompt) -> str | None:
@@ -43,8 +55,8 @@ class InputProcessor:
         self.max_model_len = scheduler_config.max_model_len
         self.max_num_seqs = scheduler_config.max_num_seqs
 
-    def process(self, prompt: Prompt, params: SamplingParams | BeamSearchParams) -> tuple[str | None, list[int]]:
-        """Tokenize and check a request; returns (prompt text or None, token ids)."""
+    def process(self, prompt: Prompt, params: SamplingParams | BeamSearchParams) -> ProcessedRequest:
+        """Tokenize and check a request; returns its prompt text (or None), token ids and the engine's params."""
         cache_salt(prompt)
         text, token_ids = self._prompt_token_ids(prompt)
         if not token_ids:
@@ -64,7 +76,7 @@ class InputProcessor:
             raise ValueError(f"max_tokens ({params.max_tokens}) + prompt ({len(token_ids)} tokens) exceeds "
                              f"max_model_len={limit}")
         self._check_params_fit(params, room)
-        return text, token_ids
+        return ProcessedRequest(text, token_ids, self._engine_params(params))
 
     def _prompt_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt (which may carry its text too)
@@ -92,13 +104,26 @@ class InputProcessor:
               params.min_tokens)
         check(all(t < vocab for t in params.allowed_token_ids or ()), "allowed_token_ids",
               f"token ids below vocab_size ({vocab})", params.allowed_token_ids)
-        if params.allowed_token_ids is not None:  # here, off the engine loop: up to 2^20 ids to set bits for
-            allowed_token_mask(params, vocab)
         check(all(t < vocab for t in params.logit_bias or {}), "logit_bias", f"keyed by token ids below vocab_size "
               f"({vocab})", params.logit_bias)
-        if params.structured_outputs is not None and params.compiled_grammar is None:
-            params._set("compiled_grammar", self.grammar_compiler.compile(params.structured_outputs))
-        if params.bad_words:
-            params.tokenize_bad_words(self.tokenizer)
         check(all(t < vocab for w in params.bad_words_token_ids for t in w), "bad_words_token_ids",
               f"token ids below vocab_size ({vocab})", params.bad_words_token_ids)
+
+    def _engine_params(self, params: SamplingParams | BeamSearchParams) -> SamplingParams | BeamSearchParams:
+        """The engine's copy of checked params, with what it derives once per request: the compiled grammar, the
+        bad words in this tokenizer's ids, and the allowed-token bitmask (here, off the engine loop: up to 2^20
+        ids to set bits for)."""
+        if isinstance(params, BeamSearchParams):
+            return params  # nothing to derive
+        derived = {}
+        if params.structured_outputs is not None and params.compiled_grammar is None:
+            derived["compiled_grammar"] = self.grammar_compiler.compile(params.structured_outputs)
+        if params.bad_words:
+            words = params.bad_words_tokens(self.tokenizer)
+            check(all(t < self.vocab_size for w in words for t in w), "bad_words",
+                  f"words whose token ids are below vocab_size ({self.vocab_size})", params.bad_words)
+            derived["bad_words_token_ids"] = words
+        params = params.derived(**derived)
+        if params.allowed_token_ids is not None:
+            allowed_token_mask(params, self.vocab_size)  # kept on the engine's copy
+        return params

@@ -23,7 +23,7 @@ from jax_engine.distributed import multihost
 from jax_engine.core.scheduler import Scheduler
 from jax_engine.core.scheduler_output import SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
-from jax_engine.input_processor import InputProcessor, Prompt, cache_salt
+from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, cache_salt
 from jax_engine.loader import Checkpoint, load_checkpoint
 from jax_engine.loader.generation_config import default_sampling_fields, resolve_generation_config
 from jax_engine.model_config import token_ids
@@ -119,7 +119,7 @@ class LLMEngine:
         params = params or self.get_default_sampling_params()
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        text, token_ids = self.validate_request(prompt, params)
+        text, token_ids, params = self.validate_request(prompt, params)  # params: the engine's copy
         room = self.scheduler_config.max_model_len - len(token_ids)
         group = SequenceGroup.create(request_id, text, token_ids, params, self._arrivals, room,
                                      RequestMetrics(arrival_time or time.time()), self._new_sequence)
@@ -132,7 +132,7 @@ class LLMEngine:
         EngineArgs.generation_config)."""
         return SamplingParams(**self.default_sampling_fields)
 
-    def validate_request(self, prompt: Prompt, params: SamplingParams | BeamSearchParams) -> tuple[str | None, list]:
+    def validate_request(self, prompt: Prompt, params: SamplingParams | BeamSearchParams) -> ProcessedRequest:
         """Tokenize and check a request without queuing it (see InputProcessor); safe while a step runs."""
         return self.input_processor.process(prompt, params)
 

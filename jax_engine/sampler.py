@@ -14,9 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.sampling_batch import STAGES, SamplingBatch
-# NOTE: re-exported for jax_engine/input_processor.py, written against the sampler before the batch builder had a
-# file of its own (and being edited elsewhere); new code imports it from sampling_batch.
-from jax_engine.sampling_batch import allowed_token_mask  # noqa: F401
 from jax_engine.sampling_params import MAX_LOGPROBS
 
 _NEG_INF = -jnp.inf

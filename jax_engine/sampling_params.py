@@ -1,5 +1,6 @@
 """vLLM's SamplingParams: the reference's sampling fields plus the rest of vLLM's API."""
 
+import copy
 from dataclasses import dataclass, field
 
 from jax_engine.input_checks import (FLOAT32_MAX, INT32_MAX, MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORDS,
@@ -73,10 +74,11 @@ class SamplingParams(_ReferenceSamplingParams):
     bad_words: tuple[str, ...] = ()
     truncate_prompt_tokens: int | None = None
     structured_outputs: StructuredOutputsParams | None = None
-    # Not a field (no user sets it): the llguidance grammar compiled from structured_outputs by the input
-    # processor or the server (jax_engine/structured_output/grammar.py), kept with the params it was made from.
+    # Not fields (no user sets them), and never set on the user's object: the input processor sets them on the
+    # engine's copy (`derived`). compiled_grammar is the llguidance grammar compiled from structured_outputs
+    # (jax_engine/structured_output/grammar.py; the server compiles it into the params it builds itself);
+    # allowed_mask is allowed_token_ids as a vocabulary-wide bitmask (sampling_batch.allowed_token_mask).
     compiled_grammar = None
-    # Not a field either: allowed_token_ids as a vocabulary-wide bitmask (sampler.allowed_token_mask), made once.
     allowed_mask = None
 
     def __post_init__(self) -> None:
@@ -139,12 +141,20 @@ class SamplingParams(_ReferenceSamplingParams):
         """Store a checked field in its normal form (a frozen dataclass has no plain setattr)."""
         object.__setattr__(self, name, value)
 
-    def tokenize_bad_words(self, tokenizer) -> None:
-        """Resolve bad_words into bad_words_token_ids with the model's tokenizer (vLLM's rule: each word alone and
-        after a space, without special tokens); the input processor calls it once per request."""
+    def bad_words_tokens(self, tokenizer) -> tuple[tuple[int, ...], ...]:
+        """bad_words as token-id sequences in the model's tokenizer (vLLM's rule: each word alone and after a
+        space, without special tokens)."""
         words = {tuple(tokenizer.encode(text, add_special_tokens=False))
                  for word in self.bad_words for text in (word, " " + word.lstrip())}
-        self._set("bad_words_token_ids", tuple(sorted(w for w in words if w)))
+        return tuple(sorted(w for w in words if w))
+
+    def derived(self, **values) -> "SamplingParams":
+        """A copy carrying what one engine derived from these params (compiled_grammar, bad_words_token_ids): the
+        caller's object stays as it was made, and may be sent to other engines, with other tokenizers."""
+        params = copy.copy(self)  # the fields are checked already: no __post_init__ again
+        for name, value in values.items():
+            params._set(name, value)
+        return params
 
     @property
     def uses_penalties(self) -> bool:

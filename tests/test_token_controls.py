@@ -46,3 +46,21 @@ def test_controls_out_of_the_vocabulary_are_refused(llm):
                             ({"bad_words_token_ids": [[10**6]]}, "bad_words_token_ids")):
         with pytest.raises(ValueError, match=field):
             greedy(llm, **controls)
+
+
+def test_the_callers_params_are_left_as_they_were(llm):
+    """The engine keeps what it derives from a request's params (the bad words in token ids, the allowed-token
+    mask, the compiled grammar) on its own copy: the caller's object may be reused, or sent to another engine
+    with another tokenizer."""
+    allowed = llm.get_tokenizer().encode(" yes no maybe Paris", add_special_tokens=False)
+    controls = SamplingParams(temperature=0, max_tokens=4, bad_words=["Paris"], allowed_token_ids=allowed)
+    grammar = SamplingParams(temperature=0, max_tokens=4, structured_outputs={"choice": ["yes", "no"]})
+    before = {id(p): dict(vars(p)) for p in (controls, grammar)}
+    _, _, engine_params = llm.llm_engine.validate_request(PROMPT, controls)
+    assert engine_params is not controls
+    assert engine_params.bad_words_token_ids and engine_params.allowed_mask is not None
+    outputs = llm.generate([PROMPT, PROMPT], [controls, grammar], use_tqdm=False)
+    assert "Paris" not in outputs[0].outputs[0].text and outputs[1].outputs[0].text in ("yes", "no")
+    for params in (controls, grammar):
+        assert vars(params) == before[id(params)]
+        assert params.compiled_grammar is None and params.allowed_mask is None and params.bad_words_token_ids == ()

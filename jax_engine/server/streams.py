@@ -61,12 +61,12 @@ async def add_streams(state: ServerState, request_id: str, prompts: list, params
         checked = await state.off_loop(lambda: [engine.engine.validate_request(p, params) for p in prompts])
     except ValueError as error:
         raise bad_request(error) from None
-    state.check_cost(params, [len(token_ids) for _, token_ids in checked])
+    state.check_cost(params, [len(c.prompt_token_ids) for c in checked])
     streams = []
     try:
-        for i, (text, token_ids) in enumerate(checked):
+        for i, (text, token_ids, engine_params) in enumerate(checked):
             prompt = {"prompt": text, "prompt_token_ids": token_ids, "cache_salt": cache_salt}
-            streams.append(engine.add_request(f"{request_id}-{i}", prompt, params, tenant))
+            streams.append(engine.add_request(f"{request_id}-{i}", prompt, engine_params, tenant))
     except Exception as error:
         for stream in streams:
             engine.abort(stream.request_id)
