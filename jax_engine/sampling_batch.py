@@ -72,17 +72,17 @@ class SamplingBatch:
     flags: SamplerFlags
 
 
-def sampling_batch(requests: list, num_rows: int, vocab_size: int, grammar_bitmask: np.ndarray | None = None,
+def sampling_batch(seqs: list, num_rows: int, vocab_size: int, grammar_bitmask: np.ndarray | None = None,
                    penalty_width: int | None = None) -> SamplingBatch:
-    """The sampling settings of `requests` (Sequences), one row each, padded to num_rows.
+    """The sampling settings of `seqs` (Sequences), one row each, padded to num_rows.
 
     Args:
         grammar_bitmask: the rows' grammar masks (GrammarCompiler.fill_bitmask) when some row follows a grammar.
         penalty_width: the width of penalty_ids, the engine's max_model_len (None: the longest row's length,
             for tests that call the sampler directly).
     """
-    params = [r.sampling_params for r in requests]
-    mask = token_mask(requests, vocab_size, grammar_bitmask)
+    params = [r.sampling_params for r in seqs]
+    mask = token_mask(seqs, vocab_size, grammar_bitmask)
     needs = {"token_mask": mask is not None,
              "logit_bias": any(p.logit_bias for p in params),
              "penalties": any(p.uses_penalties for p in params),
@@ -92,13 +92,13 @@ def sampling_batch(requests: list, num_rows: int, vocab_size: int, grammar_bitma
              "logprobs": any(p.logprobs is not None for p in params)}
     general = any(needs[stage] for stage in ("token_mask", "logit_bias", "penalties", "min_p", "logprobs"))
     flags = GENERAL if general else SamplerFlags(all_greedy=not needs["random"], top_k_or_p=needs["top_k_or_p"])
-    pad = num_rows - len(requests)
+    pad = num_rows - len(seqs)
 
     def column(values, dtype, fill):
         return np.array(list(values) + [fill] * pad, dtype)
 
     batch = empty_sampling_batch(num_rows, flags, vocab_size, penalty_width or max(
-        (r.num_tokens for r in requests), default=1))
+        (r.num_tokens for r in seqs), default=1))
     extra = {}
     if general:
         extra = {"stages": np.array([needs[stage] for stage in STAGES]),
@@ -106,15 +106,15 @@ def sampling_batch(requests: list, num_rows: int, vocab_size: int, grammar_bitma
         if mask is not None:
             extra["token_mask"] = _padded_rows(mask, num_rows)
         if needs["penalties"]:
-            extra |= _penalty_arrays(requests, batch.penalty_ids.shape, vocab_size)
+            extra |= _penalty_arrays(seqs, batch.penalty_ids.shape, vocab_size)
     return dataclasses.replace(
         batch, **extra,
         temperature=column((p.temperature for p in params), np.float32, 0.0),
         top_k=column((max(p.top_k, 0) for p in params), np.int32, 0),
         top_p=column((p.top_p for p in params), np.float32, 1.0),
         min_p=column((p.min_p for p in params), np.float32, 0.0),
-        seeds=column((r.seed for r in requests), np.uint32, 0),
-        positions=column((r.num_tokens for r in requests), np.int32, 0),
+        seeds=column((r.seed for r in seqs), np.uint32, 0),
+        positions=column((r.num_tokens for r in seqs), np.int32, 0),
         presence=column((p.presence_penalty for p in params), np.float32, 0.0),
         frequency=column((p.frequency_penalty for p in params), np.float32, 0.0),
         repetition=column((p.repetition_penalty for p in params), np.float32, 1.0))
@@ -135,27 +135,27 @@ def empty_sampling_batch(num_rows: int, flags: SamplerFlags, vocab_size: int, pe
         presence=f32(0.0), frequency=f32(0.0), repetition=f32(1.0), flags=flags)
 
 
-def token_mask(requests: list, vocab_size: int, grammar_bitmask: np.ndarray | None) -> np.ndarray | None:
-    """[len(requests), bitmask_width] int32: what each row may sample now (its grammar, its allowed_token_ids,
+def token_mask(seqs: list, vocab_size: int, grammar_bitmask: np.ndarray | None) -> np.ndarray | None:
+    """[len(seqs), bitmask_width] int32: what each row may sample now (its grammar, its allowed_token_ids,
     less its banned tokens), or None when no row is restricted.
 
     A grammar row whose controls leave it nothing (min_tokens banning the EOS that is all a finished grammar
     allows; allowed_token_ids outside the grammar) keeps its grammar's mask: its output stays valid.
     """
-    restricted = [(i, r) for i, r in enumerate(requests) if r.sampling_params.allowed_token_ids is not None
+    restricted = [(i, r) for i, r in enumerate(seqs) if r.sampling_params.allowed_token_ids is not None
                   or _banned_tokens(r, r.sampling_params)]
     if grammar_bitmask is None and not restricted:
         return None
-    mask = (np.array(grammar_bitmask[: len(requests)], np.int32) if grammar_bitmask is not None
-            else np.full((len(requests), bitmask_width(vocab_size)), ALL_ALLOWED, np.int32))
-    for i, request in restricted:
-        params = request.sampling_params
+    mask = (np.array(grammar_bitmask[: len(seqs)], np.int32) if grammar_bitmask is not None
+            else np.full((len(seqs), bitmask_width(vocab_size)), ALL_ALLOWED, np.int32))
+    for i, seq in restricted:
+        params = seq.sampling_params
         row = mask[i].view(np.uint32).copy()
         if params.allowed_token_ids is not None:
             row &= allowed_token_mask(params, vocab_size)
-        banned = np.array([t for t in _banned_tokens(request, params) if t < vocab_size], np.int64)
+        banned = np.array([t for t in _banned_tokens(seq, params) if t < vocab_size], np.int64)
         np.bitwise_and.at(row, banned // 32, ~(np.uint32(1) << (banned % 32).astype(np.uint32)))
-        if request.grammar is None or row.any():
+        if seq.grammar is None or row.any():
             mask[i] = row.view(np.int32)
     return mask
 
@@ -182,10 +182,10 @@ def _bias_arrays(params: list, num_rows: int, vocab_size: int) -> dict:
     return {"bias_ids": ids, "bias_values": values}
 
 
-def _penalty_arrays(requests: list, shape: tuple[int, int], vocab_size: int) -> dict:
+def _penalty_arrays(seqs: list, shape: tuple[int, int], vocab_size: int) -> dict:
     ids = np.full(shape, vocab_size, np.int32)
     num_prompt = np.zeros(shape[0], np.int32)
-    for row, r in enumerate(requests):
+    for row, r in enumerate(seqs):
         if r.sampling_params.uses_penalties:
             tokens = r.all_token_ids
             ids[row, : len(tokens)] = tokens

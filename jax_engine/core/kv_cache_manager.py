@@ -1,7 +1,7 @@
-"""Per-request block tables over device and host block pools, with prefix caching and swapping.
+"""Per-sequence block tables over device and host block pools, with prefix caching and swapping.
 
 Decisions match `reference.block_manager.BlockManager` call for call; the differences are for speed:
-block hashes are computed once per full block and remembered per request, and tables are lists of ints.
+block hashes are computed once per full block and remembered per sequence, and tables are lists of ints.
 """
 
 from collections.abc import Sequence
@@ -59,9 +59,9 @@ class KVCacheManager:
         self._cache_salts[seq_id] = salt
 
     def _hashes(self, seq_id: str, token_ids: Sequence[int], num_blocks: int) -> list[BlockHash]:
-        """The first `num_blocks` chained block hashes of a request, each computed only once.
+        """The first `num_blocks` chained block hashes of a sequence, each computed only once.
 
-        A request's tokens are append-only, so a full block's hash never changes while it lives.
+        A sequence's tokens are append-only, so a full block's hash never changes while it lives.
         """
         hashes = self.block_hashes.setdefault(seq_id, [])
         bs = self.block_size
@@ -152,7 +152,7 @@ class KVCacheManager:
             self._cache_salts[child_id] = self._cache_salts[parent_id]
 
     def free(self, seq_id: str) -> None:
-        """Release blocks tail first, so a request's tail is evicted before its prefix."""
+        """Release blocks tail first, so a sequence's tail is evicted before its prefix."""
         pool = self.host if seq_id in self.swapped_out else self.device
         for block in reversed(self.block_tables.pop(seq_id)):
             pool.free(block)
@@ -179,7 +179,7 @@ class KVCacheManager:
         self._cache_salts.pop(seq_id, None)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached block. Refused (False, nothing forgotten) while a request holds blocks."""
+        """Forget every cached block. Refused (False, nothing forgotten) while a sequence holds blocks."""
         if self.block_tables:
             return False
         self.device.forget_cached_blocks()
