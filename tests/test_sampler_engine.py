@@ -15,19 +15,19 @@ from reference.sampler import filtered_probs, processed_logits
 VOCAB = 32
 
 
-def make_request(params: SamplingParams, seed: int = 0, prompt=(1, 2, 3), output=()) -> Sequence:
-    request = Sequence("r", "r", 0, list(prompt), params, 0, seed, params.max_tokens or 16, (0,), None,
-                      RequestMetrics(0.0))
-    request.all_token_ids += list(output)
-    return request
+def make_sequence(params: SamplingParams, seed: int = 0, prompt=(1, 2, 3), output=()) -> Sequence:
+    seq = Sequence("r", "r", 0, list(prompt), params, 0, seed, params.max_tokens or 16, (0,), None,
+                   RequestMetrics(0.0))
+    seq.all_token_ids += list(output)
+    return seq
 
 
-def run(requests: list[Sequence], logits: np.ndarray, num_rows: int | None = None):
-    num_rows = num_rows or len(requests)
+def run(seqs: list[Sequence], logits: np.ndarray, num_rows: int | None = None):
+    num_rows = num_rows or len(seqs)
     padded = np.zeros((num_rows, logits.shape[1]), np.float32)
     padded[: len(logits)] = logits
-    result, _ = sample(padded, sampling_batch(requests, num_rows, logits.shape[1]))
-    return [np.asarray(x)[: len(requests)] for x in (result.tokens, result.logprobs, result.ranks,
+    result, _ = sample(padded, sampling_batch(seqs, num_rows, logits.shape[1]))
+    return [np.asarray(x)[: len(seqs)] for x in (result.tokens, result.logprobs, result.ranks,
                                                         result.top_ids, result.top_logprobs)]
 
 
@@ -38,8 +38,8 @@ def test_sampled_tokens_are_always_ones_the_reference_keeps(seed, temperature, t
     rng = np.random.default_rng(seed)
     logits = rng.normal(0, 2, (8, VOCAB)).astype(np.float32)
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    requests = [make_request(params, seed=seed + i) for i in range(8)]
-    tokens = run(requests, logits)[0]
+    seqs = [make_sequence(params, seed=seed + i) for i in range(8)]
+    tokens = run(seqs, logits)[0]
     for row, token in zip(logits, tokens):
         assert filtered_probs(row, params)[token] > 0
 
@@ -47,8 +47,8 @@ def test_sampled_tokens_are_always_ones_the_reference_keeps(seed, temperature, t
 def test_sampled_frequencies_follow_the_reference_distribution():
     logits = np.log(np.array([[0.4, 0.3, 0.15, 0.1, 0.05] + [1e-9] * 3], np.float32))
     params = SamplingParams(temperature=0.8, top_p=0.9)
-    requests = [make_request(params, seed=s) for s in range(2000)]
-    tokens = run(requests, np.repeat(logits, 2000, axis=0))[0]
+    seqs = [make_sequence(params, seed=s) for s in range(2000)]
+    tokens = run(seqs, np.repeat(logits, 2000, axis=0))[0]
     expected = filtered_probs(logits[0], params)
     counts = np.bincount(tokens, minlength=8) / 2000
     np.testing.assert_allclose(counts, expected, atol=0.035)  # ~3.5 standard errors at n = 2000
@@ -58,8 +58,8 @@ def test_a_seeded_row_draws_the_same_token_in_any_batch():
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 1, (16, VOCAB)).astype(np.float32)
     params = SamplingParams(temperature=1.0, seed=42)
-    alone = [run([make_request(params, seed=42)], logits[i : i + 1])[0][0] for i in range(16)]
-    batched = run([make_request(params, seed=42) for _ in range(16)], logits, num_rows=32)[0]
+    alone = [run([make_sequence(params, seed=42)], logits[i : i + 1])[0][0] for i in range(16)]
+    batched = run([make_sequence(params, seed=42) for _ in range(16)], logits, num_rows=32)[0]
     assert list(batched) == alone
     assert len(set(alone)) > 1
 
@@ -68,8 +68,8 @@ def test_the_position_being_sampled_changes_the_draw():
     """Same seed, same logits: the uniform comes from (seed, position), so later positions draw anew."""
     flat = np.zeros((1, VOCAB), np.float32)
     params = SamplingParams(temperature=1.0, seed=42)
-    draws = [run([make_request(params, seed=42, output=[5] * k)], flat)[0][0] for k in range(16)]
-    again = [run([make_request(params, seed=42, output=[5] * k)], flat)[0][0] for k in range(16)]
+    draws = [run([make_sequence(params, seed=42, output=[5] * k)], flat)[0][0] for k in range(16)]
+    again = [run([make_sequence(params, seed=42, output=[5] * k)], flat)[0][0] for k in range(16)]
     assert draws == again  # seeded: the same position draws the same token
     assert len(set(draws)) > 4  # 16 draws over 32 equally likely tokens: one repeated value would be a bug
 
@@ -79,15 +79,15 @@ def test_greedy_rows_take_the_argmax_beside_sampled_rows():
     rng = np.random.default_rng(1)
     logits = rng.normal(0, 1, (16, VOCAB)).astype(np.float32)
     greedy, sampled = SamplingParams(temperature=0), SamplingParams(temperature=1.0)
-    requests = [make_request(greedy if i % 2 else sampled, seed=i) for i in range(16)]
-    tokens = run(requests, logits)[0]
+    seqs = [make_sequence(greedy if i % 2 else sampled, seed=i) for i in range(16)]
+    tokens = run(seqs, logits)[0]
     assert list(tokens[1::2]) == list(logits[1::2].argmax(axis=1))
     assert list(tokens[::2]) != list(logits[::2].argmax(axis=1))  # the sampled rows did sample
 
 
 def test_greedy_logprobs_and_ranks():
     logits = np.array([[1.0, 3.0, 2.0, 0.0]], np.float32)
-    tokens, logprobs, ranks, top_ids, top_logprobs = run([make_request(SamplingParams(temperature=0, logprobs=2))], logits)
+    tokens, logprobs, ranks, top_ids, top_logprobs = run([make_sequence(SamplingParams(temperature=0, logprobs=2))], logits)
     expected = logits[0] - np.log(np.exp(logits[0]).sum())  # float64; the sampler's log-softmax is float32
     assert tokens[0] == 1 and ranks[0] == 1 and logprobs[0] == pytest.approx(expected[1], abs=1e-6)
     assert list(top_ids[0][:2]) == [1, 2] and top_logprobs[0][:2] == pytest.approx(expected[[1, 2]], abs=1e-6)
@@ -96,21 +96,21 @@ def test_greedy_logprobs_and_ranks():
 def test_penalties_follow_vllm():
     logits = np.array([[3.0, 2.9, -1.0, 0.5]], np.float32)
     # Token 0 was generated twice: a frequency penalty of 0.1 per occurrence lets token 1 win.
-    freq = make_request(SamplingParams(temperature=0, frequency_penalty=0.1), output=[0, 0])
+    freq = make_sequence(SamplingParams(temperature=0, frequency_penalty=0.1), output=[0, 0])
     assert run([freq], logits)[0][0] == 1
     # Repetition penalty 1.2 divides the positive logit of a seen token (3.0 -> 2.5 < 2.9).
-    rep = make_request(SamplingParams(temperature=0, repetition_penalty=1.2), prompt=[0])
+    rep = make_sequence(SamplingParams(temperature=0, repetition_penalty=1.2), prompt=[0])
     assert run([rep], logits)[0][0] == 1
     # Presence penalty subtracts once, however often the token appeared.
-    pres = make_request(SamplingParams(temperature=0, presence_penalty=0.05), output=[0, 0, 0])
+    pres = make_sequence(SamplingParams(temperature=0, presence_penalty=0.05), output=[0, 0, 0])
     assert run([pres], logits)[0][0] == 0
 
 
 def test_min_tokens_bans_stop_and_eos_tokens():
     logits = np.array([[5.0, 4.0, 1.0, 0.0]], np.float32)  # token 0 is EOS here
-    early = make_request(SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[1]))
+    early = make_sequence(SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[1]))
     assert run([early], logits)[0][0] == 2
-    done = make_request(SamplingParams(temperature=0, min_tokens=2), output=[3, 3])
+    done = make_sequence(SamplingParams(temperature=0, min_tokens=2), output=[3, 3])
     assert run([done], logits)[0][0] == 0
 
 
@@ -130,7 +130,7 @@ def test_token_controls_follow_the_reference(seed, temperature, allowed, bias, b
     if np.isneginf(expected).all():
         return  # every allowed token is a bad word here: nothing can be sampled
     plain = SamplingParams(temperature=temperature, seed=seed)
-    tokens = run([make_request(params, seed=seed, output=output), make_request(plain, seed=seed)], logits)[0]
+    tokens = run([make_sequence(params, seed=seed, output=output), make_sequence(plain, seed=seed)], logits)[0]
     if temperature == 0:
         assert tokens[0] == np.argmax(expected)
         assert tokens[1] == np.argmax(logits[1])
@@ -141,11 +141,11 @@ def test_token_controls_follow_the_reference(seed, temperature, allowed, bias, b
 def test_logit_bias_and_allowed_tokens_move_the_distribution():
     flat = np.zeros((2000, VOCAB), np.float32)
     biased = SamplingParams(temperature=1.0, logit_bias={3: 2.0})
-    tokens = run([make_request(biased, seed=s) for s in range(2000)], flat)[0]
+    tokens = run([make_sequence(biased, seed=s) for s in range(2000)], flat)[0]
     expected = np.exp(2.0) / (np.exp(2.0) + VOCAB - 1)  # ~0.19 for token 3, 1/39 for each other
     assert abs(np.mean(tokens == 3) - expected) < 0.035
     allowed = SamplingParams(temperature=1.0, allowed_token_ids=[4, 9])
-    tokens = run([make_request(allowed, seed=s) for s in range(200)], flat[:200])[0]
+    tokens = run([make_sequence(allowed, seed=s) for s in range(200)], flat[:200])[0]
     assert set(tokens) == {4, 9}
 
 
@@ -161,9 +161,9 @@ def test_a_grammar_bitmask_keeps_what_the_reference_allows(seed, temperature, al
         bitmask[0, t // 32] |= np.uint32(1 << (t % 32))
     bitmask[1] = 0xFFFFFFFF
     params = SamplingParams(temperature=temperature, seed=seed)
-    requests = [make_request(params, seed=seed), make_request(params, seed=seed)]
-    result, _ = sample(logits, sampling_batch(requests, 2, vocab, bitmask.view(np.int32)))
-    plain, _ = sample(logits, sampling_batch(requests, 2, vocab))
+    seqs = [make_sequence(params, seed=seed), make_sequence(params, seed=seed)]
+    result, _ = sample(logits, sampling_batch(seqs, 2, vocab, bitmask.view(np.int32)))
+    plain, _ = sample(logits, sampling_batch(seqs, 2, vocab))
     reference_params = SamplingParams(temperature=temperature, seed=seed, allowed_token_ids=allowed)
     expected = processed_logits(logits[0], reference_params)
     token = int(result.tokens[0])
@@ -179,7 +179,7 @@ def test_controls_that_leave_a_grammar_row_nothing_give_way_to_the_grammar():
     greedy and a sampled row; a row whose controls leave something keeps them."""
     logits = np.random.default_rng(0).normal(0, 1, (3, VOCAB)).astype(np.float32)
     only_eos = np.array([[1], [1], [0b1110]], np.int32)  # rows 0, 1: token 0; row 2: tokens 1-3
-    requests = [make_request(SamplingParams(temperature=t, min_tokens=5, seed=1)) for t in (0.0, 1.0)]
-    requests.append(make_request(SamplingParams(temperature=0, allowed_token_ids=[2, 9])))
-    result, _ = sample(logits, sampling_batch(requests, 3, VOCAB, only_eos))
+    seqs = [make_sequence(SamplingParams(temperature=t, min_tokens=5, seed=1)) for t in (0.0, 1.0)]
+    seqs.append(make_sequence(SamplingParams(temperature=0, allowed_token_ids=[2, 9])))
+    result, _ = sample(logits, sampling_batch(seqs, 3, VOCAB, only_eos))
     assert [int(t) for t in result.tokens] == [0, 0, 2]
