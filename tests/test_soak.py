@@ -74,7 +74,9 @@ def main() -> None:
         log = (pathlib.Path(directory) / "server.log").read_text()
     report["tracebacks_in_log"] = log.count("Traceback")
     print(json.dumps(report, indent=2))
-    failed = (report["num_5xx"] or not report["idle_with_every_block_free"] or report["tracebacks_in_log"]
+    hung_or_dropped = any(o.startswith("transport-error") for o in report["outcomes"])  # timeouts: 120 s hangs
+    failed = (report["num_5xx"] or hung_or_dropped or report["refused_valid_requests"]
+              or not report["idle_with_every_block_free"] or report["tracebacks_in_log"]
               or report["compilations_after_start_up"] or report["memory_maps_growth"] > MAX_MEMORY_MAPS_GROWTH
               or report["rss_slope_mb_per_1000_requests"] > MAX_RSS_SLOPE_MB_PER_1000)
     sys.exit(1 if failed else 0)
