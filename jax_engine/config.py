@@ -50,7 +50,7 @@ class EngineArgs:
             feature), "gguf" (a .gguf model's Q8_0 / Q4_0 / Q4_1 blocks kept as the file has them, vLLM's
             name), or None to keep them in dtype (a GGUF file's blocks are then dequantized).
         enforce_eager: compile each step shape on first use (a stall mid-stream) instead of compiling or
-            loading every one at start-up (jax_engine/compile_shapes.py), as vLLM's flag skips CUDA graphs.
+            loading every one at start-up (jax_engine/runner/compile_shapes.py), as vLLM's flag skips CUDA graphs.
         compilation_cache_dir: where compiled programs are kept between runs; "auto" is
             $JAX_ENGINE_CACHE_DIR/compiled (~/.cache/jax_engine/compiled), "" keeps nothing.
         generation_config: where requests' default sampling parameters come from: "auto", the model's

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import jax
 
 from jax_engine.beam_search import BeamSearchParams
-from jax_engine.compile_shapes import compile_step_shapes
+from jax_engine.runner.compile_shapes import compile_step_shapes
 from jax_engine.config import EngineArgs, resolve_scheduler_config
 from jax_engine.distributed import multihost
 from jax_engine.core.scheduler import Scheduler
@@ -32,7 +32,7 @@ from jax_engine.outputs import RequestMetrics, RequestOutput
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
 from jax_engine.sequence_group import SequenceFactory, SequenceGroup
-from jax_engine.step_sampler import StepSampler
+from jax_engine.sample.step_sampler import StepSampler
 from jax_engine.structured_output.grammar import GrammarCompiler
 from jax_engine.worker import init_devices, load_model
 from reference.request import RequestStatus

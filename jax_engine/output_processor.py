@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from jax_engine.beam_search import BeamSearchSequence, beam_score
 from jax_engine.core.scheduler_output import SchedulerOutput
 from jax_engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
-from jax_engine.sampler import SampledToken
+from jax_engine.sample.sampler import SampledToken
 from jax_engine.sequence import Sequence
 from jax_engine.sequence_group import SequenceGroup
 from reference.request import RequestStatus

@@ -12,7 +12,7 @@ import numpy as np
 from jax_engine.beam_search import BeamSearchParams, BeamSearchSequence, BeamUpdate, select_candidates
 from jax_engine.detokenizer import IncrementalDetokenizer
 from jax_engine.outputs import RequestMetrics
-from jax_engine.sampler import SampledToken
+from jax_engine.sample.sampler import SampledToken
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
 from jax_engine.structured_output.grammar import GrammarCompiler

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from jax.sharding import Mesh
 
 from jax_engine.attention import AttentionBackend, get_attention_backend
-from jax_engine.compile_shapes import use_compilation_cache
+from jax_engine.runner.compile_shapes import use_compilation_cache
 from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_dtype
 from jax_engine.core.kv_cache_manager import CacheConfig
 from jax_engine.distributed import multihost
 from jax_engine.distributed.tensor_parallel import make_mesh
 from jax_engine.loader import Checkpoint
-from jax_engine.model_runner import ModelRunner
+from jax_engine.runner.model_runner import ModelRunner
 from jax_engine.models import CausalLM
 from reference.scheduler import SchedulerConfig
 

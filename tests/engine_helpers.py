@@ -5,7 +5,7 @@ import numpy as np
 
 from jax_engine.attention import get_attention_backend
 from jax_engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
-from jax_engine.model_runner import ModelRunner
+from jax_engine.runner.model_runner import ModelRunner
 from jax_engine.models import CausalLM
 from jax_engine.outputs import RequestMetrics
 from jax_engine.sampling_params import SamplingParams

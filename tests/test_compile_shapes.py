@@ -19,7 +19,7 @@ from jax import monitoring
 
 from jax_engine import SamplingParams
 from jax_engine.attention.cpu import kernel_unavailable_reason
-from jax_engine.compile_shapes import startup_programs
+from jax_engine.runner.compile_shapes import startup_programs
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu" or kernel_unavailable_reason() is not None,
                                 reason="start-up compiles the ragged layout of the CPU default backend")
@@ -148,7 +148,7 @@ def test_an_unreadable_stored_program_is_compiled_again(make_llm, store, tmp_pat
 
 
 def test_programs_of_other_source_versions_are_deleted_after_a_week_unused(tmp_path):
-    from jax_engine.executable_store import ExecutableStore
+    from jax_engine.runner.executable_store import ExecutableStore
 
     old, recent = tmp_path / "0123456789abcdef", tmp_path / "fedcba9876543210"
     for folder in (old, recent):
@@ -216,3 +216,14 @@ def test_requests_with_any_sampler_options_compile_nothing_after_start_up(make_l
     assert compiles(events) == [] and llm.llm_engine.runner.programs.num_late_compiles == 0
     # One late sampler program alone added ~175 maps and ~5.5 MB.
     assert maps <= 20 and maps_again <= 5 and resident_again <= 16 * 2**20
+
+
+def test_the_store_key_covers_every_source_file_of_the_engine():
+    """A stored program is keyed by a digest of the engine's source: all of jax_engine/, whatever folder the store
+    itself lives in (an edit anywhere may change what a program computes)."""
+    import pathlib
+
+    import jax_engine
+    from jax_engine.runner.executable_store import SOURCE_ROOT
+
+    assert SOURCE_ROOT == pathlib.Path(jax_engine.__file__).parent

@@ -7,7 +7,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from jax_engine.core.kv_cache_manager import CacheConfig, KVCacheManager
 from jax_engine.core.scheduler import Scheduler
-from jax_engine.sampler import SampledToken
+from jax_engine.sample.sampler import SampledToken
 from jax_engine.sampling_params import SamplingParams
 from reference import BlockManager
 from reference import Request as ReferenceRequest

@@ -282,7 +282,7 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     """A decode step of a few rows copies no weight matrix out of the stacked layers: the few-rows kernel takes
     the whole stack and the layer index. (XLA's dot, for more rows, reads a sliced copy: see models/llama.py.)
     Slicing out each layer's matrices would add a copy of the model's weights to a step that only reads them."""
-    from jax_engine.device_programs import STEP
+    from jax_engine.runner.device_programs import STEP
 
     runner = llm.llm_engine.runner
     seen = []
@@ -302,7 +302,7 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
 def test_a_step_updates_the_kv_cache_in_place(llm, num_tokens):
     """No step copies the cache or rewrites it whole. A one-token step's scatter became a dynamic-update-slice
     that XLA:CPU did not do in place: every layer rewrote the whole cache (2 s a step with a 1 GB cache)."""
-    from jax_engine.device_programs import STEP, step_example
+    from jax_engine.runner.device_programs import STEP, step_example
 
     runner = llm.llm_engine.runner
     cache = runner.k_cache

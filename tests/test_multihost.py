@@ -50,11 +50,10 @@ def test_two_hosts_serve_one_split_model(tmp_path, unsplit_texts, devices_per_ho
 
 def test_workers_repeat_the_caller_of_every_device_program():
     """The driver broadcasts the calls of the runner methods that run device programs, a list read from the
-    runner's program table (jax_engine/device_programs.py): a program added there is repeated by the workers."""
-    from jax_engine.device_programs import DEVICE_PROGRAMS
-    from jax_engine.distributed.multihost import DEVICE_CALLS
-    from jax_engine.model_runner import ModelRunner
+    runner's program table (jax_engine/runner/device_programs.py): a program added there is repeated by the workers."""
+    from jax_engine.runner.device_programs import DEVICE_PROGRAMS
+    from jax_engine.runner.model_runner import ModelRunner
 
-    assert DEVICE_CALLS == {"execute", "sample", "token_logprobs", "all_logits", "apply_block_moves"}
+    assert ModelRunner.DEVICE_CALLS == {"execute", "sample", "token_logprobs", "all_logits", "apply_block_moves"}
     assert all(callable(getattr(ModelRunner, program.caller)) for program in DEVICE_PROGRAMS)
     assert len({program.name for program in DEVICE_PROGRAMS}) == len(DEVICE_PROGRAMS)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_engine.program_cache import ProgramCache
+from jax_engine.runner.program_cache import ProgramCache
 
 
 @jax.jit
@@ -29,7 +29,7 @@ def _run_shapes(cache: ProgramCache, sizes) -> None:
 
 def test_late_programs_are_bounded_and_evicted_ones_are_freed(caplog):
     cache = ProgramCache(max_late_programs=4)
-    with caplog.at_level(logging.INFO, logger="jax_engine.program_cache"):
+    with caplog.at_level(logging.INFO, logger="jax_engine.runner.program_cache"):
         _run_shapes(cache, range(1, 41))
     assert len(cache.late) <= 4 and cache.num_late_compiles == 40 and cache.num_evictions >= 36
     assert "compiled sum after start-up" in caplog.text and "an array of 40" in caplog.text

@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jax_engine.outputs import RequestMetrics
-from jax_engine.sampler import sample
-from jax_engine.sampling_batch import sampling_batch
+from jax_engine.sample.sampler import sample
+from jax_engine.sample.sampling_batch import sampling_batch
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
 from reference.sampler import filtered_probs, processed_logits

@@ -105,7 +105,7 @@ def test_a_dead_engine_fails_in_flight_requests_then_the_server_shuts_down(tiny_
 
 FAULTY_SERVE = """
 import pathlib, sys
-from jax_engine.model_runner import ModelRunner
+from jax_engine.runner.model_runner import ModelRunner
 
 trigger, execute = pathlib.Path(sys.argv[1]), ModelRunner.execute
 

@@ -206,7 +206,7 @@ def test_a_token_its_grammar_rejects_ends_that_sequence_alone(llm, caplog):
     blocks; the sequence beside it takes its token as usual."""
     from jax_engine.core.kv_cache_manager import CacheConfig
     from jax_engine.core.scheduler import Scheduler
-    from jax_engine.sampler import SampledToken
+    from jax_engine.sample.sampler import SampledToken
     from reference.request import RequestStatus
     from tests.engine_helpers import sequence
 

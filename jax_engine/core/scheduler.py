@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:  # the sampler imports jax; the scheduler is host bookkeeping only
     from jax_engine.beam_search import BeamUpdate
-    from jax_engine.sampler import SampledToken
+    from jax_engine.sample.sampler import SampledToken
 
 
 class _ArrivalQueue:

@@ -24,12 +24,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jax_engine.buckets import bucket
-from jax_engine.device_programs import DEVICE_PROGRAMS
 
 logger = logging.getLogger(__name__)
 
-# The model runner's methods that run programs on the devices: the workers make each of these calls too.
-DEVICE_CALLS = frozenset(program.caller for program in DEVICE_PROGRAMS)
 _SHUTDOWN = "shutdown"
 
 
@@ -74,12 +71,13 @@ class DriverRunner:
 
     def __init__(self, runner) -> None:
         self._runner = runner
+        self._device_calls = runner.DEVICE_CALLS  # the methods that run device programs: the workers repeat them
         self._outputs: tuple = ()
         atexit.register(self.shutdown)
 
     def __getattr__(self, name: str):
         attribute = getattr(self._runner, name)
-        if name not in DEVICE_CALLS:
+        if name not in self._device_calls:
             return attribute
 
         def call(*args):

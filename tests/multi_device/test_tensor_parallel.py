@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
-from jax_engine.compile_shapes import startup_programs
+from jax_engine.runner.compile_shapes import startup_programs
 from jax_engine.distributed.tensor_parallel import head_layout, make_mesh
 from jax_engine.loader import load_checkpoint
 from tests.engine_helpers import engine_logits

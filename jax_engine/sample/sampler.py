@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_engine.sampling_batch import STAGES, SamplingBatch
+from jax_engine.sample.sampling_batch import STAGES, SamplingBatch
 from jax_engine.sampling_params import MAX_LOGPROBS
 
 _NEG_INF = -jnp.inf

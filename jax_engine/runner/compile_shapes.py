@@ -14,7 +14,7 @@ and in for every bucket of blocks. Each device program declares its start-up sha
 logged with its cause.
 
 Compiled programs are kept on disk twice over: in an ExecutableStore under our own key, which a second start
-loads without tracing anything (jax_engine/executable_store.py), and in JAX's persistent compilation cache,
+loads without tracing anything (jax_engine/runner/executable_store.py), and in JAX's persistent compilation cache,
 which serves the programs compiled on first use.
 
 The padded layout (xla, pallas) has shapes along more axes (decode rows, prefill chunk, context width); it
@@ -32,9 +32,9 @@ import jax
 from tqdm.auto import tqdm
 
 from jax_engine import native
-from jax_engine.device_programs import DEVICE_PROGRAMS, ProgramCall, StartupShapes
-from jax_engine.executable_store import ExecutableStore
-from jax_engine.model_runner import ModelRunner
+from jax_engine.runner.device_programs import DEVICE_PROGRAMS, ProgramCall, StartupShapes
+from jax_engine.runner.executable_store import ExecutableStore
+from jax_engine.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A step's sampling on the host side: which rows sample, the grammar masks, and faults that stay with their request.
 
-The model runner samples rows of logits on the device (jax_engine/sampler.py). Around that call the engine
+The model runner samples rows of logits on the device (jax_engine/sample/sampler.py). Around that call the engine
 must decide who samples from which row (a parallel sample reads its parent's row on the step its parent's
 prompt is done, then forks), fill the structured-output masks on the host while the device still runs the
 forward pass, and keep one request's bad values from failing the others: a request whose grammar matcher
@@ -9,18 +9,21 @@ broke, or whose values do not pack into the sampler's arrays, fails alone and th
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
-from jax_engine.model_runner import ModelRunner
-from jax_engine.sampler import SampledToken
-from jax_engine.sampling_batch import sampling_batch
+from jax_engine.sample.sampler import SampledToken
+from jax_engine.sample.sampling_batch import sampling_batch
 from jax_engine.sequence import Sequence
 from jax_engine.structured_output.grammar import GrammarCompiler
+
+if TYPE_CHECKING:  # the runner imports the sampler; the step sampler only calls the runner it is given
+    from jax_engine.runner.model_runner import ModelRunner
 
 FailingAlone = Callable[[Sequence], AbstractContextManager]  # LLMEngine._failing_alone
 
 
 class StepSampler:
-    def __init__(self, runner: ModelRunner, grammar_compiler: GrammarCompiler, vocab_size: int,
+    def __init__(self, runner: "ModelRunner", grammar_compiler: GrammarCompiler, vocab_size: int,
                  failing_alone: FailingAlone) -> None:
         self.runner = runner
         self.grammar_compiler = grammar_compiler

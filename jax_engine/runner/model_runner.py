@@ -4,8 +4,8 @@ Every shape is rounded up to a bucket (powers of two, the rows sampled among the
 for the token count past 16; 1.5 x powers of two for the context length on the padded layout), so the number of
 compilations stays small and a steady state (same buckets) never recompiles. On the ragged layout every
 shape of the model step follows from the token bucket alone, so start-up can compile them all
-(jax_engine/compile_shapes.py) into `programs`, which the runner calls instead of the jitted functions (each
-declared once, in jax_engine/device_programs.py).
+(jax_engine/runner/compile_shapes.py) into `programs`, which the runner calls instead of the jitted functions (each
+declared once, in jax_engine/runner/device_programs.py).
 The KV cache is donated to each step and updated in place.
 """
 
@@ -19,13 +19,13 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
 from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
 from jax_engine.core.scheduler_output import SchedulerOutput
-from jax_engine.device_programs import (ALL_LOGITS, COPY, LOGITS, SAMPLE, SCORED_ROWS, STEP, SWAP_IN, SWAP_OUT,
-                                        TOKEN_LOGPROBS, DeviceProgram, block_move_bucket)
+from jax_engine.runner.device_programs import (ALL_LOGITS, COPY, DEVICE_CALLS, LOGITS, SAMPLE, SCORED_ROWS, STEP,
+                                               SWAP_IN, SWAP_OUT, TOKEN_LOGPROBS, DeviceProgram, block_move_bucket)
 from jax_engine.models import CausalLM
-from jax_engine.program_cache import ProgramCache
-from jax_engine.recycled_buffers import RecycledBuffers
-from jax_engine.sampler import SampledToken, to_host
-from jax_engine.sampling_batch import STAGES, SamplingBatch, sampling_batch
+from jax_engine.runner.program_cache import ProgramCache
+from jax_engine.runner.recycled_buffers import RecycledBuffers
+from jax_engine.sample.sampler import SampledToken, to_host
+from jax_engine.sample.sampling_batch import STAGES, SamplingBatch, sampling_batch
 from reference.block_manager import cdiv
 
 
@@ -72,6 +72,8 @@ class StepInputs:
 
 class ModelRunner:
     """Owns the model weights and the device KV cache; executes one scheduled step at a time."""
+
+    DEVICE_CALLS = DEVICE_CALLS  # its methods that run device programs (multi-host wiring repeats them)
 
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
                  max_model_len: int, max_num_seqs: int, backend: AttentionBackend, dtype) -> None:

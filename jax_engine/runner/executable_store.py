@@ -32,7 +32,7 @@ from jax_engine import native
 
 logger = logging.getLogger(__name__)
 
-SOURCE_ROOT = Path(__file__).parent
+SOURCE_ROOT = Path(__file__).parents[1]  # jax_engine/, every folder of it
 SOURCE_SUFFIXES = (".py", ".cc", ".h")
 STALE_AFTER_SECONDS = 7 * 24 * 3600  # programs of other source versions are deleted after a week unused
 

@@ -4,7 +4,7 @@ how its key follows from its arguments, and example arguments for every shape st
     program          caller              shapes start-up compiles (up to StartupShapes)
     step             execute             every token bucket
     logits           sample              every row bucket
-    sample           sample              every row bucket x the sampler's four programs (sampling_batch.py)
+    sample           sample              every row bucket x the sampler's four programs (sample/sampling_batch.py)
     token_logprobs   token_logprobs      SCORED_ROWS rows
     all_logits       all_logits          none (tests compare logits with it): compiled on first use
     copy             apply_block_moves   every bucket of blocks copied on write
@@ -28,11 +28,11 @@ import numpy as np
 
 from jax_engine.attention.metadata import AttentionMetadata
 from jax_engine.buckets import all_buckets, bucket, bucket_tokens
-from jax_engine.sampler import sample, token_logprobs
-from jax_engine.sampling_batch import SAMPLER_PROGRAMS, empty_sampling_batch
+from jax_engine.sample.sampler import sample, token_logprobs
+from jax_engine.sample.sampling_batch import SAMPLER_PROGRAMS, empty_sampling_batch
 
 if TYPE_CHECKING:  # the runner imports this table; the examples only read its attributes
-    from jax_engine.model_runner import ModelRunner
+    from jax_engine.runner.model_runner import ModelRunner
 
 # Prompt positions scored per call of _token_logprobs: one program, whatever a step's size.
 SCORED_ROWS = 64
@@ -236,3 +236,5 @@ SWAP_OUT = DeviceProgram("swap_out", _gather_blocks, "apply_block_moves", lambda
 SWAP_IN = DeviceProgram("swap_in", _scatter_blocks, "apply_block_moves", lambda cache, blocks, dst: (dst.shape[0],),
                         _swap_in_examples)
 DEVICE_PROGRAMS = (STEP, LOGITS, SAMPLE, TOKEN_LOGPROBS, ALL_LOGITS, COPY, SWAP_OUT, SWAP_IN)
+# The runner methods that run these programs: multi-host wiring repeats each such call on every host.
+DEVICE_CALLS = frozenset(program.caller for program in DEVICE_PROGRAMS)
