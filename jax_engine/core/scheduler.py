@@ -57,6 +57,8 @@ class Scheduler:
         self.config = config
         self.kv = KVCacheManager.from_config(cache_config)
         self.waiting, self.running, self.swapped = _ArrivalQueue(), _ArrivalQueue(), _ArrivalQueue()
+        self._queues = {RequestStatus.WAITING: self.waiting, RequestStatus.RUNNING: self.running,
+                        RequestStatus.SWAPPED: self.swapped}  # where a sequence of each status waits
         self.seqs: dict[str, Sequence] = {}  # every unfinished sequence, by seq_id
         self.num_preemptions = 0
 
@@ -155,8 +157,7 @@ class Scheduler:
                 self._finish(seq, status)
 
     def _finish(self, seq: Sequence, status: RequestStatus) -> None:
-        queue = {RequestStatus.WAITING: self.waiting, RequestStatus.RUNNING: self.running,
-                 RequestStatus.SWAPPED: self.swapped}.get(seq.status)
+        queue = self._queues.get(seq.status)
         if queue is not None and seq in queue.items:  # a parallel sample not forked yet waits in no queue
             queue.remove(seq)
         if seq.seq_id in self.kv.block_tables:
