@@ -1,12 +1,55 @@
-"""Pieces both attention kernels share: the online-softmax step, the sliding-window and ALiBi terms,
-tensor-core row padding, and shape checks."""
+"""Pieces the kernels share: the online-softmax step, the sliding-window and ALiBi terms, padding to the
+shapes Triton accepts, and shape checks.
+
+Triton's lowering takes only arrays whose every dimension is a power of two (and tl.dot at least 16 rows).
+So the query heads of a KV-head group are padded to a power of two (GQA group 3: SmolLM2's 9 query heads over
+3 KV heads), and a head dimension that is not one (80, 96: GPT-NeoX, Phi-3) is read as the next power of two
+with a masked load: the columns past it read as zeros, which add nothing to a dot product, and are never
+stored. The cache keeps its real head dimension; only the in-kernel arrays are padded.
+"""
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 MIN_ROWS = 16  # tl.dot needs at least 16 rows: query heads of a group are padded up to this
 NEG = float(jnp.finfo(jnp.float32).min)  # the logit of a key a query may not see
+
+
+def padded_width(n: int) -> int:
+    """n rounded up to a power of two: the width of an in-kernel array holding n things."""
+    return pl.next_power_of_2(n)
+
+
+def pad_last_axis(x: jax.Array, width: int) -> jax.Array:
+    """x with zeros appended along its last axis up to `width`."""
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, width - x.shape[-1])])
+
+
+def load_blocks(cache_ref, layer, ids: jax.Array, head, padded_dim: int) -> jax.Array:
+    """Blocks `ids` [n] of KV head `head` in `layer` of a cache [L, NB, bs, K, D], as float32 [n * bs, padded_dim].
+
+    A head dimension short of padded_dim is gathered with index arrays on every axis (a form both Triton and
+    the interpreter take) and a mask: the columns past it read as zeros."""
+    block_size, head_dim = cache_ref.shape[2], cache_ref.shape[-1]
+    if head_dim == padded_dim:
+        blocks = cache_ref[layer, ids, :, head, :]
+    else:
+        columns = jnp.arange(padded_dim)
+        index = (layer, ids[:, None, None], jnp.arange(block_size)[None, :, None], head, columns[None, None, :])
+        mask = jnp.broadcast_to(columns < head_dim, (ids.shape[0], block_size, padded_dim))
+        blocks = plgpu.load(cache_ref.at[index], mask=mask, other=0)
+    return blocks.reshape(ids.shape[0] * block_size, padded_dim).astype(jnp.float32)
+
+
+def store_heads(ref, value: jax.Array, head_dim: int) -> None:
+    """value [W] stored into ref (a view of width W, a head dimension padded to a power of two): only the first
+    head_dim columns."""
+    if value.shape[-1] == head_dim:
+        ref[...] = value
+    else:
+        plgpu.store(ref, value, mask=jnp.arange(value.shape[-1]) < head_dim)
 
 
 def online_softmax_step(q, k, v, visible, carry, scale, bias=None):

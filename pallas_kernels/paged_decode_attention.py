@@ -19,8 +19,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import (MIN_ROWS, NEG, check_query_fits_cache, check_variant, online_softmax_step,
-                                    visible_and_bias, window_start)
+from pallas_kernels._common import (MIN_ROWS, NEG, check_query_fits_cache, check_variant, load_blocks,
+                                    online_softmax_step, pad_last_axis, padded_width, visible_and_bias, window_start)
 
 
 def _decode_kernel(layer_ref, lens_ref, tables_ref, slopes_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *,
@@ -28,12 +28,12 @@ def _decode_kernel(layer_ref, lens_ref, tables_ref, slopes_ref, q_ref, k_ref, v_
                    sliding_window: int | None, alibi: bool):
     # layer_ref [1]; lens_ref [1] (this sequence); tables_ref [C'] (this sequence's blocks, padded)
     # slopes_ref [M] (ALiBi slopes of this KV head's query group, padded; read only with alibi)
-    # q_ref [M, D] (one KV head's query group, padded); k_ref/v_ref [L, NB, bs, K, D] (whole cache)
-    # o_ref [M, D], m_ref [M], l_ref [M]: this partition's unnormalised output, max and sum
+    # q_ref [M, W] (one KV head's query group, padded; W: head_dim padded); k_ref/v_ref [L, NB, bs, K, D]
+    # (whole cache); o_ref [M, W], m_ref [M], l_ref [M]: this partition's unnormalised output, max and sum
     head, partition = pl.program_id(1), pl.program_id(2)
     layer, seq_len = layer_ref[0], lens_ref[0]
     q = q_ref[...].astype(jnp.float32)
-    rows, head_dim = q.shape
+    rows, padded_dim = q.shape
     keys_per_step = blocks_per_step * block_size
     # Partitions start at the window's first block, rounded down to a whole step (block 0 without a window).
     window_block = window_start(seq_len, sliding_window) // block_size
@@ -45,13 +45,12 @@ def _decode_kernel(layer_ref, lens_ref, tables_ref, slopes_ref, q_ref, k_ref, v_
     def body(i, carry):
         start = first_block + i * blocks_per_step
         ids = tables_ref[pl.ds(start, blocks_per_step)]
-        k = k_ref[layer, ids, :, head, :].reshape(keys_per_step, head_dim).astype(jnp.float32)
-        v = v_ref[layer, ids, :, head, :].reshape(keys_per_step, head_dim).astype(jnp.float32)
+        k, v = (load_blocks(ref, layer, ids, head, padded_dim) for ref in (k_ref, v_ref))
         key_pos = start * block_size + jnp.arange(keys_per_step)
         visible, bias = visible_and_bias(query_pos, key_pos, sliding_window, slopes)
         return online_softmax_step(q, k, v, visible, carry, scale, bias)
 
-    init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), NEG, jnp.float32), jnp.zeros((rows,), jnp.float32))
+    init = (jnp.zeros((rows, padded_dim), jnp.float32), jnp.full((rows,), NEG, jnp.float32), jnp.zeros((rows,), jnp.float32))
     steps = pl.cdiv(jnp.maximum(last_block - first_block, 0), blocks_per_step)
     acc, m, l = lax.fori_loop(0, steps, body, init)
     o_ref[...] = acc.astype(o_ref.dtype)
@@ -82,13 +81,14 @@ def _blocks_per_partition(num_columns: int, block_size: int, num_partitions: int
 def _launch_decode(layer, seq_lens, tables, q, alibi_slopes, k_cache, v_cache, *, num_partitions: int,
                    interpret: bool, **kernel_options) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One program per (sequence, KV head, partition) of _decode_kernel (its static arguments: kernel_options),
-    each over a KV head's group of query heads padded to `rows`; returns every partition's (o, m, l) of those
-    rows, for merge_partitions."""
+    each over a KV head's group of query heads padded to `rows` (and the head dimension to a power of two);
+    returns every partition's (o, m, l) of those rows, for merge_partitions."""
     batch, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[3]
+    num_kv_heads, padded_dim = k_cache.shape[3], padded_width(head_dim)
     group = num_heads // num_kv_heads
-    rows = max(MIN_ROWS, pl.next_power_of_2(group))
-    q_groups = jnp.pad(q.reshape(batch, num_kv_heads, group, head_dim), ((0, 0), (0, 0), (0, rows - group), (0, 0)))
+    rows = max(MIN_ROWS, padded_width(group))
+    q_groups = pad_last_axis(q.reshape(batch, num_kv_heads, group, head_dim), padded_dim)
+    q_groups = jnp.pad(q_groups, ((0, 0), (0, 0), (0, rows - group), (0, 0)))
     slopes = jnp.zeros(num_heads, jnp.float32) if alibi_slopes is None else alibi_slopes.astype(jnp.float32)
     slopes = jnp.pad(slopes.reshape(num_kv_heads, group), ((0, 0), (0, rows - group)))  # laid out as q_groups
     kernel = functools.partial(_decode_kernel, **kernel_options)
@@ -101,17 +101,17 @@ def _launch_decode(layer, seq_lens, tables, q, alibi_slopes, k_cache, v_cache, *
             pl.BlockSpec((1,), lambda b, h, p: (b,)),  # seq_lens
             pl.BlockSpec((None, tables.shape[1]), lambda b, h, p: (b, 0)),  # block_tables
             pl.BlockSpec((None, rows), lambda b, h, p: (h, 0)),  # alibi slopes
-            pl.BlockSpec((None, None, rows, head_dim), lambda b, h, p: (b, h, 0, 0)),  # q
+            pl.BlockSpec((None, None, rows, padded_dim), lambda b, h, p: (b, h, 0, 0)),  # q
             whole_cache,  # k_cache
             whole_cache,  # v_cache
         ],
         out_specs=[
-            pl.BlockSpec((None, None, None, rows, head_dim), lambda b, h, p: (p, b, h, 0, 0)),
+            pl.BlockSpec((None, None, None, rows, padded_dim), lambda b, h, p: (p, b, h, 0, 0)),
             pl.BlockSpec((None, None, None, rows), lambda b, h, p: (p, b, h, 0)),
             pl.BlockSpec((None, None, None, rows), lambda b, h, p: (p, b, h, 0)),
         ],
         out_shape=[
-            jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows, head_dim), jnp.float32),
+            jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows, padded_dim), jnp.float32),
             jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows), jnp.float32),
             jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, rows), jnp.float32),
         ],
@@ -166,5 +166,5 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                              blocks_per_step=blocks_per_step, blocks_per_partition=per_partition,
                              scale=scale or head_dim**-0.5, sliding_window=sliding_window,
                              alibi=alibi_slopes is not None)
-    out = merge_partitions(o, m, l)[:, :, : num_heads // num_kv_heads]  # [B, K, G, D]
+    out = merge_partitions(o, m, l)[:, :, : num_heads // num_kv_heads, :head_dim]  # [B, K, G, D]
     return out.reshape(batch, num_heads, head_dim).astype(q.dtype)

@@ -2,9 +2,9 @@
 
 The step's new tokens are flat: each sequence contributes a prefill chunk or one decode token, starting at
 `query_start_loc[s]`. Grid: (sequence, KV head, query block). A program takes up to `block_q` of the
-sequence's queries (with all query heads of the KV-head group: block_q x group rows), walks the sequence's
-blocks up to the last query's position with an online softmax, masks causally inside the chunk, and writes
-only its own rows. With a sliding window it starts at the step holding its first query's window start.
+sequence's queries (with all query heads of the KV-head group, padded to a power of two: block_q x group
+rows), walks the sequence's blocks up to the last query's position with an online softmax, masks causally
+inside the chunk, and writes only its own rows. With a sliding window it starts at the step holding its first query's window start.
 """
 
 import functools
@@ -15,8 +15,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from pallas_kernels._common import (MIN_ROWS, NEG, check_query_fits_cache, check_variant, online_softmax_step,
-                                    visible_and_bias, window_start)
+from pallas_kernels._common import (MIN_ROWS, NEG, check_query_fits_cache, check_variant, load_blocks,
+                                    online_softmax_step, pad_last_axis, padded_width, visible_and_bias, window_start)
 
 
 def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, slopes_ref, q_ref, k_ref, v_ref, o_ref, *,
@@ -24,19 +24,19 @@ def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, slopes_ref, q_re
                    sliding_window: int | None, alibi: bool):
     # layer_ref [1]; starts_ref [B + 1] query offsets; lens_ref [B] context lengths
     # tables_ref [C] this sequence's blocks; slopes_ref [block_q * G] ALiBi slope of each query row of this KV
-    # head (read only with alibi); q_ref / o_ref [T + block_q, K, G, D] whole (padded) batch
-    # k_ref / v_ref [L, NB, bs, K, D] whole cache
+    # head (read only with alibi); q_ref / o_ref [T + block_q, K, G, W] whole (padded) batch, G and W (the head
+    # dimension) padded to powers of two; k_ref / v_ref [L, NB, bs, K, D] whole cache
     seq, head, q_block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     layer = layer_ref[0]
     start, q_len, seq_len = starts_ref[seq], starts_ref[seq + 1] - starts_ref[seq], lens_ref[seq]
     first_row = q_block * block_q
-    head_dim = q_ref.shape[-1]
+    padded_dim = q_ref.shape[-1]
     keys_per_step = blocks_per_step * block_size
 
     @pl.when(first_row < q_len)
     def _():
         rows = pl.ds(start + first_row, block_q)
-        q = q_ref[rows, head, :, :].astype(jnp.float32).reshape(block_q * group, head_dim)
+        q = q_ref[rows, head, :, :].astype(jnp.float32).reshape(block_q * group, padded_dim)
         # Query i of the chunk sits at position seq_len - q_len + i; rows repeat it once per query head.
         q_pos = seq_len - q_len + first_row + jnp.arange(block_q * group) // group
         last_key = seq_len - q_len + jnp.minimum(first_row + block_q, q_len)  # exclusive
@@ -45,16 +45,15 @@ def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, slopes_ref, q_re
 
         def body(i, carry):
             ids = tables_ref[pl.ds(i * blocks_per_step, blocks_per_step)]
-            k = k_ref[layer, ids, :, head, :].reshape(keys_per_step, head_dim).astype(jnp.float32)
-            v = v_ref[layer, ids, :, head, :].reshape(keys_per_step, head_dim).astype(jnp.float32)
+            k, v = (load_blocks(ref, layer, ids, head, padded_dim) for ref in (k_ref, v_ref))
             key_pos = i * keys_per_step + jnp.arange(keys_per_step)
             visible, bias = visible_and_bias(q_pos, key_pos, sliding_window, slopes)
             return online_softmax_step(q, k, v, visible, carry, scale, bias)
 
-        init = (jnp.zeros((block_q * group, head_dim), jnp.float32), jnp.full((block_q * group,), NEG, jnp.float32),
+        init = (jnp.zeros((block_q * group, padded_dim), jnp.float32), jnp.full((block_q * group,), NEG, jnp.float32),
                 jnp.zeros((block_q * group,), jnp.float32))
         acc, _, l = lax.fori_loop(first_key // keys_per_step, pl.cdiv(last_key, keys_per_step), body, init)
-        out = (acc / jnp.maximum(l, 1e-30)[:, None]).reshape(block_q, group, head_dim)
+        out = (acc / jnp.maximum(l, 1e-30)[:, None]).reshape(block_q, group, padded_dim)
         # A masked store: rows past this chunk belong to the next sequence's programs.
         valid = first_row + jnp.arange(block_q) < q_len
         plgpu.store(o_ref.at[rows, head, :, :], out.astype(o_ref.dtype), mask=valid[:, None, None])
@@ -62,22 +61,26 @@ def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, slopes_ref, q_re
 
 def _launch_ragged(layer, query_start_loc, seq_lens, tables, q, alibi_slopes, k_cache, v_cache, *,
                    num_query_blocks: int, interpret: bool, **kernel_options) -> jax.Array:
-    """One program per (sequence, KV head, query block) of _ragged_kernel (its static arguments: kernel_options);
-    returns the attention of q's rows [T, K, G, D]."""
+    """One program per (sequence, KV head, query block) of _ragged_kernel (its static arguments: kernel_options,
+    whose `group` is already padded to a power of two); returns the attention of q's rows [T, K, G, D]."""
     (num_tokens, num_heads, head_dim), num_kv_heads = q.shape, k_cache.shape[3]
     batch, columns = seq_lens.shape[0], tables.shape[1]
-    block_q, group = kernel_options["block_q"], kernel_options["group"]
-    # Pad the flat batch by one query block so a program's row window never runs off the end.
-    q_flat = jnp.pad(q.reshape(num_tokens, num_kv_heads, group, head_dim), ((0, block_q), (0, 0), (0, 0), (0, 0)))
+    block_q, padded_group = kernel_options["block_q"], kernel_options["group"]
+    group = num_heads // num_kv_heads
+    # Pad the flat batch by one query block so a program's row window never runs off the end; the group and the
+    # head dimension to powers of two (the padded query heads are zeros whose outputs are dropped).
+    q_flat = pad_last_axis(q.reshape(num_tokens, num_kv_heads, group, head_dim), padded_width(head_dim))
+    q_flat = jnp.pad(q_flat, ((0, block_q), (0, 0), (0, padded_group - group), (0, 0)))
     slopes = jnp.zeros(num_heads, jnp.float32) if alibi_slopes is None else alibi_slopes.astype(jnp.float32)
-    slopes = jnp.tile(slopes.reshape(num_kv_heads, group), (1, block_q))  # [K, block_q * G], as a program's q rows
+    slopes = pad_last_axis(slopes.reshape(num_kv_heads, group), padded_group)
+    slopes = jnp.tile(slopes, (1, block_q))  # [K, block_q * G], as a program's q rows
     whole = lambda shape: pl.BlockSpec(shape, lambda *_: (0,) * len(shape))  # noqa: E731
-    return pl.pallas_call(
+    out = pl.pallas_call(
         functools.partial(_ragged_kernel, **kernel_options),
         grid=(batch, num_kv_heads, num_query_blocks),
         in_specs=[whole((1,)), whole((batch + 1,)), whole((batch,)),
                   pl.BlockSpec((None, columns), lambda s, h, b: (s, 0)),
-                  pl.BlockSpec((None, block_q * group), lambda s, h, b: (h, 0)),  # alibi slopes
+                  pl.BlockSpec((None, block_q * padded_group), lambda s, h, b: (h, 0)),  # alibi slopes
                   whole(q_flat.shape), whole(k_cache.shape), whole(v_cache.shape)],
         out_specs=whole(q_flat.shape),
         out_shape=jax.ShapeDtypeStruct(q_flat.shape, q_flat.dtype),
@@ -86,7 +89,8 @@ def _launch_ragged(layer, query_start_loc, seq_lens, tables, q, alibi_slopes, k_
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),
         name="ragged_paged_attention",
     )(jnp.asarray(layer, jnp.int32).reshape(1), query_start_loc.astype(jnp.int32), seq_lens.astype(jnp.int32),
-      tables, slopes, q_flat, k_cache, v_cache)[:num_tokens]
+      tables, slopes, q_flat, k_cache, v_cache)
+    return out[:num_tokens, :, :group, :head_dim]
 
 
 @functools.partial(jax.jit, static_argnames=("max_q_len", "block_q", "blocks_per_step", "scale", "sliding_window",
@@ -128,8 +132,8 @@ def ragged_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         raise ValueError(f"seq_lens {seq_lens.shape} must be ({batch},) and query_start_loc "
                          f"{query_start_loc.shape} must be ({batch + 1},) for block_tables {block_tables.shape}")
     check_variant(sliding_window, alibi_slopes, num_heads)
-    group = num_heads // num_kv_heads
-    block_q = max(block_q, pl.cdiv(MIN_ROWS, group))
+    group = padded_width(num_heads // num_kv_heads)
+    block_q = max(padded_width(block_q), pl.cdiv(MIN_ROWS, group))
     blocks_per_step = max(blocks_per_step, pl.cdiv(MIN_ROWS, block_size))
     columns = pl.cdiv(block_tables.shape[1], blocks_per_step) * blocks_per_step
     tables = jnp.pad(block_tables.astype(jnp.int32), ((0, 0), (0, columns - block_tables.shape[1])))

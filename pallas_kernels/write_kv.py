@@ -12,17 +12,21 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels._common import pad_last_axis, padded_width, store_heads
 
-def _write_kernel(layer_ref, slots_ref, k_ref, v_ref, k_cache_in, v_cache_in, k_cache_ref, v_cache_ref):
-    # layer_ref [1]; slots_ref [1] this token's slot; k_ref / v_ref [D] this token's head
-    # k_cache_ref / v_cache_ref [L, S, K, D] whole cache (aliased to the inputs)
+
+def _write_kernel(layer_ref, slots_ref, k_ref, v_ref, k_cache_in, v_cache_in, k_cache_ref, v_cache_ref, *,
+                  head_dim: int):
+    # layer_ref [1]; slots_ref [1] this token's slot; k_ref / v_ref [W] this token's head, W: head_dim padded to
+    # a power of two; k_cache_ref / v_cache_ref [L, S, K, D] whole cache (aliased to the inputs)
     del k_cache_in, v_cache_in  # the same buffers as the outputs
     head, slot = pl.program_id(1), slots_ref[0]
+    columns = pl.ds(0, k_ref.shape[0])
 
     @pl.when(slot < k_cache_ref.shape[1])
     def _():
-        k_cache_ref[layer_ref[0], slot, head, :] = k_ref[...].astype(k_cache_ref.dtype)
-        v_cache_ref[layer_ref[0], slot, head, :] = v_ref[...].astype(v_cache_ref.dtype)
+        for new, cache in ((k_ref, k_cache_ref), (v_ref, v_cache_ref)):
+            store_heads(cache.at[layer_ref[0], slot, head, columns], new[...].astype(cache.dtype), head_dim)
 
 
 @functools.partial(jax.jit, static_argnames=("interpret",), donate_argnames=("k_cache", "v_cache"))
@@ -37,10 +41,12 @@ def write_kv(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         raise ValueError(f"k {k.shape}, v {v.shape} must match the caches' [K, D] of {k_cache.shape}, {v_cache.shape}")
     if slot_mapping.shape != (num_tokens,):
         raise ValueError(f"slot_mapping {slot_mapping.shape} must be ({num_tokens},)")
+    padded_dim = padded_width(head_dim)
+    k, v = pad_last_axis(k, padded_dim), pad_last_axis(v, padded_dim)
     whole = pl.BlockSpec(k_cache.shape, lambda t, h: (0, 0, 0, 0))
-    row = pl.BlockSpec((None, None, head_dim), lambda t, h: (t, h, 0))
+    row = pl.BlockSpec((None, None, padded_dim), lambda t, h: (t, h, 0))
     return pl.pallas_call(
-        _write_kernel,
+        functools.partial(_write_kernel, head_dim=head_dim),
         grid=(num_tokens, num_kv_heads),
         in_specs=[pl.BlockSpec((1,), lambda t, h: (0,)), pl.BlockSpec((1,), lambda t, h: (t,)), row, row, whole, whole],
         out_specs=[whole, whole],

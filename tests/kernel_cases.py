@@ -11,7 +11,7 @@ from reference import AttentionMetadata, paged_attention
 @st.composite
 def paged_batches(draw, decode_only: bool):
     block_size = draw(st.sampled_from([8, 16, 32]))
-    head_dim = draw(st.sampled_from([64, 128]))
+    head_dim = draw(st.sampled_from([64, 128, 80]))  # 80: not a power of two (GPT-NeoX 2.8B; Phi-3 has 96)
     group = draw(st.sampled_from([1, 3, 4, 8]))
     num_kv_heads = draw(st.sampled_from([1, 2]))
     # Context lengths: anything, 1, or exactly on a block boundary; 0 marks a padding sequence.

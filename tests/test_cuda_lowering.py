@@ -1,0 +1,116 @@
+"""Every Pallas kernel, and the engine's programs on them, lowered for CUDA on this CPU-only machine.
+
+`jax.export.export(..., platforms=["cuda"])` lowers a jitted function for a platform this process does not run
+on: the Pallas kernels go through the Triton lowering a GPU would use, which accepts only what Triton can
+compile (every in-kernel array's dimensions powers of two, tl.dot's 16 rows, the dtypes and ops it has), and
+the result is the module a GPU would compile. Only serializing a Triton call is refused (its kernels are not
+stable across versions), and nothing here is serialized, so that check is turned off. The interpreter
+(test_pallas_kernels.py) checks what the kernels compute; this checks that a GPU can compile them, in every
+configuration the engine can give them.
+"""
+
+import itertools
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import export
+
+from pallas_kernels.paged_decode_attention import paged_decode_attention
+from pallas_kernels.ragged_paged_attention import ragged_paged_attention
+from pallas_kernels.write_kv import write_kv
+
+TRITON_CALL = "__gpu$xla.gpu.triton"
+CPU_FFI_TARGETS = ("jax_engine_few_rows_matmul", "jax_engine_paged_attention")  # registered for CPU alone
+
+
+def export_for_cuda(fn, *args, **kwargs) -> export.Exported:
+    """fn (jitted) lowered for CUDA at the shapes of args (arrays or ShapeDtypeStructs; others passed as they are)."""
+    specs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=getattr(x, "sharding", None))
+                         if isinstance(x, (jax.Array, np.ndarray, jax.ShapeDtypeStruct)) else x, args)
+    disabled = [export.DisabledSafetyCheck.custom_call(TRITON_CALL)]
+    return export.export(fn, platforms=["cuda"], disabled_checks=disabled)(*specs, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------- the kernels
+@dataclass(frozen=True)
+class KernelConfig:
+    dtype: str  # of the queries and the cache
+    block_size: int
+    group: int  # query heads per KV head
+    head_dim: int
+    sliding_window: int | None
+    alibi: bool
+    num_partitions: int  # the decode kernel's context partitions
+
+    def __str__(self) -> str:
+        variant = "-".join(name for name, on in (("window", self.sliding_window), ("alibi", self.alibi)) if on)
+        return (f"{self.dtype}-block{self.block_size}-group{self.group}-dim{self.head_dim}-{variant or 'causal'}-"
+                f"{self.num_partitions}parts")
+
+
+VARIANTS = [(None, False), (40, False), (None, True), (40, True)]
+
+
+def kernel_configs() -> list[KernelConfig]:
+    """The issue's axes in full (dtypes, block sizes 16 and 32, GQA groups 1/3/4/8, head dims 64/128), each with
+    a variant and a partition count taken in turn; then every other block size the engine allows and the head
+    dims its families have that are not 64 or 128 (GPT-NeoX 80, Phi-3 96, Gemma 256; BLOOM's tiny 8 in tests)."""
+    configs = []
+    axes = itertools.product(["float16", "bfloat16", "float32"], [16, 32], [1, 3, 4, 8], [64, 128])
+    for i, (dtype, block_size, group, head_dim) in enumerate(axes):
+        window, alibi = VARIANTS[i % len(VARIANTS)]
+        configs.append(KernelConfig(dtype, block_size, group, head_dim, window, alibi, [1, 4, 16][i % 3]))
+    for i, (block_size, head_dim) in enumerate(itertools.product([1, 2, 4, 8, 64, 128], [8, 80, 96, 256])):
+        window, alibi = VARIANTS[i % len(VARIANTS)]
+        configs.append(KernelConfig("bfloat16", block_size, 3, head_dim, window, alibi, 4))
+    return configs
+
+
+NUM_KV_HEADS, BATCH, COLUMNS, TOKENS = 2, 4, 8, 64
+
+
+def _cache(config: KernelConfig, paged: bool = True) -> jax.ShapeDtypeStruct:
+    num_blocks = BATCH * COLUMNS
+    blocks = (num_blocks, config.block_size) if paged else (num_blocks * config.block_size,)
+    return jax.ShapeDtypeStruct((2, *blocks, NUM_KV_HEADS, config.head_dim), config.dtype)
+
+
+def _specs(config: KernelConfig, tokens: int) -> dict:
+    num_heads = NUM_KV_HEADS * config.group
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+    return dict(q=jax.ShapeDtypeStruct((tokens, num_heads, config.head_dim), config.dtype), cache=_cache(config),
+                tables=i32(BATCH, COLUMNS), lens=i32(BATCH), starts=i32(BATCH + 1),
+                slopes=jax.ShapeDtypeStruct((num_heads,), jnp.float32) if config.alibi else None)
+
+
+@pytest.mark.parametrize("config", kernel_configs(), ids=str)
+def test_decode_kernel_lowers_for_cuda(config: KernelConfig):
+    s = _specs(config, BATCH)
+    decode = jax.jit(lambda q, k, v, tables, lens, slopes: paged_decode_attention(
+        q, k, v, tables, lens, 1, sliding_window=config.sliding_window, alibi_slopes=slopes,
+        num_partitions=config.num_partitions))
+    text = export_for_cuda(decode, s["q"], s["cache"], s["cache"], s["tables"], s["lens"], s["slopes"]).mlir_module()
+    assert TRITON_CALL in text and "paged_decode_attention" in text
+
+
+@pytest.mark.parametrize("config", kernel_configs(), ids=str)
+def test_ragged_kernel_lowers_for_cuda(config: KernelConfig):
+    s = _specs(config, TOKENS)
+    ragged = jax.jit(lambda q, k, v, tables, lens, starts, slopes: ragged_paged_attention(
+        q, k, v, tables, lens, starts, 1, max_q_len=TOKENS // 2, sliding_window=config.sliding_window,
+        alibi_slopes=slopes))
+    text = export_for_cuda(ragged, s["q"], s["cache"], s["cache"], s["tables"], s["lens"], s["starts"],
+                           s["slopes"]).mlir_module()
+    assert TRITON_CALL in text and "ragged_paged_attention" in text
+
+
+@pytest.mark.parametrize("config", kernel_configs()[::4], ids=str)  # the write varies with dtype and head dim only
+def test_write_kv_kernel_lowers_for_cuda(config: KernelConfig):
+    new = jax.ShapeDtypeStruct((TOKENS, NUM_KV_HEADS, config.head_dim), config.dtype)
+    cache = _cache(config, paged=False)
+    write = jax.jit(lambda k, v, k_cache, v_cache, slots: write_kv(k, v, k_cache, v_cache, slots, 1))
+    text = export_for_cuda(write, new, new, cache, cache, jax.ShapeDtypeStruct((TOKENS,), jnp.int32)).mlir_module()
+    assert TRITON_CALL in text and "write_kv" in text
