@@ -23,6 +23,7 @@ GiB = 1 << 30
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * GiB
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+ATTENTION_SELF_TESTS = ("auto", "fallback", "error", "off")
 
 
 @dataclass
@@ -45,6 +46,12 @@ class EngineArgs:
         preemption_mode: "recompute" or "swap", when the cache runs out.
         swap_space: GiB of host memory for swapped-out blocks.
         attention_backend: "auto", "xla", "cpu" (a C++ paged-attention kernel, ragged) or "pallas".
+        attention_self_test: whether start-up first runs the Pallas kernels once against the xla path, on a small
+            random step of the model's shapes (heads, head dim, sliding window, ALiBi slopes, cache dtype, block
+            size), and what a difference past the tolerance does (jax_engine/runner/attention_self_test.py):
+            "auto" tests them where they run compiled (a GPU) and serves on xla if they differ, with a warning
+            naming the difference; "fallback" does so wherever the backend is pallas (interpreted on CPU too);
+            "error" tests them there and stops with an error instead; "off" never tests.
         seed: seed for requests that do not set their own.
         quantization: weight-only quantization of the matmul weights: "bf16", "int8" (one scale per output
             feature), "gguf" (a .gguf model's Q8_0 / Q4_0 / Q4_1 blocks kept as the file has them, vLLM's
@@ -81,6 +88,7 @@ class EngineArgs:
     preemption_mode: str = "recompute"
     swap_space: float = 4.0
     attention_backend: str = "auto"
+    attention_self_test: str = "auto"
     seed: int = 0
     quantization: str | None = None
     enforce_eager: bool = False
@@ -110,6 +118,8 @@ class EngineArgs:
         check(self.preemption_mode in PREEMPTION_MODES, "preemption_mode", f"one of {PREEMPTION_MODES}")
         check(self.swap_space >= 0, "swap_space", ">= 0 (GiB)")
         check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend", f"one of {ATTENTION_BACKENDS}")
+        check(self.attention_self_test in ATTENTION_SELF_TESTS, "attention_self_test",
+              f"one of {ATTENTION_SELF_TESTS}")
         check(isinstance(self.seed, int), "seed", "an int")
         check(isinstance(self.tensor_parallel_size, int) and self.tensor_parallel_size >= 1, "tensor_parallel_size",
               ">= 1")

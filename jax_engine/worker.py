@@ -2,8 +2,9 @@
 
 vLLM's Worker in two calls: `init_devices` joins the other hosts and builds the tensor-parallel mesh (before
 anything loads, so a bad device setting fails in seconds), and `load_model` places the weights, picks the
-attention backend, sizes the KV cache from the memory left and builds the model runner over it. The engine
-then hands the cache's shape to its scheduler (CacheConfig) and compiles the runner's programs.
+attention backend (and tests the Pallas kernels against the xla path first: runner/attention_self_test.py),
+sizes the KV cache from the memory left and builds the model runner over it. The engine then hands the
+cache's shape to its scheduler (CacheConfig) and compiles the runner's programs.
 """
 
 from dataclasses import dataclass
@@ -12,11 +13,12 @@ from jax.sharding import Mesh
 
 from jax_engine.attention import AttentionBackend, get_attention_backend
 from jax_engine.runner.compile_shapes import use_compilation_cache
-from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_dtype
+from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_block_size, resolve_dtype
 from jax_engine.core.kv_cache_manager import CacheConfig
 from jax_engine.distributed import multihost
 from jax_engine.distributed.tensor_parallel import make_mesh
 from jax_engine.loader import Checkpoint
+from jax_engine.runner.attention_self_test import AttentionShapes, checked_backend
 from jax_engine.runner.model_runner import ModelRunner
 from jax_engine.models import CausalLM
 from reference.scheduler import SchedulerConfig
@@ -40,10 +42,17 @@ def init_devices(args: EngineArgs, devices: list | None) -> Mesh | None:
 
 def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
                scheduler_config: SchedulerConfig) -> LoadedModel:
-    """Weights on the devices, the attention backend, the KV cache sized and allocated, the runner over it."""
+    """Weights on the devices, the attention backend (self-tested), the KV cache sized and allocated, the runner
+    over it."""
     cfg, dtype = checkpoint.config, resolve_dtype(args.dtype)
     model = CausalLM.from_hf_weights(cfg, checkpoint.weights, dtype, args.quantization, checkpoint.blocks, mesh)
     backend = get_attention_backend(args.attention_backend, platform())
+    # The block size the cache will have (xla, the fallback, has pallas's default too).
+    block_size = resolve_block_size(args.block_size, backend)
+    shapes = AttentionShapes.of(cfg, dtype, block_size, scheduler_config.max_model_len)
+    backend = checked_backend(args.attention_self_test, backend, shapes, platform())
+    if args.nnodes > 1:  # every host serves on the driver's backend: they run one program
+        backend = get_attention_backend(multihost.agree(backend.name), platform())
     block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, dtype, backend, scheduler_config.max_model_len,
                                                             model.kv_heads_per_device)
     if args.nnodes > 1:  # every host's cache must have the driver's block count (free memory may differ)
