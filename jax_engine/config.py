@@ -15,6 +15,7 @@ from jax_engine.attention import ATTENTION_BACKENDS, AttentionBackend
 from jax_engine.linear import QUANTIZATIONS
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.rope import max_len_with_rope_scaling
+from jax_engine.target_platform import platform
 from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
 
 logger = logging.getLogger(__name__)
@@ -177,10 +178,6 @@ def _args_section(doc: str) -> dict[str, str]:
         elif line.strip() and helps:
             helps[name] += " " + line.strip()
     return {name: text.replace("%", "%%") for name, text in helps.items()}
-
-
-def platform() -> str:
-    return jax.default_backend()
 
 
 def resolve_dtype(name: str):

@@ -114,3 +114,86 @@ def test_write_kv_kernel_lowers_for_cuda(config: KernelConfig):
     write = jax.jit(lambda k, v, k_cache, v_cache, slots: write_kv(k, v, k_cache, v_cache, slots, 1))
     text = export_for_cuda(write, new, new, cache, cache, jax.ShapeDtypeStruct((TOKENS,), jnp.int32)).mlir_module()
     assert TRITON_CALL in text and "write_kv" in text
+
+
+# ------------------------------------------------------------------------------------ the engine's programs
+def gpu_runner(checkpoint, dtype):
+    """The default engine's runner as a GPU would build it: the attention backend "auto" picks there (Pallas,
+    compiled), a small cache, eight sequences."""
+    from jax_engine.attention import get_attention_backend
+    from jax_engine.models import CausalLM
+    from jax_engine.runner.model_runner import ModelRunner
+
+    model = CausalLM.from_hf_weights(checkpoint.config, checkpoint.weights, dtype, None, checkpoint.blocks, None)
+    backend = get_attention_backend("auto", "gpu")
+    assert backend.name == "pallas"
+    return ModelRunner(model, num_blocks=64, block_size=16, num_host_blocks=8, max_model_len=256, max_num_seqs=8,
+                       backend=backend, dtype=dtype)
+
+
+def scheduled_steps(runner) -> dict[str, object]:
+    """Steps of each kind the scheduler makes, laid out by the runner: a prompt alone, decodes with a prompt's
+    chunk, and a full batch of decodes (the decode kernel's step)."""
+    from jax_engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
+    from tests.engine_helpers import sequence
+
+    prompt = list(range(1, 41))
+    seqs = [sequence(f"s{i}", prompt) for i in range(runner.max_num_seqs)]
+    tables = [list(range(3 * i, 3 * i + 3)) for i in range(len(seqs))]
+    for seq in seqs[1:]:
+        seq.num_computed_tokens = len(prompt) - 1  # its last prompt token left: a decode-sized step
+    chunk = lambda i, n: ScheduledSequence(seqs[i], n, tables[i])  # noqa: E731
+    steps = {"prompt": [chunk(0, 40)], "decodes and a chunk": [chunk(1, 1), chunk(2, 1), chunk(0, 16)],
+             "decodes": [chunk(i, 1) for i in range(1, len(seqs))]}
+    return {name: runner.prepare(SchedulerOutput(scheduled=step)) for name, step in steps.items()}
+
+
+def engine_programs(runner) -> list[tuple[str, object, tuple, dict]]:
+    """(name, jitted function, arguments, keyword arguments) of every device program: the step at each kind of
+    step, and every other program at each shape start-up compiles for eight rows and eight blocks moved."""
+    from jax_engine.runner.device_programs import DEVICE_PROGRAMS, STEP, StartupShapes
+
+    programs = [(f"step: {name}", STEP.fn, (runner.model, runner.k_cache, runner.v_cache, inputs.token_ids,
+                                            inputs.metadata, inputs.logits_indices, runner.backend.attend), {})
+                for name, inputs in scheduled_steps(runner).items()]
+    shapes = StartupShapes(max_tokens=64, max_rows=8, max_copies=8, max_swaps=8)
+    for program in DEVICE_PROGRAMS:
+        if program is not STEP:
+            programs += [(str(call.key), call.fn, (*call.args, *call.static), call.kwargs)
+                         for call in program.startup_calls(runner, shapes)]
+    return programs
+
+
+def check_programs_lower_for_cuda(checkpoint, dtype) -> None:
+    """Every program of the engine on `checkpoint` lowers for CUDA, with no CPU kernel in it and, in its steps,
+    the Pallas kernels."""
+    from jax_engine.target_platform import lowering_for
+
+    with lowering_for("gpu"):
+        runner = gpu_runner(checkpoint, dtype)
+        for name, fn, args, kwargs in engine_programs(runner):
+            text = export_for_cuda(fn, *args, **kwargs).mlir_module()
+            assert not any(target in text for target in CPU_FFI_TARGETS), f"{name}: a CPU kernel in a GPU program"
+            if name.startswith("step"):
+                assert TRITON_CALL in text, f"{name}: no Pallas kernel in the step"
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bfloat16", "float32"])
+def test_default_model_programs_lower_for_cuda(default_checkpoint, dtype):
+    """SmolLM2-135M (9 query heads over 3 KV heads: the group Triton once refused) as a GPU runs it."""
+    check_programs_lower_for_cuda(default_checkpoint, dtype)
+
+
+FAMILIES = {  # tiny random checkpoints (tests/tiny_checkpoints.py) with what the default model lacks
+    "mistral": dict(num_attention_heads=8, num_key_value_heads=2, head_dim=96, sliding_window=32),  # GQA 4, window
+    "bloom": {},  # ALiBi, 6 heads of 8 dims
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_family_programs_lower_for_cuda(tmp_path, family):
+    from jax_engine.loader import load_checkpoint
+    from tests.tiny_checkpoints import make_tiny_checkpoint
+
+    make_tiny_checkpoint(tmp_path, family, **FAMILIES[family])
+    check_programs_lower_for_cuda(load_checkpoint(str(tmp_path)), jnp.bfloat16)

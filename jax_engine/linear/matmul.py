@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax_engine import native
+from jax_engine.target_platform import platform
 from jax_engine.linear.gguf_blocks import dequantize_blocks
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def few_rows_matmul(x: jax.Array, w: jax.Array, scale: jax.Array | None = None,
 def uses_few_rows_kernel(rows: int, w: jax.Array) -> bool:
     """Whether `linear` runs the kernel for this many rows of x times w (on this platform)."""
     width_fits = w.dtype == jnp.uint8 or w.shape[-1] % (16 if w.dtype == jnp.int8 else 8) == 0  # blocks: always
-    return (rows <= FEW_ROWS.get(w.dtype.itemsize, 0) and width_fits and jax.default_backend() == "cpu"
+    return (rows <= FEW_ROWS.get(w.dtype.itemsize, 0) and width_fits and platform() == "cpu"
             and kernel_unavailable_reason() is None)
 
 
