@@ -43,7 +43,8 @@ def _contiguous_kernel(layer_ref, lens_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l
         visible, _ = visible_and_bias(query_pos, start + jnp.arange(keys_per_step), None, None)
         return online_softmax_step(q, k, v, visible, carry, scale)
 
-    init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), NEG, jnp.float32), jnp.zeros((rows,), jnp.float32))
+    init = (jnp.zeros((rows, head_dim), jnp.float32), jnp.full((rows,), NEG, jnp.float32),
+            jnp.zeros((rows,), jnp.float32))
     steps = pl.cdiv(jnp.maximum(last_key - first_key, 0), keys_per_step)
     acc, m, l = lax.fori_loop(0, steps, body, init)
     o_ref[...] = acc.astype(o_ref.dtype)
@@ -59,7 +60,10 @@ def _launch_contiguous(layer, seq_lens, q, k_cache, v_cache, *, num_partitions: 
     rows = max(MIN_ROWS, pl.next_power_of_2(group))
     q_groups = jnp.pad(q.reshape(batch, num_kv_heads, group, head_dim), ((0, 0), (0, 0), (0, rows - group), (0, 0)))
     whole_cache = pl.BlockSpec(k_cache.shape, lambda b, h, p: (0, 0, 0, 0, 0))
-    partial = lambda *shape: jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, *shape), jnp.float32)  # noqa: E731
+
+    def per_partition(*shape: int) -> jax.ShapeDtypeStruct:  # an output of every (partition, sequence, KV head)
+        return jax.ShapeDtypeStruct((num_partitions, batch, num_kv_heads, *shape), jnp.float32)
+
     return pl.pallas_call(
         functools.partial(_contiguous_kernel, **kernel_options),
         grid=(batch, num_kv_heads, num_partitions),
@@ -75,7 +79,7 @@ def _launch_contiguous(layer, seq_lens, q, k_cache, v_cache, *, num_partitions: 
             pl.BlockSpec((None, None, None, rows), lambda b, h, p: (p, b, h, 0)),
             pl.BlockSpec((None, None, None, rows), lambda b, h, p: (p, b, h, 0)),
         ],
-        out_shape=[partial(rows, head_dim), partial(rows), partial(rows)],
+        out_shape=[per_partition(rows, head_dim), per_partition(rows), per_partition(rows)],
         interpret=interpret,
         compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=2),  # the paged kernel's
         name="contiguous_decode_attention",
