@@ -23,6 +23,7 @@ import numpy as np
 BlockHash = NewType("BlockHash", bytes)
 
 
+# --8<-- [start:hash_block_tokens]
 def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
     """Chained hash of one full block: it names the block's tokens *and* everything before them.
 
@@ -31,6 +32,7 @@ def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -
     digest = hashlib.sha256(parent_hash or b"")
     digest.update(np.asarray(token_ids, dtype=np.int64).tobytes())
     return BlockHash(digest.digest())
+# --8<-- [end:hash_block_tokens]
 
 
 def salt_hash(cache_salt: str | None) -> BlockHash | None:

@@ -10,8 +10,14 @@ import pytest
 
 ROOT = pathlib.Path(__file__).parents[1]
 EXAMPLES = sorted((ROOT / "docs" / "examples").glob("*.py"))
-# A page includes an example with a snippet line, optionally followed by its output in a text block.
-INCLUDE = re.compile(r'--8<-- "(docs/examples/[\w.]+)"\n```\n(?:\nIts output:\n\n```text\n(.*?)```)?', re.S)
+# A page includes an example with a snippet line, optionally followed by its output in a text block; both may be
+# indented alike (an exercise's answer inside a "??? success" block).
+INCLUDE = re.compile(r'^( *)--8<-- "(docs/examples/[\w.]+)"\n\1```\n(?:\n\1Its output:\n\n\1```text\n(.*?)^\1```)?',
+                     re.S | re.M)
+
+
+def _dedent(text: str | None, indent: str) -> str | None:
+    return None if text is None else "".join(line.removeprefix(indent) for line in text.splitlines(keepends=True))
 
 
 # Examples and their outputs are read on the site without scrolling sideways (tests/test_site.py checks
@@ -27,8 +33,8 @@ def run_example(path: pathlib.Path) -> str:
 
 def includes(example: pathlib.Path) -> list[tuple[pathlib.Path, str | None]]:
     """(page, the output shown after it, or None) for every page that includes the example."""
-    return [(page, m.group(2)) for page in sorted((ROOT / "docs").glob("**/*.md"))
-            for m in INCLUDE.finditer(page.read_text()) if m.group(1) == f"docs/examples/{example.name}"]
+    return [(page, _dedent(m.group(3), m.group(1))) for page in sorted((ROOT / "docs").glob("**/*.md"))
+            for m in INCLUDE.finditer(page.read_text()) if m.group(2) == f"docs/examples/{example.name}"]
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
