@@ -122,6 +122,7 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     # ------------------------------------------------------------------------------------ one step
+    # --8<-- [start:schedule]
     def schedule(self) -> SchedulerOutput:
         """Decide what the next step runs (the module's policy), and reserve the blocks it writes to.
 
@@ -135,6 +136,7 @@ class Scheduler:
             if not self.swapped:
                 self._schedule_waiting(out, budget)
         return out
+    # --8<-- [end:schedule]
 
     def _chunk(self, num_remaining: int, budget: int) -> int:
         """How many of a request's remaining tokens fit in this step's token budget."""
@@ -142,6 +144,7 @@ class Scheduler:
             return min(num_remaining, budget)
         return num_remaining if num_remaining <= budget else 0
 
+    # --8<-- [start:schedule_running]
     def _schedule_running(self, out: SchedulerOutput) -> int:
         bm, used, i = self.block_manager, 0, 0
         while i < len(self.running):
@@ -159,6 +162,7 @@ class Scheduler:
             used += n
             i += 1
         return used
+    # --8<-- [end:schedule_running]
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
         bm, used = self.block_manager, 0
@@ -198,6 +202,7 @@ class Scheduler:
         table = self.block_manager.block_table(request.request_id)
         out.scheduled.append(ScheduledRequest(request.request_id, n, table))
 
+    # --8<-- [start:preempt]
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         self.num_preemptions += 1
         out.preempted.append(request.request_id)
@@ -210,6 +215,7 @@ class Scheduler:
             bm.free(request.request_id)
             request.num_computed_tokens = 0
             self._enqueue(self.waiting, request, RequestStatus.WAITING)
+    # --8<-- [end:preempt]
 
     def _enqueue(self, queue: list[Request], request: Request, status: RequestStatus) -> None:
         """Insert keeping arrival order, so every queue is served earliest-arrival first."""
