@@ -93,6 +93,7 @@ class LlamaModel:
         token), or every row when logits_indices is None.
         """
         cfg = self.config
+        # --8<-- [start:forward]
         x = self.weights["model.embed_tokens.weight"][token_ids]  # [T, hidden]
         for layer in range(cfg.num_layers):
             h = rms_norm(x, self._w(layer, "input_layernorm.weight"), cfg.norm_eps)
@@ -102,6 +103,7 @@ class LlamaModel:
         if logits_indices is not None:
             x = x[logits_indices]
         return rms_norm(x, self.weights["model.norm.weight"], cfg.norm_eps) @ self.lm_head.T
+        # --8<-- [end:forward]
 
     def last_logits(self, token_ids: list[int], block_size: int = 16) -> np.ndarray:
         """Next-token logits after `token_ids`, computed from scratch in a private cache (for oracles)."""
