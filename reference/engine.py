@@ -105,6 +105,7 @@ class ReferenceEngine:
         return self.scheduler.has_unfinished_requests()
 
     # -------------------------------------------------------------------------------- one step
+    # --8<-- [start:step]
     def step(self) -> list[Request]:
         """Schedule, run the model once, sample; returns the requests that finished."""
         out = self.scheduler.schedule()
@@ -122,6 +123,7 @@ class ReferenceEngine:
             sampled[request_id] = sample(row, request.sampling_params, request.num_tokens, self.rng,
                                          request.output_token_ids)
         return self.scheduler.update_from_output(out, sampled, self.eos_token_ids)
+    # --8<-- [end:step]
 
     def _prepare_batch(self, out: SchedulerOutput) -> Batch:
         bs = self.block_manager.block_size
