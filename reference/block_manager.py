@@ -57,6 +57,7 @@ class BlockManager:
             hashes.append(hash_block_tokens(hashes[-1] if hashes else None, chunk))
         return hashes
 
+    # --8<-- [start:find_cached_prefix]
     def find_cached_prefix(self, token_ids: Sequence[int], *, read_cache: bool = True) -> list[Block]:
         """The longest run of leading full blocks already in the prefix cache; nothing is reserved.
 
@@ -73,6 +74,7 @@ class BlockManager:
                 break
             hits.append(block)
         return hits
+    # --8<-- [end:find_cached_prefix]
 
     # -------------------------------------------------------------------- allocation and growth
     def can_allocate(self, token_ids: Sequence[int], *, read_cache: bool = True) -> bool:
@@ -114,6 +116,7 @@ class BlockManager:
         needed = self.num_blocks_to_append(seq_id, num_computed_tokens, num_new_tokens)
         return needed <= self.device.num_free_blocks
 
+    # --8<-- [start:append_slots]
     def append_slots(self, seq_id: str, num_computed_tokens: int, num_new_tokens: int) -> list[tuple[int, int]]:
         """Make room for tokens at positions [num_computed_tokens, num_computed_tokens + num_new_tokens).
 
@@ -131,6 +134,7 @@ class BlockManager:
         while len(table) < self.num_blocks_for(num_computed_tokens + num_new_tokens):
             table.append(self.device.allocate())
         return copies
+    # --8<-- [end:append_slots]
 
     def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Enter the sequence's blocks that are full of computed tokens into the prefix cache.
@@ -145,6 +149,7 @@ class BlockManager:
             self.device.cache(block, block_hash)
 
     # --------------------------------------------------------------------------- sharing and freeing
+    # --8<-- [start:fork]
     def fork(self, parent_id: str, child_id: str) -> None:
         """The child shares every block of the parent (parallel sampling, beam search).
 
@@ -156,6 +161,7 @@ class BlockManager:
         for block in self.block_tables[parent_id]:
             self.device.share(block)
         self.block_tables[child_id] = list(self.block_tables[parent_id])
+    # --8<-- [end:fork]
 
     def free(self, seq_id: str) -> None:
         """Release a sequence's blocks, tail first, so its tail is evicted before its prefix.
