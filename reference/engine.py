@@ -131,9 +131,11 @@ class ReferenceEngine:
         for s in out.scheduled:
             request = self.scheduler.requests[s.request_id]
             first, last = request.num_computed_tokens, request.num_computed_tokens + s.num_new_tokens
+            # --8<-- [start:slot_mapping]
             token_ids += request.token_ids[first:last]
             positions += range(first, last)
             slots += [s.block_table[p // bs] * bs + p % bs for p in range(first, last)]
+            # --8<-- [end:slot_mapping]
             starts.append(starts[-1] + s.num_new_tokens)
             seq_lens.append(last)
             if last == request.num_tokens:  # prompt fully computed: this step samples a token
