@@ -47,11 +47,13 @@ out = engine.scheduler.schedule()  # 1. who runs, how many tokens, which blocks
 print("1 schedule:", [(s.request_id, s.num_new_tokens, s.block_table)
                       for s in out.scheduled])
 engine.kv_cache.swap_out(out.swap_out)  # 2. the block copies this step relies on
-engine.kv_cache.swap_in(out.swap_in)  # (there are none in this step)
+engine.kv_cache.swap_in(out.swap_in)
 engine.kv_cache.copy_blocks(out.copies)
+print("2 copies:   swap_out", out.swap_out, " swap_in", out.swap_in,
+      " copies", out.copies)
 batch = engine._prepare_batch(out)  # 3. one flat batch of every request's new tokens
 md = batch.metadata
-print("2 batch:    token_ids", batch.token_ids.tolist(),
+print("3 batch:    token_ids", batch.token_ids.tolist(),
       " positions", batch.positions.tolist())
 print("            slot_mapping", md.slot_mapping.tolist(), " query_start_loc",
       md.query_start_loc.tolist(), " seq_lens", md.seq_lens.tolist())
@@ -60,13 +62,13 @@ print("            block_tables", md.block_tables,
 # 4. the model writes each new token's K/V at its slot, attends through the tables
 logits = engine.model.forward(batch.token_ids, batch.positions, engine.kv_cache, md,
                               batch.logits_indices)
-print("3 model:    logits", logits.shape)
+print("4 model:    logits", logits.shape)
 sampled = {rid: sample(row, requests[rid].sampling_params, requests[rid].num_tokens,
-                       engine.rng)
+                       engine.rng, requests[rid].output_token_ids)
            for rid, row in zip(batch.sampling_ids, logits)}  # 5. a token per request
-print("4 sample:  ", sampled)
-engine.scheduler.update_from_output(out, sampled)  # 6. append, free what finished
-print("5 update:  ", {rid: r.output_token_ids for rid, r in requests.items()})
+print("5 sample:  ", sampled)
+engine.scheduler.update_from_output(out, sampled, engine.eos_token_ids)  # 6. append
+print("6 update:  ", {rid: r.output_token_ids for rid, r in requests.items()})
 
 twin = new_engine()  # the same two steps, through ReferenceEngine.step itself
 twin.step()
