@@ -74,6 +74,7 @@ class BlockPool:
         """Blocks that can be handed out, including cached blocks nobody holds (evictable)."""
         return len(self.free_queue)
 
+    # --8<-- [start:free_queue]
     def allocate(self) -> Block:
         """Take the least recently freed block, evicting its cached contents if it has any."""
         assert self.free_queue, "allocate() called with no free block: check num_free_blocks first"
@@ -97,6 +98,7 @@ class BlockPool:
         block.ref_cnt -= 1
         if block.ref_cnt == 0:
             self.free_queue[block.block_id] = None
+    # --8<-- [end:free_queue]
 
     def lookup(self, block_hash: BlockHash) -> Block | None:
         block_id = self.cached_blocks.get(block_hash)
