@@ -10,12 +10,13 @@ prompts, outputs, _ = request_lengths(400, "sharegpt-like", max_model_len=2048, 
 trace = list(zip(prompts.tolist(), outputs.tolist()))
 arena, max_model_len, block_size = 40_000, 2048, 16
 lengths = [p + o for p, o in trace]
-pow2 = [1 << (n - 1).bit_length() for n in lengths]  # the power of two at or above
+# The paper's Pow2: the prompt, plus the output rounded up to a power of two (<= 2x).
+pow2 = [p + (1 << (o - 1).bit_length()) for p, o in trace]
 
 systems = {
     "contiguous, max_model_len": contiguous_usage_under_load(
         trace, [max_model_len] * len(trace), arena),
-    "contiguous, power of two": contiguous_usage_under_load(trace, pow2, arena),
+    "contiguous, pow2 output": contiguous_usage_under_load(trace, pow2, arena),
     "contiguous, exact (oracle)": contiguous_usage_under_load(trace, lengths, arena),
     f"paged, {block_size}-token blocks": paged_usage_under_load(
         trace, block_size, arena // block_size, max_model_len),

@@ -1,7 +1,7 @@
 """The four kinds of slot in a contiguously allocated KV cache, at one step of `first_fit_steps`.
 
-Five requests (prompt and output lengths below) each reserve the power of two at or above their final length,
-served first come, first served from a 32-slot arena by a first-fit allocator
+Five requests (prompt and output lengths below) each reserve their prompt plus the power of two at or above
+their output length (the paper's Orca (Pow2)), served first come, first served from a 32-slot arena by a first-fit allocator
 (reference/tutorial/kv_memory.py). The step drawn is the first in which the next request waits although enough
 slots are free in total.
 """
@@ -13,8 +13,8 @@ from docs.figures._figure import COLORS, save
 from reference.tutorial.kv_memory import first_fit_steps
 
 NAMES = "ABCDE"
-trace = [(2, 4), (2, 1), (4, 5), (3, 1), (5, 2)]  # (prompt, output) tokens of requests A-E
-reservations = [1 << (p + o - 1).bit_length() for p, o in trace]
+trace = [(4, 3), (3, 5), (3, 5), (2, 3), (2, 2)]  # (prompt, output) tokens of requests A-E
+reservations = [p + (1 << (o - 1).bit_length()) for p, o in trace]  # the paper's Pow2
 arena = 32
 
 admitted: set[int] = set()
@@ -31,13 +31,13 @@ for c in chunks:
 holes = [end - start for start, end in zip([0] + [c.start + c.size for c in chunks],
                                            [c.start for c in chunks] + [arena]) if end > start]
 
-fig, ax = canvas(7.4, 2.0, (-0.5, arena + 0.5), (-2.6, 2.6))
+fig, ax = canvas(7.4, 2.3, (-0.5, arena + 0.5), (-2.6, 3.2))
 for s, k in enumerate(kind):
     ax.add_patch(Rectangle((s, 0), 1, 1, facecolor=COLORS[k], edgecolor="white", linewidth=0.8))
 for c in chunks:
     ax.add_patch(Rectangle((c.start, 0), c.size, 1, fill=False, edgecolor=EDGE, linewidth=1.4))
-    ax.text(c.start + c.size / 2, 1.15, f"request {NAMES[c.request]}: {c.size} slots reserved\n"
-            f"{c.filled} stored, {c.final - c.filled} to come, {c.size - c.final} never used",
+    ax.text(c.start + c.size / 2, 1.15, f"request {NAMES[c.request]}: {c.size} slots\n"
+            f"{c.filled} stored, {c.final - c.filled} to come,\n{c.size - c.final} never used",
             ha="center", va="bottom", fontsize=7)
 for s in range(0, arena + 1, 8):
     ax.text(s, -0.15, str(s), ha="center", va="top", fontsize=6.5, color="#555555")

@@ -87,11 +87,13 @@ def contiguous_usage(trace: Sequence[tuple[int, int]], max_model_len: int) -> KV
 
 def paged_usage(trace: Sequence[tuple[int, int]], block_size: int) -> KVMemoryUsage:
     """Each request holds just enough blocks of `block_size` slots for its tokens so far."""
+    # --8<-- [start:paged_count]
     used = fragmented = 0
     for _, _, filled in _steps(trace):
         used += filled
         fragmented += -filled % block_size  # empty slots in the last block
     return KVMemoryUsage(used, 0, fragmented)
+    # --8<-- [end:paged_count]
 
 
 # ------------------------------------------------------------------------------ under load, one arena
@@ -157,6 +159,7 @@ def contiguous_usage_under_load(
     trace: Sequence[tuple[int, int]], reservations: Sequence[int], arena_slots: int
 ) -> KVMemoryUsage:
     """Every arena slot at every step of `first_fit_steps` while a request waits: held, or free but unusable."""
+    # --8<-- [start:contiguous_count]
     used = reserved = internal = external = 0
     for chunks, num_waiting in first_fit_steps(trace, reservations, arena_slots):
         if num_waiting == 0:  # nobody is short of memory: free slots are idle, not wasted
@@ -166,6 +169,7 @@ def contiguous_usage_under_load(
         internal += sum(c.size - c.final for c in chunks)
         external += arena_slots - sum(c.size for c in chunks)
     return KVMemoryUsage(used, reserved, internal, external)
+    # --8<-- [end:contiguous_count]
 
 
 def paged_usage_under_load(
