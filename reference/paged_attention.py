@@ -113,12 +113,14 @@ def _attend_sequence(q, k_cache, v_cache, block_table, seq_len, scale, sliding_w
         block = block_table[j]
         partials.append(_attend_block(q, k_cache[block, :valid], v_cache[block, :valid], query_pos, key_pos, scale,
                                       sliding_window, alibi_slopes))
+    # --8<-- [start:merge]
     m_all = np.stack([m for m, _, _ in partials])  # [blocks, n, kv, g]
     m = m_all.max(axis=0)  # finite: every query sees at least its own key
     weights = np.exp(m_all - m)  # e^{m_j - m}; 0 for blocks a query does not see
     l = sum(w * l_j for w, (_, l_j, _) in zip(weights, partials))
     o = sum(w[..., None] * o_j for w, (_, _, o_j) in zip(weights, partials))
     return (o / l[..., None]).reshape(n, num_heads, head_dim)
+    # --8<-- [end:merge]
     # --8<-- [end:block_walk]
 
 
