@@ -67,6 +67,7 @@ class LlamaModel:
         y = y if bias is None else y + bias
         return y.reshape(len(x), num_heads, self.config.head_dim)  # [T, heads, D]
 
+    # --8<-- [start:layer]
     def _attention(self, x, layer, positions, cache: KVCache, metadata: AttentionMetadata):
         cfg = self.config
         q = self._project(x, layer, "q_proj", cfg.num_heads)
@@ -84,6 +85,7 @@ class LlamaModel:
         gate = x @ self._w(layer, "mlp.gate_proj.weight").T
         up = x @ self._w(layer, "mlp.up_proj.weight").T
         return (silu(gate) * up) @ self._w(layer, "mlp.down_proj.weight").T
+    # --8<-- [end:layer]
 
     def forward(self, token_ids: np.ndarray, positions: np.ndarray, cache: KVCache, metadata: AttentionMetadata,
                 logits_indices: np.ndarray | None = None) -> np.ndarray:
