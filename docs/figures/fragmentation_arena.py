@@ -38,13 +38,13 @@ for c in chunks:
     ax.add_patch(Rectangle((c.start, 0), c.size, 1, fill=False, edgecolor=EDGE, linewidth=1.4))
     ax.text(c.start + c.size / 2, 1.15, f"request {NAMES[c.request]}: {c.size} slots\n"
             f"{c.filled} stored, {c.final - c.filled} to come,\n{c.size - c.final} never used",
-            ha="center", va="bottom", fontsize=7)
+            ha="center", va="bottom", fontsize=9)
 for s in range(0, arena + 1, 8):
-    ax.text(s, -0.15, str(s), ha="center", va="top", fontsize=6.5, color="#555555")
+    ax.text(s, -0.15, str(s), ha="center", va="top", fontsize=9, color="#555555")
 ax.text(arena / 2, -0.75, f"after step {step}: request {NAMES[waiting]} waits for {reservations[waiting]} "
         f"contiguous slots; {free} are free, in holes of {' and '.join(map(str, holes))}",
-        ha="center", va="top", fontsize=7.5)
+        ha="center", va="top", fontsize=9)
 legend(ax, [(COLORS["used"], "used"), (COLORS["reserved"], "reserved (future tokens)"),
             (COLORS["internal"], "internal fragmentation"), (COLORS["external"], "external fragmentation")],
-       bbox_to_anchor=(0.5, 0.2), fontsize=7.5)
+       bbox_to_anchor=(0.5, 0.2), fontsize=9)
 save(fig, "fragmentation_arena")

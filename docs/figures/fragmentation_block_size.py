@@ -20,16 +20,16 @@ for mode, colour in (("sharegpt-like", COLORS["used"]), ("alpaca-like", COLORS["
             f"{np.mean(outputs):.0f} tokens)")
     for bs, w in zip(block_sizes, waste):
         if bs in (16, 256):
-            ax.annotate(f"{w:.1f}%", (bs, w), textcoords="offset points", xytext=(-6, 6), ha="right", fontsize=7.5,
+            ax.annotate(f"{w:.1f}%", (bs, w), textcoords="offset points", xytext=(-6, 6), ha="right", fontsize=9,
                         color=colour)
 ax.axvline(16, color="#999999", linewidth=0.8, linestyle=":")
-ax.text(16, ax.get_ylim()[1] * 0.97, " vLLM's default", fontsize=7.5, va="top", color="#555555")
+ax.text(16, ax.get_ylim()[1] * 0.97, " vLLM's default", fontsize=9, va="top", color="#555555")
 ax.set_xscale("log", base=2)
 ax.set_xticks(block_sizes, [str(b) for b in block_sizes])
 ax.set_xlabel("block size (tokens)")
 ax.set_ylabel("KV cache wasted (%)")
 ax.set_title("Paging wastes at most the tail of each last block", fontsize=10)
 ax.grid(alpha=0.3, linewidth=0.5)
-ax.legend(fontsize=8, frameon=False, loc="upper left")
+ax.legend(fontsize=9, frameon=False, loc="upper left")
 fig.tight_layout()
 save(fig, "fragmentation_block_size")

@@ -23,13 +23,13 @@ for field, label, colour in parts:
     ax.bar(x, share, 0.6, bottom=bottom, color=COLORS[colour], label=label)
     for xi, b, s in zip(x, bottom, share):
         if s >= 4:
-            ax.text(xi, b + s / 2, f"{s:.1f}%", ha="center", va="center", fontsize=7.5, color="white")
+            ax.text(xi, b + s / 2, f"{s:.1f}%", ha="center", va="center", fontsize=9, color="white")
     bottom += share
-ax.set_xticks(x, labels, fontsize=8)
+ax.set_xticks(x, labels, fontsize=9)
 ax.set_ylabel("share of the KV cache (%)")
 ax.set_ylim(0, 100)
 ax.set_title(f"KV cache under load: {len(example['trace'])} ShareGPT-like requests, {example['arena']:,} slots",
              fontsize=10)
-ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9, frameon=False)
 fig.tight_layout()
 save(fig, "fragmentation_waste")

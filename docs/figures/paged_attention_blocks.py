@@ -19,7 +19,7 @@ def cells_of(logical: int) -> list[str]:
     return cells + [""] * (bs - len(cells))
 
 
-fig, ax = canvas(7.5, 3.9, (-1.2, PHYSICAL_X + bs * W + 0.3), (-0.3, num_blocks + 1.1))
+fig, ax = canvas(7.5, 3.0, (-1.2, PHYSICAL_X + bs * W + 0.3), (-0.3, num_blocks + 1.1))
 row_y = lambda row: num_blocks - 1 - row  # noqa: E731  (row 0 at the top)
 middle = LOGICAL_X + bs * W / 2
 ax.text(middle, num_blocks + 0.5, "logical blocks", ha="center", fontsize=9, weight="bold")
@@ -27,12 +27,12 @@ ax.text(TABLE_X + 1.5, num_blocks + 0.5, "block table", ha="center", fontsize=9,
 ax.text(PHYSICAL_X + bs * W / 2, num_blocks + 0.5, "physical blocks", ha="center", fontsize=9, weight="bold")
 
 first_row = (num_blocks - len(table)) // 2  # logical blocks and table rows centred vertically
-ax.text(TABLE_X, row_y(first_row) + 1.0, "logical", ha="center", fontsize=7, color="#555555")
-ax.text(TABLE_X + 3, row_y(first_row) + 1.0, "physical", ha="center", fontsize=7, color="#555555")
+ax.text(TABLE_X, row_y(first_row) + 1.0, "logical", ha="center", fontsize=9, color="#555555")
+ax.text(TABLE_X + 3, row_y(first_row) + 1.0, "physical", ha="center", fontsize=9, color="#555555")
 for j, physical in enumerate(table):
     y = row_y(first_row + j)
     block(ax, LOGICAL_X, y, cells_of(j), COLORS["used"], width=W, text_color=TEXT_ON_DARK)
-    ax.text(LOGICAL_X - 0.3, y + 0.4, str(j), ha="right", va="center", fontsize=8)
+    ax.text(LOGICAL_X - 0.3, y + 0.4, str(j), ha="right", va="center", fontsize=9)
     ax.text(TABLE_X, y + 0.4, str(j), ha="center", va="center", fontsize=9)
     ax.text(TABLE_X + 3, y + 0.4, str(physical), ha="center", va="center", fontsize=9, weight="bold")
     arrow(ax, (LOGICAL_X + bs * W + 0.1, y + 0.4), (TABLE_X - 0.6, y + 0.4))
@@ -40,7 +40,7 @@ for j, physical in enumerate(table):
 
 for physical in range(num_blocks):
     y = row_y(physical)
-    ax.text(PHYSICAL_X - 0.2, y + 0.4, f"block {physical}", ha="right", va="center", fontsize=8)
+    ax.text(PHYSICAL_X - 0.2, y + 0.4, f"block {physical}", ha="right", va="center", fontsize=9)
     if owner.get(physical) == "speech":
         block(ax, PHYSICAL_X, y, cells_of(table.index(physical)), COLORS["used"], width=W, text_color=TEXT_ON_DARK)
     else:
