@@ -10,11 +10,11 @@ def draw_grid(ax: Axes, rows: list[str], cells: dict[tuple[int, int], tuple[str,
     for (row, step), (color, label) in cells.items():
         ax.add_patch(Rectangle((step, row), 1, 1, facecolor=color, edgecolor="white", linewidth=1.5))
         if label:
-            ax.text(step + 0.5, row + 0.5, label, ha="center", va="center", fontsize=8, color="white")
+            ax.text(step + 0.5, row + 0.5, label, ha="center", va="center", fontsize=9, color="white")
     ax.set_xlim(0, num_steps)
     ax.set_ylim(len(rows), 0)
     ax.set_yticks([i + 0.5 for i in range(len(rows))], rows)
-    ax.set_xticks([i + 0.5 for i in range(num_steps)], [str(i) for i in range(num_steps)], fontsize=8)
+    ax.set_xticks([i + 0.5 for i in range(num_steps)], [str(i) for i in range(num_steps)], fontsize=9)
     ax.tick_params(length=0)
     for side in ("left", "bottom"):
         ax.spines[side].set_visible(False)
