@@ -116,6 +116,7 @@ class ReferenceEngine:
         if not out.scheduled:
             return []
         batch = self._prepare_batch(out)
+        # --8<-- [end:step]
         logits = self.model.forward(batch.token_ids, batch.positions, self.kv_cache, batch.metadata, batch.logits_indices)
         sampled = {}
         for request_id, row in zip(batch.sampling_ids, logits):
@@ -123,7 +124,6 @@ class ReferenceEngine:
             sampled[request_id] = sample(row, request.sampling_params, request.num_tokens, self.rng,
                                          request.output_token_ids)
         return self.scheduler.update_from_output(out, sampled, self.eos_token_ids)
-    # --8<-- [end:step]
 
     def _prepare_batch(self, out: SchedulerOutput) -> Batch:
         bs = self.block_manager.block_size

@@ -67,7 +67,6 @@ class LlamaModel:
         y = y if bias is None else y + bias
         return y.reshape(len(x), num_heads, self.config.head_dim)  # [T, heads, D]
 
-    # --8<-- [start:layer]
     def _attention(self, x, layer, positions, cache: KVCache, metadata: AttentionMetadata):
         cfg = self.config
         q = self._project(x, layer, "q_proj", cfg.num_heads)
@@ -81,11 +80,12 @@ class LlamaModel:
         out = paged_attention(q, cache.k[layer], cache.v[layer], metadata, scale=cfg.head_dim**-0.5)
         return out.reshape(len(x), -1) @ self._w(layer, "self_attn.o_proj.weight").T
 
+    # --8<-- [start:mlp]
     def _mlp(self, x: np.ndarray, layer: int) -> np.ndarray:
         gate = x @ self._w(layer, "mlp.gate_proj.weight").T
         up = x @ self._w(layer, "mlp.up_proj.weight").T
         return (silu(gate) * up) @ self._w(layer, "mlp.down_proj.weight").T
-    # --8<-- [end:layer]
+    # --8<-- [end:mlp]
 
     def forward(self, token_ids: np.ndarray, positions: np.ndarray, cache: KVCache, metadata: AttentionMetadata,
                 logits_indices: np.ndarray | None = None) -> np.ndarray:

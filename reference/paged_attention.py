@@ -105,7 +105,6 @@ def _attend_sequence(q, k_cache, v_cache, block_table, seq_len, scale, sliding_w
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     q = q.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)  # heads grouped by KV head
     query_pos = np.arange(seq_len - n, seq_len)
-    # --8<-- [start:block_walk]
     partials = []
     for j in range(_first_block(seq_len - n, block_size, sliding_window), cdiv(seq_len, block_size)):
         valid = min(block_size, seq_len - j * block_size)
@@ -121,7 +120,6 @@ def _attend_sequence(q, k_cache, v_cache, block_table, seq_len, scale, sliding_w
     o = sum(w[..., None] * o_j for w, (_, _, o_j) in zip(weights, partials))
     return (o / l[..., None]).reshape(n, num_heads, head_dim)
     # --8<-- [end:merge]
-    # --8<-- [end:block_walk]
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, metadata: AttentionMetadata,
