@@ -20,10 +20,10 @@ ax.set_xlim(0, max(rates) * 1.2)
 first = runs[0]
 ax.set_title(f"{first['num_prompts']} {first['length_mode']} requests per rate, SmolLM2-135M, "
              f"{first['machine']['cpu_count']}-core CPU", loc="left", fontsize=10)
-for run in runs:  # what the server delivered at each rate
-    report = run["report"]
+for i, run in enumerate(runs):  # what the server delivered at each rate; labels alternate below and above,
+    report = run["report"]     # since neighbouring rates can have the same latency
     ax.annotate(f"{report['request_throughput']:.2f} req/s served", (report["request_rate"],
-                report["mean_normalized_latency_ms"] / 1000), textcoords="offset points", xytext=(5, -12),
-                fontsize=8, color=COLORS["external"])
+                report["mean_normalized_latency_ms"] / 1000), textcoords="offset points",
+                xytext=(5, -14 if i % 2 == 0 else 8), fontsize=9, color=COLORS["external"])
 fig.tight_layout()
 save(fig, "paper_serving")
