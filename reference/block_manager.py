@@ -50,14 +50,15 @@ class BlockManager:
         swapped out)."""
         return [block.block_id for block in self.block_tables[seq_id]]
 
+    # --8<-- [start:full_block_hashes]
     def _full_block_hashes(self, token_ids: Sequence[int], num_blocks: int) -> list[BlockHash]:
         hashes: list[BlockHash] = []
         for i in range(num_blocks):
             chunk = token_ids[i * self.block_size : (i + 1) * self.block_size]
             hashes.append(hash_block_tokens(hashes[-1] if hashes else None, chunk))
         return hashes
+    # --8<-- [end:full_block_hashes]
 
-    # --8<-- [start:find_cached_prefix]
     def find_cached_prefix(self, token_ids: Sequence[int], *, read_cache: bool = True) -> list[Block]:
         """The longest run of leading full blocks already in the prefix cache; nothing is reserved.
 
@@ -74,7 +75,6 @@ class BlockManager:
                 break
             hits.append(block)
         return hits
-    # --8<-- [end:find_cached_prefix]
 
     # -------------------------------------------------------------------- allocation and growth
     def can_allocate(self, token_ids: Sequence[int], *, read_cache: bool = True) -> bool:
@@ -116,13 +116,13 @@ class BlockManager:
         needed = self.num_blocks_to_append(seq_id, num_computed_tokens, num_new_tokens)
         return needed <= self.device.num_free_blocks
 
-    # --8<-- [start:append_slots]
     def append_slots(self, seq_id: str, num_computed_tokens: int, num_new_tokens: int) -> list[tuple[int, int]]:
         """Make room for tokens at positions [num_computed_tokens, num_computed_tokens + num_new_tokens).
 
         Returns the copy-on-write copies (src_block, dst_block): a shared, partially filled last block (after
         a fork) is replaced by a private copy before this sequence writes to it.
         """
+        # --8<-- [start:append_slots]
         assert self.can_append_slots(seq_id, num_computed_tokens, num_new_tokens), "out of blocks"
         table = self.block_tables[seq_id]
         copies = []
@@ -134,7 +134,7 @@ class BlockManager:
         while len(table) < self.num_blocks_for(num_computed_tokens + num_new_tokens):
             table.append(self.device.allocate())
         return copies
-    # --8<-- [end:append_slots]
+        # --8<-- [end:append_slots]
 
     def cache_full_blocks(self, seq_id: str, token_ids: Sequence[int], num_computed_tokens: int) -> None:
         """Enter the sequence's blocks that are full of computed tokens into the prefix cache.
@@ -149,19 +149,19 @@ class BlockManager:
             self.device.cache(block, block_hash)
 
     # --------------------------------------------------------------------------- sharing and freeing
-    # --8<-- [start:fork]
     def fork(self, parent_id: str, child_id: str) -> None:
         """The child shares every block of the parent (parallel sampling, beam search).
 
         Each block's `ref_cnt` goes up by one; no block is copied until one of them writes into a
         shared, partially filled block (copy-on-write, in `append_slots`).
         """
+        # --8<-- [start:fork]
         assert child_id not in self.block_tables, f"sequence {child_id!r} already has blocks"
         assert parent_id not in self.swapped_out, f"cannot fork swapped-out sequence {parent_id!r}"
         for block in self.block_tables[parent_id]:
             self.device.share(block)
         self.block_tables[child_id] = list(self.block_tables[parent_id])
-    # --8<-- [end:fork]
+        # --8<-- [end:fork]
 
     def free(self, seq_id: str) -> None:
         """Release a sequence's blocks, tail first, so its tail is evicted before its prefix.

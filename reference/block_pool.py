@@ -23,16 +23,16 @@ import numpy as np
 BlockHash = NewType("BlockHash", bytes)
 
 
-# --8<-- [start:hash_block_tokens]
 def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
     """Chained hash of one full block: it names the block's tokens *and* everything before them.
 
     Two blocks get the same hash only if their whole prefixes are equal, so a hash hit is safe to reuse.
     """
+    # --8<-- [start:hash_block_tokens]
     digest = hashlib.sha256(parent_hash or b"")
     digest.update(np.asarray(token_ids, dtype=np.int64).tobytes())
     return BlockHash(digest.digest())
-# --8<-- [end:hash_block_tokens]
+    # --8<-- [end:hash_block_tokens]
 
 
 def salt_hash(cache_salt: str | None) -> BlockHash | None:
@@ -74,7 +74,6 @@ class BlockPool:
         """Blocks that can be handed out, including cached blocks nobody holds (evictable)."""
         return len(self.free_queue)
 
-    # --8<-- [start:free_queue]
     def allocate(self) -> Block:
         """Take the least recently freed block, evicting its cached contents if it has any."""
         assert self.free_queue, "allocate() called with no free block: check num_free_blocks first"
@@ -92,6 +91,7 @@ class BlockPool:
             del self.free_queue[block.block_id]
         block.ref_cnt += 1
 
+    # --8<-- [start:free_queue]
     def free(self, block: Block) -> None:
         """Drop a holder; at zero the block joins the tail of the free queue (evicted last)."""
         assert block.ref_cnt > 0, f"double free of block {block.block_id}"

@@ -122,13 +122,13 @@ class Scheduler:
         return bool(self.waiting or self.running or self.swapped)
 
     # ------------------------------------------------------------------------------------ one step
-    # --8<-- [start:schedule]
     def schedule(self) -> SchedulerOutput:
         """Decide what the next step runs (the module's policy), and reserve the blocks it writes to.
 
         The block tables in the output already hold every slot the step writes; the KV cache makes the
         output's copies before the model runs, and `update_from_output` follows once it has run.
         """
+        # --8<-- [start:schedule]
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens - self._schedule_running(out)
         if not out.preempted:
@@ -136,7 +136,7 @@ class Scheduler:
             if not self.swapped:
                 self._schedule_waiting(out, budget)
         return out
-    # --8<-- [end:schedule]
+        # --8<-- [end:schedule]
 
     def _chunk(self, num_remaining: int, budget: int) -> int:
         """How many of a request's remaining tokens fit in this step's token budget."""
@@ -144,7 +144,6 @@ class Scheduler:
             return min(num_remaining, budget)
         return num_remaining if num_remaining <= budget else 0
 
-    # --8<-- [start:schedule_running]
     def _schedule_running(self, out: SchedulerOutput) -> int:
         bm, used, i = self.block_manager, 0, 0
         while i < len(self.running):
@@ -153,16 +152,17 @@ class Scheduler:
             if n == 0:
                 i += 1
                 continue
+            # --8<-- [start:schedule_running]
             while not bm.can_append_slots(request.request_id, request.num_computed_tokens, n):
                 self._preempt(self.running.pop(), out)  # the latest arrival goes first
                 if request.status is not RequestStatus.RUNNING:
                     return used
             out.copies += bm.append_slots(request.request_id, request.num_computed_tokens, n)
             self._add_scheduled(out, request, n)
+            # --8<-- [end:schedule_running]
             used += n
             i += 1
         return used
-    # --8<-- [end:schedule_running]
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
         bm, used = self.block_manager, 0
