@@ -51,7 +51,8 @@ class BlockManager:
         return [block.block_id for block in self.block_tables[seq_id]]
 
     # --8<-- [start:full_block_hashes]
-    def _full_block_hashes(self, token_ids: Sequence[int], num_blocks: int) -> list[BlockHash]:
+    def _full_block_hashes(self, token_ids: Sequence[int],
+                           num_blocks: int) -> list[BlockHash]:
         hashes: list[BlockHash] = []
         for i in range(num_blocks):
             chunk = token_ids[i * self.block_size : (i + 1) * self.block_size]
@@ -123,7 +124,8 @@ class BlockManager:
         a fork) is replaced by a private copy before this sequence writes to it.
         """
         # --8<-- [start:append_slots]
-        assert self.can_append_slots(seq_id, num_computed_tokens, num_new_tokens), "out of blocks"
+        enough = self.can_append_slots(seq_id, num_computed_tokens, num_new_tokens)
+        assert enough, "out of blocks"
         table = self.block_tables[seq_id]
         copies = []
         if self._writes_shared_block(seq_id, num_computed_tokens):
@@ -156,8 +158,8 @@ class BlockManager:
         shared, partially filled block (copy-on-write, in `append_slots`).
         """
         # --8<-- [start:fork]
-        assert child_id not in self.block_tables, f"sequence {child_id!r} already has blocks"
-        assert parent_id not in self.swapped_out, f"cannot fork swapped-out sequence {parent_id!r}"
+        assert child_id not in self.block_tables, f"{child_id!r} already has blocks"
+        assert parent_id not in self.swapped_out, f"cannot fork swapped-out {parent_id!r}"
         for block in self.block_tables[parent_id]:
             self.device.share(block)
         self.block_tables[child_id] = list(self.block_tables[parent_id])

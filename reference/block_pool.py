@@ -93,7 +93,7 @@ class BlockPool:
 
     # --8<-- [start:free_queue]
     def free(self, block: Block) -> None:
-        """Drop a holder; at zero the block joins the tail of the free queue (evicted last)."""
+        """Drop a holder; at zero the block joins the free queue's tail (evicted last)."""
         assert block.ref_cnt > 0, f"double free of block {block.block_id}"
         block.ref_cnt -= 1
         if block.ref_cnt == 0:

@@ -5,6 +5,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -54,6 +55,26 @@ def test_example_and_its_shown_output_fit_88_columns(example):
               for page, output in includes(example) if output is not None]
     too_long = [f"{where}, line {number}: {len(line)} columns" for where, text in texts
                 for number, line in enumerate(text.splitlines(), 1) if len(line) > MAX_COLUMNS]
+    assert not too_long, f"longer than {MAX_COLUMNS} columns:\n" + "\n".join(too_long)
+
+
+SECTION = re.compile(r'--8<-- "((?:reference|jax_engine|pallas_kernels)/[\w/.]+):(\w+)"')
+
+
+def included_section(path: str, name: str) -> str:
+    """The lines between a source file's `--8<-- [start:name]` and `[end:name]` markers, dedented as the site
+    shows them (mkdocs.yml: dedent_subsections)."""
+    text = (ROOT / path).read_text()
+    body = text.split(f"# --8<-- [start:{name}]\n", 1)[1].split(f"# --8<-- [end:{name}]", 1)[0]
+    return textwrap.dedent(body)
+
+
+def test_code_included_from_the_source_fits_88_columns():
+    """The oracle's code on the pages (snippet sections of reference/) fits the column as the examples do."""
+    too_long = [f"{page.relative_to(ROOT)}: {path}:{name}, line {number}: {len(line)} columns"
+                for page in sorted((ROOT / "docs").glob("**/*.md"))
+                for path, name in SECTION.findall(page.read_text())
+                for number, line in enumerate(included_section(path, name).splitlines(), 1) if len(line) > MAX_COLUMNS]
     assert not too_long, f"longer than {MAX_COLUMNS} columns:\n" + "\n".join(too_long)
 
 
