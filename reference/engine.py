@@ -4,9 +4,10 @@
       step():
         1. scheduler.schedule()            who runs, how many tokens each, which blocks to copy
         2. kv_cache copies                 swap out, swap in, copy-on-write
-        3. model.forward(batch)            write new K/V at their slots, paged attention
-        4. sample                          one token per request whose tokens are all computed
-        5. scheduler.update_from_output    append tokens, finish requests, free their blocks
+        3. _prepare_batch(out)             flat token ids, positions, slots, block tables
+        4. model.forward(batch)            write new K/V at their slots, paged attention
+        5. sample                          one token per request whose tokens are all computed
+        6. scheduler.update_from_output    append tokens, finish requests, free their blocks
 """
 
 from collections.abc import Sequence

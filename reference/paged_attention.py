@@ -4,7 +4,10 @@ The KV cache of one layer is an array of physical blocks, `[num_blocks, block_si
 head_dim]`. A token's keys live at its *slot*, `block_id * block_size + offset`; a sequence's keys are
 found through its block table.
 
-Softmax attention is computed block by block. For query $q_i$ and the keys $K_j$ of logical block $j$:
+Softmax attention is computed block by block. (The paper's Eq. 4 computes every block's scores first and
+normalises once over all of them, as vLLM's first kernel did; merging per-block partial results, below, is
+FlashAttention's online softmax as flash-decoding and vLLM's `paged_attention_v2` use it: the same result,
+with no pass over all scores at once.) For query $q_i$ and the keys $K_j$ of logical block $j$:
 
 $$ m_j = \max_t \frac{q_i k_t^\top}{\sqrt{d}}, \qquad
    \ell_j = \sum_{t \in j} e^{q_i k_t^\top/\sqrt{d} - m_j}, \qquad
