@@ -51,10 +51,9 @@ class BlockManager:
         return [block.block_id for block in self.block_tables[seq_id]]
 
     # --8<-- [start:full_block_hashes]
-    def _full_block_hashes(self, token_ids: Sequence[int],
-                           num_blocks: int) -> list[BlockHash]:
+    def _full_block_hashes(self, token_ids: Sequence[int], count: int) -> list[BlockHash]:
         hashes: list[BlockHash] = []
-        for i in range(num_blocks):
+        for i in range(count):
             chunk = token_ids[i * self.block_size : (i + 1) * self.block_size]
             hashes.append(hash_block_tokens(hashes[-1] if hashes else None, chunk))
         return hashes
@@ -67,15 +66,18 @@ class BlockManager:
         token, so at least one token is always computed. `read_cache=False` is for a request that must
         compute every token (prompt logprobs): it gets no hits, though its full blocks are still cached.
         """
+        # --8<-- [start:find_cached_prefix]
         if not self.enable_prefix_caching or not read_cache:
             return []
         hits = []
-        for block_hash in self._full_block_hashes(token_ids, (len(token_ids) - 1) // self.block_size):
+        num_full = (len(token_ids) - 1) // self.block_size  # not the last token's block
+        for block_hash in self._full_block_hashes(token_ids, num_full):
             block = self.device.lookup(block_hash)
             if block is None:
                 break
             hits.append(block)
         return hits
+        # --8<-- [end:find_cached_prefix]
 
     # -------------------------------------------------------------------- allocation and growth
     def can_allocate(self, token_ids: Sequence[int], *, read_cache: bool = True) -> bool:
@@ -124,8 +126,7 @@ class BlockManager:
         a fork) is replaced by a private copy before this sequence writes to it.
         """
         # --8<-- [start:append_slots]
-        enough = self.can_append_slots(seq_id, num_computed_tokens, num_new_tokens)
-        assert enough, "out of blocks"
+        assert self.can_append_slots(seq_id, num_computed_tokens, num_new_tokens), "no blocks"
         table = self.block_tables[seq_id]
         copies = []
         if self._writes_shared_block(seq_id, num_computed_tokens):
