@@ -17,7 +17,7 @@ from scipy import stats  # installed with jax, which depends on it
 
 from reference import speculative
 from reference.request import SamplingParams
-from reference.sampler import sample
+from reference.sampler import filtered_probs, processed_logits, sample
 from reference.speculative import (
     acceptance_probability,
     propose_ngram,
@@ -241,6 +241,16 @@ def test_greedy_verification_draws_nothing_whatever_the_draft_distribution():
         drafts = [int(rng.choice(4, p=q)) for q in draft_probs]
         emitted = rejection_sample(drafts, draft_probs, target, rng=None)
         assert emitted == [2, 0, 3][:len(emitted)]
+
+
+def test_target_rows_are_the_samplers_distributions_with_the_drafts_in_the_context():
+    logits = np.random.default_rng(5).normal(size=(3, 6))
+    params = SamplingParams(temperature=0.7, top_k=4, bad_words_token_ids=((2, 5),))
+    rows = target_probs_from_logits(logits, params, output_ids=[1], draft_token_ids=[2, 3])
+    assert rows[0][5] > 0 and rows[1][5] == 0  # the bad word [2, 5]: 5 is banned right after the draft 2
+    assert np.allclose(rows[2], filtered_probs(processed_logits(logits[2], params, [1, 2, 3]), params))
+    greedy_rows = target_probs_from_logits(logits, GREEDY, [1], [2, 3])
+    assert greedy_rows.tolist() == np.eye(6)[np.argmax(logits, axis=1)].tolist()
 
 
 # ------------------------------------------------------------------------------------- n-gram proposer
