@@ -1,24 +1,9 @@
 """Answers to page 7's exercises, computed by the reference engine itself."""
 
-from types import SimpleNamespace
+from reference import ReferenceEngine, SamplingParams, SchedulerConfig
+from reference.tutorial.tiny_llama import tiny_llama
 
-import numpy as np
-
-from reference import LlamaModel, ReferenceEngine, SamplingParams, SchedulerConfig
-
-cfg = SimpleNamespace(vocab_size=32, hidden_size=16, num_layers=2, num_heads=4,
-                      num_kv_heads=2, head_dim=4, rope_theta=10000.0, norm_eps=1e-6,
-                      tie_word_embeddings=True)
-rng = np.random.default_rng(0)
-shapes = {"self_attn.q_proj": (16, 16), "self_attn.k_proj": (8, 16),
-          "self_attn.v_proj": (8, 16), "self_attn.o_proj": (16, 16),
-          "mlp.gate_proj": (32, 16), "mlp.up_proj": (32, 16), "mlp.down_proj": (16, 32),
-          "input_layernorm": (16,), "post_attention_layernorm": (16,)}
-weights = {f"model.layers.{i}.{name}.weight": rng.normal(size=shape).astype(np.float32)
-           for i in range(2) for name, shape in shapes.items()}
-weights["model.embed_tokens.weight"] = rng.normal(size=(32, 16)).astype(np.float32)
-weights["model.norm.weight"] = np.ones(16, np.float32)
-model = LlamaModel(cfg, weights)
+model = tiny_llama()
 greedy = SamplingParams(temperature=0, max_tokens=4)
 
 
