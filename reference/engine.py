@@ -6,8 +6,10 @@
         2. kv_cache copies                 swap out, swap in, copy-on-write
         3. _prepare_batch(out)             flat token ids, positions, slots, block tables
         4. model.forward(batch)            write new K/V at their slots, paged attention
-        5. sample                          one token per request whose tokens are all computed
-        6. scheduler.update_from_output    append tokens, finish requests, free their blocks
+        5. sample                          one token per request whose tokens are all computed;
+                                           with drafts, verify them: the accepted ones and one more
+        6. scheduler.update_from_output    append tokens, roll back rejected drafts, finish requests
+        7. proposer.propose                draft the next tokens of each decoding request (speculation)
 """
 
 from collections.abc import Sequence
@@ -23,6 +25,13 @@ from reference.paged_attention import AttentionMetadata
 from reference.request import Request, SamplingParams
 from reference.sampler import sample
 from reference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from reference.speculative import rejection_sample, target_probs_from_logits
+
+
+class Proposer(Protocol):
+    """Drafts tokens to follow a context (reference/speculative.py: NgramProposer, DraftModelProposer)."""
+
+    def propose(self, token_ids: list[int], max_drafts: int) -> list[int]: ...
 
 
 class Tokenizer(Protocol):
@@ -49,7 +58,7 @@ class Batch:
     token_ids: np.ndarray
     positions: np.ndarray
     metadata: AttentionMetadata
-    logits_indices: np.ndarray  # last row of each request that samples this step
+    logits_indices: np.ndarray  # last row of each request that samples this step, and its drafts' rows before it
     sampling_ids: list[str]  # those requests, in the same order
 
 
@@ -68,6 +77,7 @@ class ReferenceEngine:
         eos_token_ids: Sequence[int] = (),
         tokenizer: Tokenizer | None = None,
         seed: int = 0,
+        proposer: Proposer | None = None,
     ) -> None:
         cfg = model.config
         self.model = model
@@ -77,6 +87,8 @@ class ReferenceEngine:
         self.eos_token_ids = tuple(eos_token_ids)
         self.tokenizer = tokenizer
         self.rng = np.random.default_rng(seed)
+        self.proposer = proposer  # speculative decoding when set
+        self.num_draft_tokens = self.num_accepted_tokens = 0  # drafts verified, and accepted, so far
         self.trace: list[SchedulerOutput] = []  # every step's decisions, for tests and the tutorial
         self._arrivals = 0
 
@@ -119,28 +131,54 @@ class ReferenceEngine:
         batch = self._prepare_batch(out)
         # --8<-- [end:step]
         logits = self.model.forward(batch.token_ids, batch.positions, self.kv_cache, batch.metadata, batch.logits_indices)
-        sampled = {}
-        for request_id, row in zip(batch.sampling_ids, logits):
+        sampled, row = {}, 0
+        for request_id in batch.sampling_ids:
             request = self.scheduler.requests[request_id]
-            sampled[request_id] = sample(row, request.sampling_params, request.num_tokens, self.rng,
-                                         request.output_token_ids)
-        return self.scheduler.update_from_output(out, sampled, self.eos_token_ids)
+            num_rows = 1 + len(request.spec_token_ids)
+            sampled[request_id] = self._emit(request, logits[row : row + num_rows])
+            row += num_rows
+        finished = self.scheduler.update_from_output(out, sampled, self.eos_token_ids)
+        self._propose()
+        return finished
+
+    # --8<-- [start:speculative_step]
+    def _emit(self, request: Request, logits: np.ndarray) -> int | list[int]:
+        """The token a request samples, or with drafts the ones the target verifies (logits: a row per draft,
+        then one after the last)."""
+        params, drafts = request.sampling_params, request.spec_token_ids
+        if not drafts:
+            return sample(logits[0], params, request.num_tokens, self.rng, request.output_token_ids)
+        target_probs = target_probs_from_logits(logits, params, request.output_token_ids, drafts)
+        rng = self.rng if params.seed is None else np.random.default_rng([params.seed % 2**64, request.num_tokens])
+        emitted = rejection_sample(drafts, None, target_probs, rng)  # None: the proposers' drafts are one-hot
+        self.num_draft_tokens += len(drafts)
+        self.num_accepted_tokens += len(emitted) - 1
+        return emitted
+
+    def _propose(self) -> None:
+        """Draft the next tokens of every request that just sampled; the next step verifies them."""
+        for request in self.scheduler.running if self.proposer else []:
+            if request.num_computed_tokens == request.num_tokens - 1:
+                room = request.max_num_tokens - request.num_tokens - 1  # a step emits up to drafts + 1 tokens
+                request.spec_token_ids = self.proposer.propose(request.token_ids, room)
+    # --8<-- [end:speculative_step]
 
     def _prepare_batch(self, out: SchedulerOutput) -> Batch:
         bs = self.block_manager.block_size
         token_ids, positions, slots, starts, seq_lens, logits_indices, sampling_ids = [], [], [], [0], [], [], []
         for s in out.scheduled:
             request = self.scheduler.requests[s.request_id]
+            tokens = request.token_ids + request.spec_token_ids  # drafts follow the last token (speculation)
             first, last = request.num_computed_tokens, request.num_computed_tokens + s.num_new_tokens
             # --8<-- [start:slot_mapping]
-            token_ids += request.token_ids[first:last]
+            token_ids += tokens[first:last]
             positions += range(first, last)
             slots += [s.block_table[p // bs] * bs + p % bs for p in range(first, last)]
             # --8<-- [end:slot_mapping]
             starts.append(starts[-1] + s.num_new_tokens)
             seq_lens.append(last)
-            if last == request.num_tokens:  # prompt fully computed: this step samples a token
-                logits_indices.append(starts[-1] - 1)
+            if last >= request.num_tokens:  # prompt fully computed: this step samples a token
+                logits_indices += range(starts[-1] - 1 - len(request.spec_token_ids), starts[-1])
                 sampling_ids.append(s.request_id)
         metadata = AttentionMetadata(np.array(slots), np.array(starts), np.array(seq_lens),
                                      [s.block_table for s in out.scheduled])

@@ -93,6 +93,9 @@ class Request:
     # vLLM's name: a request asking for prompt logprobs needs every prompt position computed, so it takes no
     # prefix-cache hits (the engine sets this from SamplingParams.prompt_logprobs).
     skip_reading_prefix_cache: bool = False
+    # Speculative decoding: tokens a proposer drafted after the last one sampled. The next step computes them
+    # after that token, as lookahead, and the target keeps the prefix of them that it verifies.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:

@@ -148,10 +148,12 @@ class Scheduler:
         bm, used, i = self.block_manager, 0, 0
         while i < len(self.running):
             request = self.running[i]
-            n = self._chunk(request.num_tokens - request.num_computed_tokens, self.config.max_num_batched_tokens - used)
+            budget = self.config.max_num_batched_tokens - used
+            n = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
             if n == 0:
                 i += 1
                 continue
+            n = self._with_drafts(request, n, budget)
             # --8<-- [start:schedule_running]
             while not bm.can_append_slots(request.request_id, request.num_computed_tokens, n):
                 self._preempt(self.running.pop(), out)  # the latest arrival goes first
@@ -198,6 +200,15 @@ class Scheduler:
             budget -= n
 
     # ----------------------------------------------------------------------------------- helpers
+    def _with_drafts(self, request: Request, n: int, budget: int) -> int:
+        """A decoding request's tokens this step with its drafts after them, as lookahead: as many drafts as the
+        token budget holds, and none when the free blocks cannot hold them: a draft never preempts its own request."""
+        del request.spec_token_ids[max(0, budget - n):]
+        if not self.block_manager.can_append_slots(request.request_id, request.num_computed_tokens,
+                                                   n + len(request.spec_token_ids)):
+            request.spec_token_ids = []
+        return n + len(request.spec_token_ids)
+
     def _add_scheduled(self, out: SchedulerOutput, request: Request, n: int) -> None:
         table = self.block_manager.block_table(request.request_id)
         out.scheduled.append(ScheduledRequest(request.request_id, n, table))
@@ -205,6 +216,7 @@ class Scheduler:
     # --8<-- [start:preempt]
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         self.num_preemptions += 1
+        request.spec_token_ids = []  # drafts are only verified right after the token they follow
         out.preempted.append(request.request_id)
         out.scheduled = [s for s in out.scheduled if s.request_id != request.request_id]
         bm = self.block_manager
@@ -232,18 +244,35 @@ class Scheduler:
         request.status = status
 
     # -------------------------------------------------------------------------- after the model ran
-    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int], eos_token_ids: Iterable[int] = ()) -> list[Request]:
-        """Advance computed counts, append each sampled token (one per request whose tokens are now all
-        computed), and free the requests that finished, which it returns."""
+    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int | list[int]],
+                           eos_token_ids: Iterable[int] = ()) -> list[Request]:
+        """Advance computed counts, append what each request whose tokens are now all computed emitted, and
+        free the requests that finished, which it returns.
+
+        A request emits one sampled token, or with drafts a list: the drafts the target accepted, then its
+        own token. Tokens after a stop are dropped. The rejected drafts are rolled back: the computed count
+        goes back to the verified tokens, only blocks full of those enter the prefix cache, and blocks that
+        held nothing else are freed.
+        """
         finished = []
         for scheduled in out.scheduled:
             request = self.requests[scheduled.request_id]
-            request.num_computed_tokens += scheduled.num_new_tokens
-            self.block_manager.cache_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
+            request.num_computed_tokens += scheduled.num_new_tokens - len(request.spec_token_ids)
+            request.spec_token_ids = []
             if request.num_computed_tokens < request.num_tokens:
+                self.block_manager.cache_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
                 continue  # mid-prefill: nothing to sample yet
-            request.output_token_ids.append(sampled[request.request_id])
-            status = request.stop_status(tuple(eos_token_ids))
+            # --8<-- [start:update_emitted]
+            emitted = sampled[request.request_id]
+            for token in emitted if isinstance(emitted, list) else [emitted]:
+                request.output_token_ids.append(token)
+                status = request.stop_status(tuple(eos_token_ids))
+                if status is not None:
+                    break
+            request.num_computed_tokens = request.num_tokens - 1  # every emitted token but the last is verified
+            self.block_manager.cache_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
+            self.block_manager.trim(request.request_id, request.num_computed_tokens)
+            # --8<-- [end:update_emitted]
             if status is not None:
                 self._finish(request, status)
                 finished.append(request)

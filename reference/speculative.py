@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from reference.llama import LlamaModel
 from reference.request import SamplingParams
 from reference.sampler import filtered_probs, processed_logits
 
@@ -63,6 +64,40 @@ def propose_ngram(token_ids: Sequence[int], num_speculative_tokens: int, prompt_
         if start is not None:
             return tokens[start + n : start + n + k]
     return []
+
+
+class NgramProposer:
+    """vLLM's method "ngram" (prompt lookup): drafts copied from the request's own context, free to propose.
+
+    vLLM's defaults: prompt_lookup_min and prompt_lookup_max are 5 when neither is given.
+    """
+
+    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int = 5, prompt_lookup_max: int = 5) -> None:
+        propose_ngram([], num_speculative_tokens, prompt_lookup_min, prompt_lookup_max)  # checks the arguments
+        self.num_speculative_tokens = num_speculative_tokens
+        self.prompt_lookup_min, self.prompt_lookup_max = prompt_lookup_min, prompt_lookup_max
+
+    def propose(self, token_ids: Sequence[int], max_drafts: int) -> list[int]:
+        """At most min(k, max_drafts) drafts to follow `token_ids`."""
+        k = min(self.num_speculative_tokens, max_drafts)
+        return propose_ngram(token_ids, k, self.prompt_lookup_min, self.prompt_lookup_max)
+
+
+class DraftModelProposer:
+    """A cheaper model with the target's vocabulary drafts k tokens, each its own argmax (as vLLM's draft models
+    propose): a deterministic proposer, so its q is one-hot and `rejection_sample` takes draft_probs=None.
+
+    It recomputes the whole context for every draft (`last_logits`): slow and simple, as an oracle may be.
+    """
+
+    def __init__(self, model: LlamaModel, num_speculative_tokens: int) -> None:
+        self.model, self.num_speculative_tokens = model, num_speculative_tokens
+
+    def propose(self, token_ids: Sequence[int], max_drafts: int) -> list[int]:
+        drafts: list[int] = []
+        for _ in range(min(self.num_speculative_tokens, max_drafts)):
+            drafts.append(int(np.argmax(self.model.last_logits([*token_ids, *drafts]))))
+        return drafts
 
 
 def acceptance_probability(target_prob: float, draft_prob: float) -> float:

@@ -13,9 +13,10 @@ REFERENCE = ROOT / "reference"
 PACKAGES = [REFERENCE, ROOT / "jax_engine", ROOT / "pallas_kernels"]
 CORE = ["block_pool", "block_manager", "request", "scheduler", "paged_attention", "kv_cache", "llama", "sampler",
         "engine", "beam_search", "speculative"]
-# 1300 for the serving loop, plus issue 44's n-gram proposer and exact rejection sampler (speculative.py,
-# 138 lines, rounded up to the next 50).
-MAX_CORE_LINES = 1300 + 150
+# 1300 for the serving loop, plus issue 44's speculative decoding: the proposers and the exact rejection sampler
+# (speculative.py, 173 lines), the lookahead slots and roll-back in the scheduler and block manager and the
+# engine's verification step (about 80 lines), rounded up to the next 50.
+MAX_CORE_LINES = 1300 + 300
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 50
 MAX_LLM_ENGINE_LINES = 200
