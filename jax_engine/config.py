@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import json
 import logging
 import re
 import typing
@@ -15,6 +16,7 @@ from jax_engine.attention import ATTENTION_BACKENDS, AttentionBackend
 from jax_engine.linear import QUANTIZATIONS
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.rope import max_len_with_rope_scaling
+from jax_engine.spec_decode import SpeculativeConfig
 from jax_engine.target_platform import platform
 from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
 
@@ -73,6 +75,9 @@ class EngineArgs:
         node_rank: this process's rank among the nnodes.
         master_addr: the address of node_rank 0, where JAX's coordinator listens.
         master_port: the port of JAX's coordinator.
+        speculative_config: speculative decoding, vLLM's dictionary (a JSON object on the command line), e.g.
+            {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}; see
+            jax_engine/spec_decode/config.py. None decodes one token per step.
     """
 
     model: str | None = None
@@ -101,6 +106,7 @@ class EngineArgs:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 29501
+    speculative_config: dict | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, limit: str) -> None:
@@ -129,6 +135,11 @@ class EngineArgs:
         check(isinstance(self.node_rank, int) and 0 <= self.node_rank < self.nnodes, "node_rank", "in [0, nnodes)")
         check(self.quantization is None or self.quantization in QUANTIZATIONS, "quantization",
               f"None or one of {list(QUANTIZATIONS)}")
+        SpeculativeConfig.from_dict(self.speculative_config)  # raises naming the bad key
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        return SpeculativeConfig.from_dict(self.speculative_config)
 
     @classmethod
     def field_names(cls) -> set[str]:
@@ -157,6 +168,7 @@ class EngineArgs:
                                     help=helps[field.name])
             else:
                 base = next((t for t in typing.get_args(kind) if t is not type(None)), kind)
+                base = json.loads if base is dict else base  # a dictionary comes as a JSON object
                 parser.add_argument(flag, type=base, default=default, help=helps[field.name] + " (default: %(default)s)")
         return parser
 
@@ -242,3 +254,13 @@ def resolve_scheduler_config(args: EngineArgs, cfg: ModelConfig) -> SchedulerCon
     return SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=budget,
                            max_model_len=max_model_len, enable_chunked_prefill=args.enable_chunked_prefill,
                            preemption_mode=args.preemption_mode)
+
+
+def max_sampled_rows(args: EngineArgs, config: SchedulerConfig) -> int:
+    """The most logits rows one step samples: a row per sequence, plus one per draft while speculation is on
+    (below disable_by_batch_size sequences), never more than the step's tokens."""
+    spec = args.speculative
+    if spec is None:
+        return config.max_num_seqs
+    speculating = min(config.max_num_seqs, (spec.disable_by_batch_size or config.max_num_seqs + 1) - 1)
+    return max(config.max_num_seqs, min(speculating * (1 + spec.num_speculative_tokens), config.max_num_batched_tokens))

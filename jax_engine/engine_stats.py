@@ -44,9 +44,10 @@ class EngineStats:
         self.blocks_held += blocks.num_blocks - blocks.num_free_blocks
         self.blocks_unshared += blocks.num_blocks_without_sharing
 
-    def report(self, scheduler: Scheduler, runner) -> dict:
+    def report(self, scheduler: Scheduler, runner, speculator=None) -> dict:
         steps, blocks = max(self.num_steps, 1), scheduler.block_stats()
-        return {
+        spec_decode = {} if speculator is None else {"spec_decode": speculator.stats()}
+        return spec_decode | {
             "num_blocks": blocks.num_blocks,
             "num_free_blocks": blocks.num_free_blocks,
             "num_cached_blocks": blocks.num_cached_blocks,

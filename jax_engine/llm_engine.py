@@ -33,6 +33,8 @@ from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
 from jax_engine.sequence_group import SequenceFactory, SequenceGroup
 from jax_engine.sample.step_sampler import StepSampler
+from jax_engine.spec_decode.speculator import Speculator
+from jax_engine.spec_decode.verification import with_draft_positions
 from jax_engine.structured_output.grammar import GrammarCompiler
 from jax_engine.worker import init_devices, load_model
 from reference.request import RequestStatus
@@ -90,6 +92,7 @@ class LLMEngine:
         if args.nnodes > 1 and args.node_rank == 0:
             self.runner = multihost.DriverRunner(self.runner)
         self._step_sampler = StepSampler(self.runner, self.grammar_compiler, cfg.vocab_size, self._failing_alone)
+        self.speculator = Speculator.create(args.speculative, self.scheduler_config.max_model_len)
         logger.info("engine ready in %.1f s (attention backend %r)", time.perf_counter() - started,
                     self.attention_backend.name)
 
@@ -178,19 +181,20 @@ class LLMEngine:
         sampling_hidden, hidden = self.runner.execute(inputs)
         self.output_processor.score_prompts(out, inputs.row_of, hidden, self.runner.token_logprobs,
                                             self._failing_alone)
-        samplers = [(row, sampler) for row, seq in enumerate(inputs.sampling_seqs)  # parallel samples: the parent's row
-                    for sampler in self._groups[seq.request_id].sampling_seqs(seq)]
-        tokens = [(seq, token) for seq, token in self._step_sampler.sample(sampling_hidden, samplers)
-                  if not self._groups[seq.request_id].propose(seq, token)]
+        samplers = [(row, sampler) for seq, row in zip(inputs.sampling_seqs, inputs.sampling_rows)
+                    for sampler in self._groups[seq.request_id].sampling_seqs(seq)]  # n > 1: the parent's row
+        sampled = self._step_sampler.sample(sampling_hidden, with_draft_positions(samplers))
+        sampled = sampled if self.speculator is None else self.speculator.verify(sampled)
+        tokens = [(seq, token) for seq, token in sampled if not self._groups[seq.request_id].propose(seq, token)]
         appended = self.scheduler.update_from_output(out, tokens, self._beam_updates(out))
-        for seq, token in appended:
-            if seq.status is RequestStatus.FINISHED_ERROR:  # its grammar rejected the token: the request fails
-                self._finish_group(self._groups[seq.request_id], RequestStatus.FINISHED_ERROR)
-                continue
-            with self._failing_alone(seq):
-                if (status := self.output_processor.process_token(seq, token)) is not None:
-                    self.scheduler.finish_requests([seq.seq_id], status)
+        stopped = self.output_processor.process_tokens(appended, self._failing_alone, self._fail_request)
+        self.scheduler.finish_requests([seq.seq_id for seq in stopped], RequestStatus.FINISHED_STOPPED)
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running.items, self._groups)
         return outputs + self._request_outputs(out)
+
+    def _fail_request(self, seq: Sequence) -> None:
+        self._finish_group(self._groups[seq.request_id], RequestStatus.FINISHED_ERROR)
 
     def _beam_updates(self, out: SchedulerOutput) -> list:
         """This step's beam-search plans: every beam search whose live beams have all proposed."""
@@ -235,5 +239,5 @@ class LLMEngine:
         return self._stats.num_steps
 
     def stats(self) -> dict:
-        """KV-cache and scheduling statistics since the engine started."""
-        return self._stats.report(self.scheduler, self.runner)
+        """KV-cache and scheduling statistics since the engine started (and speculative decoding's, when on)."""
+        return self._stats.report(self.scheduler, self.runner, self.speculator)

@@ -40,6 +40,26 @@ class OutputProcessor:
             seq.metrics.finished_time = now
         return status
 
+    def process_tokens(self, appended: list[tuple[Sequence, SampledToken]], failing_alone: Callable,
+                       fail_request: Callable[[Sequence], None]) -> list[Sequence]:
+        """process_token for each appended token, in order; returns the sequences a stop string ended. Where that
+        was one of several tokens a sequence emitted this step (speculative decoding), the ones after it are
+        taken back. A sequence its grammar failed (FINISHED_ERROR) goes to `fail_request`; a token whose
+        processing raises fails its request alone (`failing_alone`)."""
+        stopped: dict[Sequence, list[SampledToken]] = {}  # the tokens after each one's stop string
+        for seq, token in appended:
+            if seq in stopped:
+                stopped[seq].append(token)
+            elif seq.status is RequestStatus.FINISHED_ERROR:
+                fail_request(seq)
+            else:
+                with failing_alone(seq):
+                    if self.process_token(seq, token) is not None:
+                        stopped[seq] = []
+        for seq, dropped in stopped.items():
+            seq.drop_last_tokens(dropped)
+        return list(stopped)
+
     def logprob_entry(self, token: int, logprob: float, rank: int, top_ids, top_logprobs, k: int) -> PositionLogprobs:
         """vLLM's per-position logprobs: the chosen token, then the top k (ranks 1..k)."""
         entry = {int(token): Logprob(float(logprob), int(rank), self.tokenizer.decode([int(token)]))}

@@ -39,6 +39,7 @@ class Sequence:
     fork_parent: "Sequence | None" = None  # a parallel sample waiting for its parent's prompt to be computed
     num_pending_forks: int = 0  # sequences still to fork from this one (parallel samples, the first beams)
     grammar: GrammarMatcher | None = None  # structured output: where its output stands in its grammar
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts the next step verifies (jax_engine/spec_decode)
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)
@@ -80,6 +81,17 @@ class Sequence:
     @property
     def num_output_tokens(self) -> int:
         return len(self.all_token_ids) - len(self.prompt_token_ids)
+
+    def tokens_to_compute(self, n: int) -> list[int]:
+        """The next n tokens whose K/V a step computes: from num_computed_tokens on, drafts after the last token."""
+        tokens = self.all_token_ids + self.spec_token_ids if self.spec_token_ids else self.all_token_ids
+        return tokens[self.num_computed_tokens : self.num_computed_tokens + n]
+
+    def drop_last_tokens(self, tokens: list) -> None:
+        """Take back the last appended tokens (SampledTokens): a stop string ended the text before them."""
+        if tokens:
+            del self.all_token_ids[-len(tokens) :]
+            self.cumulative_logprob -= sum(token.logprob for token in tokens)
 
     def append_token(self, token_id: int, logprob: float = 0.0) -> RequestStatus | None:
         """Record a sampled token; return the finished status it causes, if any."""

@@ -13,7 +13,7 @@ from jax.sharding import Mesh
 
 from jax_engine.attention import AttentionBackend, get_attention_backend
 from jax_engine.runner.compile_shapes import use_compilation_cache
-from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_block_size, resolve_dtype
+from jax_engine.config import EngineArgs, max_sampled_rows, plan_kv_cache, platform, resolve_block_size, resolve_dtype
 from jax_engine.core.kv_cache_manager import CacheConfig
 from jax_engine.distributed import multihost
 from jax_engine.distributed.tensor_parallel import make_mesh
@@ -58,6 +58,6 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
     if args.nnodes > 1:  # every host's cache must have the driver's block count (free memory may differ)
         num_blocks, num_host_blocks = multihost.agree((num_blocks, num_host_blocks))
     runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, scheduler_config.max_model_len,
-                         scheduler_config.max_num_seqs, backend, dtype)
+                         scheduler_config.max_num_seqs, backend, dtype, max_sampled_rows(args, scheduler_config))
     cache_config = CacheConfig(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
     return LoadedModel(runner, cache_config, backend, dtype)

@@ -257,23 +257,29 @@ class Scheduler:
         finished = []
         for scheduled in out.scheduled:
             request = self.requests[scheduled.request_id]
-            request.num_computed_tokens += scheduled.num_new_tokens - len(request.spec_token_ids)
-            request.spec_token_ids = []
+            request.num_computed_tokens += scheduled.num_new_tokens - len(request.spec_token_ids)  # drafts: below
+            self.block_manager.cache_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
             if request.num_computed_tokens < request.num_tokens:
-                self.block_manager.cache_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
                 continue  # mid-prefill: nothing to sample yet
-            # --8<-- [start:update_emitted]
-            emitted = sampled[request.request_id]
+            emitted, num_drafts, request.spec_token_ids = sampled[request.request_id], len(request.spec_token_ids), []
             for token in emitted if isinstance(emitted, list) else [emitted]:
                 request.output_token_ids.append(token)
                 status = request.stop_status(tuple(eos_token_ids))
                 if status is not None:
                     break
-            request.num_computed_tokens = request.num_tokens - 1  # every emitted token but the last is verified
-            self.block_manager.cache_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
-            self.block_manager.trim(request.request_id, request.num_computed_tokens)
-            # --8<-- [end:update_emitted]
             if status is not None:
                 self._finish(request, status)
                 finished.append(request)
+            elif num_drafts:
+                self._roll_back(request)
         return finished
+
+    # --8<-- [start:roll_back]
+    def _roll_back(self, request: Request) -> None:
+        """After verifying drafts: every emitted token but the last is computed (the accepted drafts and the
+        token before them); blocks full of them enter the prefix cache, and blocks that held only rejected
+        drafts go back to the pool."""
+        request.num_computed_tokens = request.num_tokens - 1
+        self.block_manager.cache_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
+        self.block_manager.trim(request.request_id, request.num_computed_tokens)
+    # --8<-- [end:roll_back]

@@ -114,16 +114,28 @@ class Scheduler:
         for s in out.scheduled:
             if s.seq.status.is_finished:  # failed while this step ran: it holds no blocks any more
                 continue
-            s.seq.num_computed_tokens += s.num_new_tokens
+            s.seq.num_computed_tokens += s.num_new_tokens - len(s.seq.spec_token_ids)  # drafts: in _roll_back
             self.kv.cache_full_blocks(s.seq.seq_id, s.seq.all_token_ids, s.seq.num_computed_tokens)
         for seq, _ in sampled:  # fork before anyone appends, so children copy the parent's prompt alone
             if seq.fork_parent is not None:
                 self.fork(seq.fork_parent, seq)
                 seq.fork_parent = None
         appended = [(seq, token) for seq, token in sampled if self._append(seq, token.token, token.logprob)]
+        for s in out.scheduled:
+            if s.seq.spec_token_ids:
+                self._roll_back(s.seq)
         for update in beam_updates:
             self._apply_beam_update(update)
         return appended
+
+    def _roll_back(self, seq: Sequence) -> None:
+        """After a verification step: every emitted token but the last is computed; blocks full of verified
+        tokens enter the prefix cache, and those only the rejected drafts were written to are freed."""
+        seq.spec_token_ids = []
+        seq.num_computed_tokens = seq.num_tokens - 1
+        if seq.seq_id in self.kv.block_tables:  # not finished by the tokens it emitted
+            self.kv.cache_full_blocks(seq.seq_id, seq.all_token_ids, seq.num_computed_tokens)
+            self.kv.trim(seq.seq_id, seq.num_computed_tokens)
 
     def _append(self, seq: Sequence, token: int, logprob: float) -> bool:
         """Append one token, advance the sequence's grammar, finish it if the token ends it. False when the
@@ -175,10 +187,12 @@ class Scheduler:
         kv, running, used, i = self.kv, self.running.items, 0, 0
         while i < len(running):
             seq = running[i]
-            n = self._chunk(seq.num_tokens - seq.num_computed_tokens, self.config.max_num_batched_tokens - used)
+            budget = self.config.max_num_batched_tokens - used
+            n = self._chunk(seq.num_tokens - seq.num_computed_tokens, budget)
             if n == 0:
                 i += 1
                 continue
+            n = self._with_drafts(seq, n, budget)
             while not kv.can_append_slots(seq.seq_id, seq.num_computed_tokens, n):
                 needed = kv.num_blocks_to_append(seq.seq_id, seq.num_computed_tokens, n)
                 reason = f"{seq.seq_id} needed {needed} blocks, {kv.device.num_free_blocks} free"
@@ -190,6 +204,14 @@ class Scheduler:
             used += n
             i += 1
         return used
+
+    def _with_drafts(self, seq: Sequence, n: int, budget: int) -> int:
+        """A decoding sequence's tokens this step with its drafts after them, as lookahead: as many drafts as the
+        token budget holds, and none when the free blocks cannot hold them (the reference's rule)."""
+        del seq.spec_token_ids[max(0, budget - n):]
+        if not self.kv.can_append_slots(seq.seq_id, seq.num_computed_tokens, n + len(seq.spec_token_ids)):
+            seq.spec_token_ids = []
+        return n + len(seq.spec_token_ids)
 
     def _num_free_rows(self) -> int:
         """Sequences that may still join the batch: max_num_seqs less the running ones and their forks to come."""
@@ -232,6 +254,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput, reason: str) -> None:
         self.num_preemptions += 1
+        seq.spec_token_ids = []  # drafts are only verified right after the token they follow
         out.scheduled = [s for s in out.scheduled if s.seq is not seq]
         if self.config.preemption_mode == "swap" and self.kv.can_swap_out([seq.seq_id]):
             out.swap_out.update(self.kv.swap_out([seq.seq_id]))

@@ -46,7 +46,7 @@ def startup_shapes(runner: ModelRunner, max_num_batched_tokens: int, swap: bool 
     # block of its own: a small KV cache bounds those shapes, whatever the limits. Not the rows sampled: the n
     # samples of a request all sample from their parent's row before they fork, up to max_num_seqs in all.
     num_blocks = runner.num_slots // runner.block_size
-    return StartupShapes(max_tokens=min(max_num_batched_tokens, runner.num_slots), max_rows=runner.max_num_seqs,
+    return StartupShapes(max_tokens=min(max_num_batched_tokens, runner.num_slots), max_rows=runner.max_sampled_rows,
                          max_copies=min(runner.max_num_seqs, num_blocks),
                          max_swaps=min(num_blocks, runner.host_k.shape[1]) if swap else 0)
 

@@ -48,7 +48,7 @@ def block_move_bucket(num_blocks: int) -> int:
 def _forward(model, k_cache, v_cache, token_ids, metadata, logits_indices, attention):
     """The model over the step's tokens; returns the hidden states of the sampling rows too.
 
-    logits_indices has one entry per possible sequence (max_num_seqs), whatever the step's size, so this
+    logits_indices has one entry per possible sampled row (max_sampled_rows), whatever the step's size, so this
     function, the costly one to compile, has one shape per token bucket and the logits one per row bucket.
     """
     hidden, k_cache, v_cache = model(token_ids, k_cache, v_cache, metadata, attention)
@@ -164,7 +164,7 @@ def step_example(runner: "ModelRunner", num_tokens: int) -> Example:
     i32 = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
     metadata = AttentionMetadata(i32(num_tokens), i32(num_tokens), i32(rows, runner.max_blocks_per_seq), i32(rows),
                                  i32(rows + 1), i32(0), i32(0, 0), 0)
-    host_inputs = runner.placed((i32(num_tokens), metadata, i32(runner.max_num_seqs)))
+    host_inputs = runner.placed((i32(num_tokens), metadata, i32(runner.max_sampled_rows)))
     return Example((runner.model, runner.k_cache, runner.v_cache, *host_inputs))
 
 
@@ -178,7 +178,7 @@ def _replicated(runner: "ModelRunner", shape: tuple, dtype) -> jax.ShapeDtypeStr
 
 def _logits_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
     cfg = runner.model.cfg
-    hidden = _replicated(runner, (runner.max_num_seqs, cfg.hidden_size), runner.k_cache.dtype)
+    hidden = _replicated(runner, (runner.max_sampled_rows, cfg.hidden_size), runner.k_cache.dtype)
     for rows in all_buckets(bucket, shapes.max_rows):
         buffer = _replicated(runner, (rows, cfg.vocab_size), jnp.float32)
         yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32)), buffer))

@@ -65,8 +65,9 @@ class StepInputs:
 
     token_ids: np.ndarray
     metadata: AttentionMetadata
-    logits_indices: np.ndarray  # [max_num_seqs or more] rows whose next-token logits are sampled (padded)
-    sampling_seqs: list  # the Sequence of each real row of logits_indices, in order
+    logits_indices: np.ndarray  # [max_sampled_rows or more] rows whose next-token logits are sampled (padded)
+    sampling_seqs: list  # the Sequences that sample this step, in order
+    sampling_rows: list[int]  # the first entry of logits_indices of each: its drafts' rows follow it
     row_of: dict[str, int]  # first row of each scheduled sequence's tokens
 
 
@@ -76,10 +77,13 @@ class ModelRunner:
     DEVICE_CALLS = DEVICE_CALLS  # its methods that run device programs (multi-host wiring repeats them)
 
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
-                 max_model_len: int, max_num_seqs: int, backend: AttentionBackend, dtype) -> None:
+                 max_model_len: int, max_num_seqs: int, backend: AttentionBackend, dtype,
+                 max_sampled_rows: int | None = None) -> None:
         self.model = model
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
+        # Rows of logits sampled in one step: one per sequence, and one more per draft with speculative decoding.
+        self.max_sampled_rows = max_sampled_rows or max_num_seqs
         self.max_model_len = max_model_len
         self.num_slots = num_blocks * block_size
         self.backend = backend
@@ -169,34 +173,34 @@ class ModelRunner:
         tables = np.zeros((num_rows, num_cols), np.int32)
         seq_lens = np.zeros(num_rows, np.int32)
         q_lens = np.zeros(num_rows, np.int32)
-        logits_rows, sampling_seqs, row_of = [], [], {}
+        logits_rows, sampling_seqs, sampling_rows, row_of = [], [], [], {}
 
         row = 0
         for slot, s in zip(seq_slots, decode + prefill):
             seq, n = s.seq, s.num_new_tokens
             first = seq.num_computed_tokens
-            table = s.block_table
             pos = np.arange(first, first + n)
-            token_ids[row : row + n] = seq.all_token_ids[first : first + n]
+            token_ids[row : row + n] = seq.tokens_to_compute(n)
             positions[row : row + n] = pos
-            slot_mapping[row : row + n] = np.asarray(table)[pos // bs] * bs + pos % bs
+            slot_mapping[row : row + n] = np.asarray(s.block_table)[pos // bs] * bs + pos % bs
             used = cdiv(first + n, bs)  # the table may run further (blocks for later chunks)
-            tables[slot, :used] = table[:used]
+            tables[slot, :used] = s.block_table[:used]
             seq_lens[slot] = first + n
             q_lens[slot] = n
             row_of[seq.seq_id] = row
-            if first + n == seq.num_tokens:  # all its tokens computed: sample the next one
-                logits_rows.append(row + n - 1)
+            if first + n >= seq.num_tokens:  # all its tokens computed: sample the next one (and verify drafts)
+                sampling_rows.append(len(logits_rows))
+                logits_rows += range(row + n - 1 - len(seq.spec_token_ids), row + n)
                 sampling_seqs.append(seq)
             row += n
         decode_rows, prefill_rows = self._kind_rows(decode, prefill, row_of, padded_tokens)
-        logits_indices = np.zeros(capacity, np.int32)
+        logits_indices = np.zeros(max(self.max_sampled_rows, capacity), np.int32)
         logits_indices[: len(logits_rows)] = logits_rows
         starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)  # rows are laid out in this order
         max_query_len = 0 if self.backend.ragged else max(prefill_rows.shape[1], 1)
         metadata = AttentionMetadata(positions, slot_mapping, tables, seq_lens, starts, decode_rows, prefill_rows,
                                      max_query_len)
-        return StepInputs(token_ids, metadata, logits_indices, sampling_seqs, row_of)
+        return StepInputs(token_ids, metadata, logits_indices, sampling_seqs, sampling_rows, row_of)
 
     def _sequence_layout(self, decode: list, prefill: list, ragged_rows: int) -> tuple[list[int], int, int]:
         """(table row of each scheduled sequence, decode then prefill; rows; table columns), bucketed."""
@@ -222,7 +226,7 @@ class ModelRunner:
 
     # -------------------------------------------------------------------------------- execute
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
-        """Run the step. Returns (hidden states of the sampling rows [max_num_seqs, H], all of them [T, H])."""
+        """Run the step. Returns (hidden states of the sampling rows [max_sampled_rows, H], all of them [T, H])."""
         host_inputs = (inputs.token_ids, inputs.metadata, inputs.logits_indices)
         key = STEP.key((self.model, self.k_cache, self.v_cache, *host_inputs))
         if key not in self.programs.startup and self.replicated is not None:  # through jit: place them first

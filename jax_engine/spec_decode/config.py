@@ -1,0 +1,65 @@
+"""`speculative_config`: vLLM's dictionary, checked when the engine starts (a bad one never reaches a request)."""
+
+from dataclasses import dataclass
+
+# Drafts verified per sequence and step. Each is one more logits row through the sampler and one more token
+# through the step, and the sampler's row buckets are compiled at start-up up to max_num_seqs x (1 + k).
+MAX_SPECULATIVE_TOKENS = 8
+METHODS = ("ngram",)
+KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size", "model")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """What to draft, and how much.
+
+    method: "ngram" (prompt lookup: copy what followed an earlier occurrence of the last n tokens).
+    num_speculative_tokens: k, the most drafts verified per sequence and step.
+    prompt_lookup_min, prompt_lookup_max: the n-gram lengths tried, longest first (vLLM: both 5 when neither is
+        given, else the missing one equals the other).
+    disable_by_batch_size: no drafts while this many sequences or more are running, where verifying them costs
+        more than it saves (None: never disabled).
+    """
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_min: int = 5
+    prompt_lookup_max: int = 5
+    disable_by_batch_size: int | None = None
+
+    @classmethod
+    def from_dict(cls, config: "dict | SpeculativeConfig | None") -> "SpeculativeConfig | None":
+        """The config a user's dictionary asks for; ValueError naming the key and its limit if it is bad."""
+        if config is None or isinstance(config, SpeculativeConfig):
+            return config
+        if not isinstance(config, dict):
+            raise ValueError(f"speculative_config must be a dict (JSON object), got {type(config).__name__}")
+        unknown = sorted(set(config) - set(KEYS))
+        if unknown:
+            raise ValueError(f"speculative_config has unknown keys {unknown}; known: {list(KEYS)}")
+        if config.get("model") is not None:
+            raise ValueError("speculative_config: draft models ('model') are not supported yet; use "
+                             "{'method': 'ngram', 'num_speculative_tokens': k}")
+        method = config.get("method")
+        method = "ngram" if method == "[ngram]" else method  # vLLM's older spelling
+        if method not in METHODS:
+            raise ValueError(f"speculative_config['method'] must be one of {list(METHODS)}, got {method!r}")
+        lookup_min, lookup_max = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
+        lookup_min, lookup_max = lookup_min or lookup_max or 5, lookup_max or lookup_min or 5
+        return cls(method, config.get("num_speculative_tokens"), lookup_min, lookup_max,
+                   config.get("disable_by_batch_size"))
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, name: str, limit: str) -> None:
+            if not ok:
+                raise ValueError(f"speculative_config['{name}'] must be {limit}, got {getattr(self, name)!r}")
+
+        k = self.num_speculative_tokens
+        check(isinstance(k, int) and 1 <= k <= MAX_SPECULATIVE_TOKENS, "num_speculative_tokens",
+              f"an int in [1, {MAX_SPECULATIVE_TOKENS}]")
+        check(isinstance(self.prompt_lookup_min, int) and self.prompt_lookup_min >= 1, "prompt_lookup_min", ">= 1")
+        check(isinstance(self.prompt_lookup_max, int) and self.prompt_lookup_max >= self.prompt_lookup_min,
+              "prompt_lookup_max", f">= prompt_lookup_min ({self.prompt_lookup_min})")
+        check(self.disable_by_batch_size is None or (isinstance(self.disable_by_batch_size, int)
+                                                     and self.disable_by_batch_size >= 1),
+              "disable_by_batch_size", "None or an int >= 1")

@@ -1,0 +1,131 @@
+"""Speculative decoding in the engine (issue 44): n-gram drafts verified in one step change no output.
+
+The engine verifies a draft by sampling its position as plain decoding would (jax_engine/spec_decode/
+verification.py), so greedy and seeded output must equal the output without speculation token for token, with
+logprobs, stop strings, penalties, n > 1, preemption and chunked prefill, while fewer steps run.
+"""
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
+from jax_engine.cli import build_parser
+from jax_engine.spec_decode.ngram_proposer import propose_ngram
+from reference import speculative
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+TINY_ARGS = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=128, num_gpu_blocks_override=64,
+                 block_size=4, enforce_eager=True)
+# Repetitive text: the tiny random model falls into loops that prompt lookup then predicts.
+PROMPTS = ["abcabcabcabc", "the cat the cat the cat", "xyz", "0101010101"]
+
+
+def make(checkpoint, **kwargs) -> LLM:
+    return LLM.from_engine(LLMEngine(EngineArgs(**{**TINY_ARGS, **kwargs}), checkpoint=checkpoint))
+
+
+def completions(llm: LLM, params) -> list:
+    """Tokens, text and finish reason exactly; the logprobs of the emitted tokens to 1e-4 (float32 logits computed
+    in another batch shape, as a verification step or a recompute after preemption computes them, differ in their
+    last bits)."""
+    return [[(c.token_ids, c.text, c.finish_reason, pytest.approx(c.cumulative_logprob, abs=1e-4),
+              [pytest.approx(next(iter(p.values())).logprob, abs=1e-4) for p in c.logprobs or []])
+             for c in out.outputs] for out in llm.generate(PROMPTS, params, use_tqdm=False)]
+
+
+PARAMS = {
+    "greedy": SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+    "seeded, top-p, n=2, logprobs": SamplingParams(temperature=0.9, top_p=0.9, seed=11, n=2, max_tokens=24,
+                                                   ignore_eos=True, logprobs=2),
+    "penalties and a stop string": SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
+                                                  repetition_penalty=1.3, presence_penalty=0.5, stop=["ca"]),
+    # The first prompt's greedy answer is "ccc...": the stop string ends inside a run of accepted drafts, and the
+    # tokens verified after it are dropped.
+    "a stop string among accepted drafts": SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
+                                                          stop=["ccccc"]),
+}
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_checkpoint):
+    llm = make(tiny_checkpoint)
+    return {name: completions(llm, params) for name, params in PARAMS.items()}
+
+
+SMALL_CACHE = dict(num_gpu_blocks_override=12, max_model_len=48, max_num_batched_tokens=48)  # 48 tokens: preempts
+
+
+@pytest.mark.parametrize("variant", [{}, {**SMALL_CACHE, "preemption_mode": "recompute"},
+                                     {**SMALL_CACHE, "preemption_mode": "swap"},
+                                     {"max_num_batched_tokens": 8, "enable_chunked_prefill": True}],
+                         ids=["roomy", "recompute", "swap", "chunked"])
+def test_speculative_output_equals_plain_output(tiny_checkpoint, plain, variant):
+    llm = make(tiny_checkpoint, speculative_config=NGRAM, **variant)
+    for name, params in PARAMS.items():
+        assert completions(llm, params) == plain[name], name
+    stats = llm.llm_engine.stats()
+    spec = stats["spec_decode"]
+    assert spec["num_accepted_tokens"] > 0 and spec["num_draft_tokens"] >= spec["num_accepted_tokens"]
+    assert sum(spec["num_accepted_tokens_per_pos"]) == spec["num_accepted_tokens"]
+    assert 1 < spec["mean_acceptance_length"] <= 1 + NGRAM["num_speculative_tokens"]
+    if "preemption_mode" in variant:
+        assert stats["num_preemptions"] > 0
+    assert stats["num_free_blocks"] == stats["num_blocks"]  # every block back, rejected lookahead included
+
+
+def test_speculation_runs_fewer_steps_and_compiles_nothing_after_start_up(tiny_checkpoint):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    runs = {}
+    for name, config in (("plain", None), ("ngram", NGRAM)):
+        # No compilation cache: programs that eager engines of this process compiled must not be saved (see the note
+        # in compile_shapes._bypassing_jax_cache); start-up compiles them itself.
+        llm = make(tiny_checkpoint, speculative_config=config, enforce_eager=False, compilation_cache_dir="")
+        runs[name] = (llm.generate(["abcabcabcabc"], params, use_tqdm=False)[0].outputs[0].token_ids,
+                      llm.llm_engine.num_steps, llm.llm_engine.stats()["num_compilations"])
+    assert runs["ngram"][0] == runs["plain"][0]
+    assert runs["ngram"][1] < runs["plain"][1]
+    assert runs["ngram"][2] == runs["plain"][2] == 0  # the verification rows were compiled at start-up
+
+
+def test_drafting_stops_at_disable_by_batch_size(tiny_checkpoint):
+    llm = make(tiny_checkpoint, speculative_config={**NGRAM, "disable_by_batch_size": 2})
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    llm.generate(PROMPTS[:2], params, use_tqdm=False)  # two run together the whole time: no drafts
+    assert llm.llm_engine.stats()["spec_decode"]["num_drafts"] == 0
+    llm.generate(PROMPTS[:1], params, use_tqdm=False)
+    assert llm.llm_engine.stats()["spec_decode"]["num_drafts"] > 0
+
+
+@given(st.lists(st.integers(0, 3), max_size=30), st.integers(0, 5), st.integers(1, 3), st.integers(0, 3))
+def test_ngram_proposer_follows_the_oracle(tokens, k, lookup_min, extra):
+    assert propose_ngram(tokens, k, lookup_min, lookup_min + extra) == speculative.propose_ngram(
+        tokens, k, lookup_min, lookup_min + extra)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"method": "eagle", "num_speculative_tokens": 2}, "method"),
+    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 9}, "num_speculative_tokens"),
+    ({"method": "ngram"}, "num_speculative_tokens"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+     "prompt_lookup_max"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "unknown keys"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}, "disable_by_batch_size"),
+    ({"model": "some/draft", "num_speculative_tokens": 2}, "draft models"),
+    ("ngram", "must be a dict"),
+])
+def test_bad_speculative_configs_fail_at_start_up_naming_the_key(config, message):
+    with pytest.raises(ValueError, match=message):
+        EngineArgs(speculative_config=config)
+
+
+def test_vllm_defaults_and_the_command_line_flag():
+    args = EngineArgs(speculative_config={"method": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_max": 4})
+    assert (args.speculative.method, args.speculative.prompt_lookup_min, args.speculative.prompt_lookup_max) == (
+        "ngram", 4, 4)
+    assert EngineArgs(speculative_config={"method": "ngram", "num_speculative_tokens": 2}).speculative.prompt_lookup_min == 5
+    ns = build_parser().parse_args(["serve", "--speculative-config", json.dumps(NGRAM)])
+    assert EngineArgs.from_cli_args(ns).speculative_config == NGRAM
