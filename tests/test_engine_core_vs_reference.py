@@ -127,9 +127,12 @@ def _sampled(token: int) -> SampledToken:
     return SampledToken(token, 0.0, 1, np.zeros(0, np.int32), np.zeros(0, np.float32))
 
 
-@given(scheduler_traces(eos=99), st.lists(st.booleans(), min_size=8, max_size=8))
-def test_engine_scheduler_decides_like_the_reference(trace, prompt_logprobs):
-    """Request i asks for prompt logprobs when prompt_logprobs[i]: it computes every prompt token."""
+@given(scheduler_traces(eos=99), st.lists(st.booleans(), min_size=8, max_size=8),
+       st.lists(st.tuples(st.lists(st.sampled_from([0, 1, 99]), max_size=3), st.integers(0, 3)), min_size=1, max_size=6))
+def test_engine_scheduler_decides_like_the_reference(trace, prompt_logprobs, speculation):
+    """Request i asks for prompt logprobs when prompt_logprobs[i]: it computes every prompt token. With
+    `speculation`, decoding requests take turns drafting tokens, of which the step accepts a prefix: lookahead
+    slots, roll-back and trimming must match too."""
     config, blocks, requests, sampled = trace
     ref = ReferenceScheduler(config, BlockManager(**blocks))
     fast = Scheduler(config, CacheConfig(**blocks))
@@ -151,10 +154,19 @@ def test_engine_scheduler_decides_like_the_reference(trace, prompt_logprobs):
         assert [(s.seq.seq_id, s.num_new_tokens, s.block_table) for s in fast_out.scheduled] == [(s.request_id, s.num_new_tokens, s.block_table) for s in ref_out.scheduled]
         assert [p.seq.seq_id for p in fast_out.preempted] == ref_out.preempted
         assert (fast_out.swap_out, fast_out.swap_in, fast_out.copies) == (ref_out.swap_out, ref_out.swap_in, ref_out.copies)
-        token = sampled[step % len(sampled)]
-        ref.update_from_output(ref_out, {s.request_id: token for s in ref_out.scheduled}, (99,))
-        fast.update_from_output(fast_out, [(s.seq, _sampled(token)) for s in fast_out.scheduled
-                                           if s.seq.num_computed_tokens + s.num_new_tokens == s.seq.num_tokens])
+        token, emitted = sampled[step % len(sampled)], {}
+        for i, s in enumerate(ref_out.scheduled):  # each drafting request accepts its turn's count of drafts
+            drafts = ref.requests[s.request_id].spec_token_ids
+            accepted = speculation[(step + i) % len(speculation)][1] if drafts else 0
+            emitted[s.request_id] = drafts[:accepted] + [token]
+        fast_sampled = [(s.seq, _sampled(t)) for s in fast_out.scheduled for t in emitted[s.seq.seq_id]
+                        if s.seq.num_computed_tokens + s.num_new_tokens >= s.seq.num_tokens]
+        ref.update_from_output(ref_out, emitted, (99,))
+        fast.update_from_output(fast_out, fast_sampled)
+        for i, r in enumerate(ref.running):  # propose (an empty list drafts nothing), capped as the engines cap drafts
+            if r.num_computed_tokens == r.num_tokens - 1:
+                drafts = speculation[(step + i) % len(speculation)][0][: r.max_num_tokens - r.num_tokens - 1]
+                r.spec_token_ids, fast_requests[r.request_id].spec_token_ids = list(drafts), list(drafts)
         assert fast.kv.block_tables == {r: ref.block_manager.block_table(r) for r in ref.block_manager.block_tables}
         assert [b.ref_cnt for b in ref.block_manager.host.blocks] == fast.kv.host.ref_cnt
         for request_id, r in fast_requests.items():
