@@ -216,7 +216,7 @@ class Scheduler:
     # --8<-- [start:preempt]
     def _preempt(self, request: Request, out: SchedulerOutput) -> None:
         self.num_preemptions += 1
-        request.spec_token_ids = []  # drafts are only verified right after the token they follow
+        request.spec_token_ids = []  # drafts are verified only right after their token
         out.preempted.append(request.request_id)
         out.scheduled = [s for s in out.scheduled if s.request_id != request.request_id]
         bm = self.block_manager
