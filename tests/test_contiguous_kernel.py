@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from pallas_kernels.contiguous_decode_attention import contiguous_decode_attention
 from pallas_kernels.paged_decode_attention import paged_decode_attention
-from tests.kernel_cases import expected
+from tests.kernel_cases import expected, float32_tolerance
 
 INTERPRET = jax.default_backend() != "gpu"
 FEW = settings(max_examples=max(settings.default.max_examples // 8, 4))  # each new shape compiles
@@ -58,7 +58,7 @@ def test_contiguous_kernel_matches_the_reference(case, num_partitions):
     want[real] = expected(q[real], paged_k, paged_v, tables[real], lens[real], starts, head_dim)
     diff = np.abs(np.asarray(out) - want).max()
     print(f"max difference vs the reference: {diff:.2e}")
-    assert diff < 2e-5, f"max difference {diff}"  # float32, online softmax: as for the paged kernels
+    assert diff < float32_tolerance(v, max(seq_lens)), f"max difference {diff}"  # online softmax, as paged
 
 
 def test_contiguous_and_paged_kernels_agree_on_the_same_cache():
@@ -73,7 +73,7 @@ def test_contiguous_and_paged_kernels_agree_on_the_same_cache():
                                    interpret=INTERPRET)
     diff = np.abs(np.asarray(ours) - np.asarray(paged)).max()
     print(f"max difference vs the paged kernel: {diff:.2e}")
-    assert diff < 2e-5
+    assert diff < 2 * float32_tolerance(v, 128)  # compiled, both kernels round their dots to TF32
 
 
 def test_shape_errors_name_the_shapes():

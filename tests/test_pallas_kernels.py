@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
-from tests.kernel_cases import Variant, expected, make_case, paged_batches, variants
+from tests.kernel_cases import Variant, expected, float32_tolerance, make_case, paged_batches, variants
 
 INTERPRET = jax.default_backend() != "gpu"
 FEW = settings(max_examples=max(settings.default.max_examples // 8, 4))  # each new shape compiles
@@ -36,8 +36,8 @@ def test_decode_kernel_matches_the_reference(case, num_partitions, variant: Vari
     want[[i for i, n in enumerate(seq_lens) if n]] = expected(q, k, v, tables, seq_lens, starts, head_dim, **options)
     diff = np.abs(np.asarray(out) - want).max()
     # float32, with the softmax accumulated online block by block and partitions merged: another summation
-    # order than the reference's; outputs are O(1), so differences are a few float32 ulps (~1e-6).
-    assert diff < 2e-5, f"max difference {diff}"  # float32, online softmax: as for the decode kernel
+    # order than the reference's; outputs are O(1), so differences are a few float32 ulps (~1e-6) interpreted.
+    assert diff < float32_tolerance(v, max(seq_lens)), f"max difference {diff}"
 
 
 @FEW
@@ -54,7 +54,7 @@ def test_ragged_kernel_matches_the_reference(case, variant: Variant):
                                  max_q_len=max(max(q_lens), 1), interpret=INTERPRET, **options)
     want = expected(q, k, v, tables, seq_lens, starts, head_dim, **options)
     diff = np.abs(np.asarray(out) - want).max(initial=0)
-    assert diff < 2e-5, f"max difference {diff}"  # float32, online softmax: as for the decode kernel
+    assert diff < float32_tolerance(v, max(seq_lens)), f"max difference {diff}"  # online softmax, as decode's
 
 
 def test_decode_kernel_matches_jax_pallas_paged_attention():
@@ -75,7 +75,8 @@ def test_decode_kernel_matches_jax_pallas_paged_attention():
                                  interpret=INTERPRET)
     diff = np.abs(np.asarray(ours) - np.asarray(theirs)).max()
     print(f"max difference vs jax.experimental.pallas.ops.gpu.paged_attention: {diff:.2e}")
-    assert diff < 2e-5  # both float32 online softmaxes, split and merged differently
+    # Both float32 online softmaxes, split and merged differently; compiled, both round their dots to TF32.
+    assert diff < 2 * float32_tolerance(v, int(lens.max()))
 
 
 def test_shape_errors_name_the_shapes():
