@@ -6,15 +6,23 @@ logprobs, stop strings, penalties, n > 1, preemption and chunked prefill, while 
 """
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
+import openai
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
+from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.cli import build_parser
+from jax_engine.server.data_parallel import DataParallelEngine
+from jax_engine.server.state import ServerConfig
 from jax_engine.spec_decode.ngram_proposer import propose_ngram
 from reference import speculative
+from tests.server_helpers import TINY_ENGINE_ARGS, ThreadedServer, cli_flags
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 TINY_ARGS = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=128, num_gpu_blocks_override=64,
@@ -129,3 +137,64 @@ def test_vllm_defaults_and_the_command_line_flag():
     assert EngineArgs(speculative_config={"method": "ngram", "num_speculative_tokens": 2}).speculative.prompt_lookup_min == 5
     ns = build_parser().parse_args(["serve", "--speculative-config", json.dumps(NGRAM)])
     assert EngineArgs.from_cli_args(ns).speculative_config == NGRAM
+
+
+# ---------------------------------------------------------------------------------- the server's /metrics
+def served_engine(checkpoint, *flags: str) -> AsyncLLMEngine:
+    """The engine `jax-engine serve FLAGS` would build (the tiny server flags, then FLAGS), on the tiny model."""
+    ns = build_parser().parse_args(["serve", *cli_flags(**TINY_ENGINE_ARGS), *flags])
+    return AsyncLLMEngine(LLMEngine(EngineArgs.from_cli_args(ns), checkpoint=checkpoint))
+
+
+def spec_decode_samples(url: str) -> dict:
+    """{(sample name, position label or None): value} of every vllm:spec_decode_ sample on /metrics."""
+    families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
+    return {(s.name, s.labels.get("position")): s.value for f in families if f.name.startswith("vllm:spec_decode_")
+            for s in f.samples if s.name.endswith("_total") and s.labels["model_name"] == "tiny"}
+
+
+SERVED_NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+SPEC_DECODE_SAMPLES = [("vllm:spec_decode_num_drafts_total", None), ("vllm:spec_decode_num_draft_tokens_total", None),
+                       ("vllm:spec_decode_num_accepted_tokens_total", None),
+                       *(("vllm:spec_decode_num_accepted_tokens_per_pos_total", str(p)) for p in range(3))]
+
+
+def expected_samples(counted: dict) -> dict:
+    """What /metrics should show for Speculator.stats() `counted`, in SPEC_DECODE_SAMPLES' order."""
+    return dict(zip(SPEC_DECODE_SAMPLES, [counted["num_drafts"], counted["num_draft_tokens"],
+                                          counted["num_accepted_tokens"], *counted["num_accepted_tokens_per_pos"]]))
+
+
+def complete_greedily(url: str, prompts: list[str]) -> None:
+    """The prompts, sent together (so that data-parallel replicas each get some) with the openai client."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        list(pool.map(lambda p: client.completions.create(model="tiny", prompt=p, max_tokens=24, temperature=0,
+                                                          extra_body={"ignore_eos": True}), prompts))
+
+
+def test_metrics_report_what_the_speculator_counted_and_only_when_speculating(tiny_checkpoint):
+    with ThreadedServer(served_engine(tiny_checkpoint), ServerConfig("tiny")) as plain:
+        assert "spec_decode" not in httpx.get(f"{plain.url}/metrics").text  # vLLM registers them only when on
+    engine = served_engine(tiny_checkpoint, "--speculative-config", json.dumps(SERVED_NGRAM))
+    with ThreadedServer(engine, ServerConfig("tiny")) as server:
+        assert spec_decode_samples(server.url) == dict.fromkeys(SPEC_DECODE_SAMPLES, 0)  # every position at once
+        complete_greedily(server.url, PROMPTS)
+        counted = engine.engine.stats()["spec_decode"]
+        assert spec_decode_samples(server.url) == expected_samples(counted)
+    assert counted["num_drafts"] > 0 and 0 < counted["num_accepted_tokens"] <= counted["num_draft_tokens"]
+    assert sum(counted["num_accepted_tokens_per_pos"]) == counted["num_accepted_tokens"]
+
+
+def test_data_parallel_replicas_spec_decode_counters_add_up(tiny_checkpoint):
+    """Unlike the gauges (replica 0's), the spec-decode counters are the replicas' totals."""
+    replicas = [served_engine(tiny_checkpoint, "--speculative-config", json.dumps(SERVED_NGRAM)) for _ in range(2)]
+    with ThreadedServer(DataParallelEngine(replicas), ServerConfig("tiny")) as server:
+        complete_greedily(server.url, PROMPTS[:2])  # one on each replica
+        counted = [replica.engine.stats()["spec_decode"] for replica in replicas]
+        assert all(c["num_drafts"] > 0 for c in counted)
+        totals = {key: sum(c[key] for c in counted)
+                  for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+        totals["num_accepted_tokens_per_pos"] = [sum(pos) for pos in zip(*(c["num_accepted_tokens_per_pos"]
+                                                                           for c in counted))]
+        assert spec_decode_samples(server.url) == expected_samples(totals)

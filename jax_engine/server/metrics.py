@@ -1,7 +1,7 @@
 """Prometheus metrics for /metrics, under vLLM's names (vllm:...), so existing dashboards work.
 
 Gauges and engine counters are read from the engine when scraped; latencies are observed as outputs
-arrive (AsyncLLMEngine.on_output).
+arrive (AsyncLLMEngine.on_output). Speculative decoding's counters appear only when it is configured, as in vLLM.
 """
 
 import time
@@ -63,6 +63,40 @@ class _EngineCollector:
             metric = family(name, doc, labels=list(self.labels))
             metric.add_metric(list(self.labels.values()), value)
             yield metric
+        spec_decode = _spec_decode_counters(self.engine)
+        if spec_decode is not None:
+            yield from self._spec_decode_metrics(spec_decode)
+
+    def _spec_decode_metrics(self, counters: dict):
+        """vLLM's spec-decode counters; the acceptance rate and mean acceptance length are left to PromQL, as
+        vLLM leaves them (rate(accepted) / rate(draft tokens), 1 + rate(accepted) / rate(drafts))."""
+        for key, doc in (("num_drafts", "Verification steps of drafted tokens (one per sequence and step)."),
+                         ("num_draft_tokens", "Drafted tokens verified."),
+                         ("num_accepted_tokens", "Drafted tokens accepted.")):
+            metric = CounterMetricFamily(f"vllm:spec_decode_{key}", doc, labels=list(self.labels))
+            metric.add_metric(list(self.labels.values()), counters[key])
+            yield metric
+        per_position = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                           "Drafted tokens accepted, by position in the draft (0 = the first).",
+                                           labels=[*self.labels, "position"])
+        for position, count in enumerate(counters["num_accepted_tokens_per_pos"]):
+            per_position.add_metric([*self.labels.values(), str(position)], count)
+        yield per_position
+
+
+def _spec_decode_counters(engine) -> dict | None:
+    """The speculators' counters, summed over data-parallel replicas (the gauges above are replica 0's, but these
+    are totals a dashboard would add up anyway); None when speculation is off."""
+    replicas = getattr(engine, "replicas", [engine])  # DataParallelEngine, or one AsyncLLMEngine
+    counters = [r.engine.speculator.stats() for r in replicas if r.engine.speculator is not None]
+    if not counters:
+        return None
+    return {
+        "num_drafts": sum(c["num_drafts"] for c in counters),
+        "num_draft_tokens": sum(c["num_draft_tokens"] for c in counters),
+        "num_accepted_tokens": sum(c["num_accepted_tokens"] for c in counters),
+        "num_accepted_tokens_per_pos": [sum(pos) for pos in zip(*(c["num_accepted_tokens_per_pos"] for c in counters))],
+    }
 
 
 class ServingMetrics:
