@@ -90,7 +90,7 @@ def test_latency_benchmark_prints_each_engine_beside_the_bound(tiny_checkpoint_d
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if " batch " in line]
-    labels = [line[:22].strip() for line in rows]
+    labels = [line[:30].strip() for line in rows]
     assert labels == ["jax_engine float32"] * 2 + ["jax_engine int8"] * 2 + ["transformers float32"] * 2
     for line in rows:
         ttft, rate = (float(re.search(pattern, line).group(1)) for pattern in (r"TTFT\s+([\d.]+) ms", r"decode\s+([\d.]+)"))
@@ -104,12 +104,43 @@ def test_latency_warm_up_prompts_have_the_timed_lengths_and_share_no_prefix(tiny
     cached prefix of theirs."""
     from transformers import AutoTokenizer
 
-    from jax_engine.bench.latency import prompts
+    from jax_engine.bench.latency_prompts import rotations as prompts
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint_dir)
     timed, warm_up = prompts(tokenizer, 8, 16), prompts(tokenizer, 8, 16, first=8)
     assert {len(p) for p in timed + warm_up} == {16}
     assert len({tuple(p[:4]) for p in timed + warm_up}) == 16
+
+
+@pytest.mark.parametrize("workload", ["chat", "copy"])
+def test_chat_and_copy_workloads_are_distinct_templated_prompts(tiny_checkpoint_dir, workload):
+    from transformers import AutoTokenizer
+
+    from jax_engine.bench.latency_prompts import workload_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoint_dir)
+    timed, warm_up = (workload_prompts(workload, tokenizer, 32, 0, first=first) for first in (0, 32))
+    assert len({tuple(p) for p in timed}) == 32  # one batch never repeats a prompt
+    text = tokenizer.decode(timed[0])
+    assert text.startswith(tokenizer.decode(workload_prompts(workload, tokenizer, 1, 0)[0][:4]))
+    assert "<|im_start|>user" in text or "user" in text  # through the chat template
+    # Warm-up prompts (a system message of their own) share no first block with the timed ones.
+    assert not {tuple(p[:16]) for p in timed} & {tuple(p[:16]) for p in warm_up}
+
+
+def test_latency_benchmark_times_speculation_beside_the_plain_engine(tiny_checkpoint_dir):
+    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}'
+    command = [sys.executable, "-m", "jax_engine", "bench", "latency", "--model", tiny_checkpoint_dir,
+               "--workload", "chat", "--batch-sizes", "2", "--output-len", "12", "--quantizations", "none",
+               "--enforce-eager", "--speculative-config", spec]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line[:30].strip() for line in result.stdout.splitlines() if " batch " in line]
+    assert rows == ["jax_engine float32", "jax_engine float32 +ngram k=3"]
+    acceptance = re.search(r"acceptance +(\d+)%, ([\d.]+) tokens a verification, ([\d.]+)x plain decode, tokens "
+                           r"identical", result.stdout)
+    assert acceptance, result.stdout[-2000:]
+    assert 0 < int(acceptance.group(1)) <= 100 and 1 < float(acceptance.group(2)) <= 4
 
 
 def test_a_run_is_set_against_the_best_probe_around_it():

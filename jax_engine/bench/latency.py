@@ -1,14 +1,19 @@
 """Latency: time to first token and decode tokens/s at small batches, beside the memory-bandwidth bound and peers.
 
-What a user of one or a few streams waits for. For each batch size B, B different prompts of --input-len
-tokens are generated greedily for --output-len tokens each (EOS ignored). Time to first token is from
-submitting the batch until every request has its first token; decode tokens/s counts the B x (output-1)
-tokens after that. Beside each figure: the bound a decode step cannot beat, reading every weight once per
-step (B x bandwidth / weight bytes, or the matmul peak, whichever is lower), from the roofline probe.
+What a user of one or a few streams waits for. For each batch size B, B different prompts of the --workload
+(latency_prompts.py: by default token rotations of one text, --input-len tokens, EOS ignored; or chat answers, or
+copy-heavy rewrites of a passage, which stop at EOS) are generated greedily for up to --output-len tokens each. Time
+to first token is from submitting the batch until every request has its first token; decode tokens/s counts the
+tokens after each request's first, over the time after that. Beside each figure: the bound a decode step cannot
+beat, reading every weight once per step (B x bandwidth / weight bytes, or the matmul peak, whichever is lower),
+from the roofline probe.
 
 Start-up (loading, and compiling or loading every step shape) is timed and printed on its own; the timed
 runs follow a warm-up batch, as a server's requests follow its start.
 
+--speculative-config '{json}' times each weight format twice in the same run, without and with speculative
+decoding, and prints the speculating run's acceptance, its speedup over the plain run at the same batch, and
+whether its tokens are the plain run's (greedy: they must be).
 --compare hf runs the same token ids through transformers (torch, float32, model.generate);
 --compare llama.cpp through llama-cpp-python on the default GGUF file (its Q4_1 weights as shipped), with
 batched decoding of B sequences (an optional extra: see docs/benchmarks.md for the build).
@@ -17,22 +22,25 @@ batched decoding of B sequences (an optional extra: see docs/benchmarks.md for t
 import argparse
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 from jax_engine.bench import roofline
+from jax_engine.bench.latency_prompts import WORKLOADS, workload_prompts
 from jax_engine.config import EngineArgs
 
 FIXED_ENGINE_ARGS = ("max_num_seqs", "max_model_len", "quantization")
-TEXT = ("The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a lantern, a notebook "
-        "and a flask of tea. From the gallery he watched the ships pass, wrote down their names and flags, and "
-        "wondered where each was bound. One night a storm broke the great lens, and the keeper had to choose ")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
-    parser.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
+    parser.add_argument("--workload", default="rotations", choices=WORKLOADS,
+                        help="rotations: token rotations of one text, exactly --input-len long, EOS ignored; chat: "
+                             "free answers to questions; copy: rewrites of a given passage (chat and copy go "
+                             "through the chat template and stop at EOS or --output-len)")
+    parser.add_argument("--input-len", type=int, default=128, help="prompt tokens per request (rotations)")
+    parser.add_argument("--output-len", type=int, default=64, help="generated tokens per request (at most)")
     parser.add_argument("--quantizations", nargs="+", default=["none", "bf16", "int8", "gguf"],
                         help="weight formats of this engine to time, each its own start-up (gguf: a .gguf "
                              "model's blocks as the file has them, skipped for other models)")
@@ -45,42 +53,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     EngineArgs.add_cli_args(parser, exclude=FIXED_ENGINE_ARGS)
 
 
-def prompts(tokenizer, batch_size: int, input_len: int, first: int = 0) -> list[list[int]]:
-    """batch_size different prompts of exactly input_len tokens (rotations of one text, from rotation `first`: no
-    shared prefix)."""
-    ids = tokenizer.encode(TEXT * (1 + input_len // 40), add_special_tokens=False)
-    return [(ids[row:] + ids[:row])[:input_len] for row in range(first, first + batch_size)]
+class Timing(NamedTuple):
+    ttft_s: float  # submitting the batch until every request has its first token
+    decode_tokens_per_s: float  # the tokens after each request's first, over the time after the last first token
+    token_ids: list[list[int]]  # each request's output, in batch order
 
 
-def time_ours(engine, batch: list[list[int]], output_len: int) -> tuple[float, float]:
-    """(seconds to the first token of every request, decode tokens/s after it) through LLMEngine.step."""
+def time_ours(engine, batch: list[list[int]], output_len: int, ignore_eos: bool = True) -> Timing:
+    """The batch through LLMEngine.step, greedy, for output_len tokens (or to EOS unless ignore_eos)."""
     from jax_engine import SamplingParams
 
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=ignore_eos)
     started = time.perf_counter()
-    for i, ids in enumerate(batch):
-        engine.add_request(f"latency-{started}-{i}", {"prompt_token_ids": ids}, params)
+    ids = [f"latency-{started}-{i}" for i in range(len(batch))]
+    for request_id, prompt in zip(ids, batch):
+        engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
     first_token, produced = None, {}
     while engine.has_unfinished_requests():
         for out in engine.step():
-            produced[out.request_id] = len(out.outputs[0].token_ids)
-        if first_token is None and len(produced) == len(batch) and min(produced.values()) >= 1:
+            produced[out.request_id] = out.outputs[0].token_ids
+        if first_token is None and len(produced) == len(batch) and min(map(len, produced.values())) >= 1:
             first_token = time.perf_counter()
-    decode_seconds = time.perf_counter() - first_token
-    return first_token - started, len(batch) * (output_len - 1) / decode_seconds
+    decode_tokens = sum(len(tokens) - 1 for tokens in produced.values())
+    return Timing(first_token - started, decode_tokens / max(time.perf_counter() - first_token, 1e-9),
+                  [list(produced[i]) for i in ids])
 
 
 def warm_up(engine, tokenizer, batch_size: int, args: argparse.Namespace) -> None:
-    """--num-iters-warmup untimed runs of a batch's shapes, on other rotations: no prefix cache hit for the timed run."""
+    """--num-iters-warmup untimed runs of a batch's shapes, on other prompts: no prefix cache hit for the timed run."""
     for _ in range(args.num_iters_warmup):
-        time_ours(engine, prompts(tokenizer, batch_size, args.input_len, first=batch_size), args.output_len)
+        batch = workload_prompts(args.workload, tokenizer, batch_size, args.input_len, first=batch_size)
+        time_ours(engine, batch, args.output_len, ignore_eos=args.workload == "rotations")
 
 
 def time_hf(model, batch: list[list[int]], output_len: int) -> tuple[float, float]:
     import torch
 
-    ids = torch.tensor(batch)
-    kwargs = dict(do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
+    width = max(map(len, batch))  # prompts of other lengths padded on the left, as generate expects
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
+    kwargs = dict(do_sample=False, pad_token_id=0, attention_mask=mask)
     with torch.no_grad():
         started = time.perf_counter()
         model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kwargs)
@@ -128,16 +140,23 @@ class LlamaCpp:
                     chosen.append(int(row.argmax()))
         return chosen
 
-    def time(self, batch: list[list[int]], output_len: int) -> tuple[float, float]:
-        self.ll.llama_memory_clear(self.ll.llama_get_memory(self.ctx), True)
+    def time(self, batch: list[list[int]], output_len: int, stop_at_eos: bool = False) -> tuple[float, float]:
+        ll = self.ll
+        ll.llama_memory_clear(ll.llama_get_memory(self.ctx), True)
         started = time.perf_counter()
         tokens = self._decode([(t, pos, seq, pos == len(ids) - 1) for seq, ids in enumerate(batch)
                                for pos, t in enumerate(ids)])
         ttft = time.perf_counter() - started
+        eos = ll.llama_vocab_eos(ll.llama_model_get_vocab(self.model)) if stop_at_eos else None
+        live, produced = {seq: t for seq, t in enumerate(tokens) if t != eos}, 0  # sequence: its last token
         started = time.perf_counter()
         for step in range(output_len - 1):
-            tokens = self._decode([(t, len(batch[seq]) + step, seq, True) for seq, t in enumerate(tokens)])
-        return ttft, len(batch) * (output_len - 1) / (time.perf_counter() - started)
+            if not live:
+                break
+            chosen = self._decode([(t, len(batch[seq]) + step, seq, True) for seq, t in live.items()])
+            produced += len(chosen)
+            live = {seq: t for seq, t in zip(live, chosen) if t != eos}
+        return ttft, produced / (time.perf_counter() - started)
 
 
 def weight_bytes(engine) -> int:
@@ -152,41 +171,80 @@ def bound(probe: roofline.Roofline, num_params: int, nbytes: int, batch_size: in
     return min(batch_size * probe.bandwidth_gbps * 1e9 / nbytes, probe.matmul_gflops * 1e9 / (2 * num_params))
 
 
-def main(args: argparse.Namespace) -> dict:
+def variants(args: argparse.Namespace) -> list[tuple[str, dict | None]]:
+    """(label suffix, speculative_config) of each engine a quantization runs: plain, and with --speculative-config
+    beside it when one is given (same run, same machine)."""
+    if not args.speculative_config:
+        return [("", None)]
+    spec = args.speculative_config
+    return [("", None), (f" +{spec.get('method', 'ngram')} k={spec.get('num_speculative_tokens')}", spec)]
+
+
+def speculation(engine, before: dict, plain: Timing | None, ours: Timing) -> str:
+    """The timed run's speculation: acceptance (the counters' growth over the run), the speedup over the plain
+    engine's decode at the same batch, and whether the tokens are the plain engine's (greedy: they must be)."""
+    after = engine.stats().get("spec_decode")
+    if after is None:
+        return ""
+    drafted, accepted, drafts = (after[k] - before.get(k, 0) for k in
+                                 ("num_draft_tokens", "num_accepted_tokens", "num_drafts"))
+    line = f"    acceptance {accepted / max(drafted, 1):4.0%}, {1 + accepted / max(drafts, 1):.2f} tokens a verification"
+    if plain is not None:
+        line += (f", {ours.decode_tokens_per_s / plain.decode_tokens_per_s:.2f}x plain decode, tokens "
+                 f"{'identical' if ours.token_ids == plain.token_ids else 'DIFFERENT'}")
+    return line
+
+
+def time_engines(args, checkpoint, batches: dict, report, limit) -> None:
+    """Each quantization's engines (plain, then speculating) through every batch, reported as they finish."""
     from jax_engine import LLMEngine
+
+    sizes, ignore_eos = sorted(batches), args.workload == "rotations"
+    max_len = max(len(p) for batch in batches.values() for p in batch) + args.output_len
+    for quantization in args.quantizations:
+        q = None if quantization == "none" else quantization
+        if q == "gguf" and not checkpoint.blocks:
+            print("jax_engine gguf: skipped, the model has no GGUF blocks", flush=True)
+            continue
+        plain = {}
+        for suffix, spec in variants(args):
+            started = time.perf_counter()
+            engine = LLMEngine(EngineArgs.from_cli_args(args, max_num_seqs=sizes[-1], max_model_len=max_len,
+                                                        quantization=q, speculative_config=spec), checkpoint=checkpoint)
+            label = f"jax_engine {quantization if q else np.dtype(engine.dtype).name}{suffix}"
+            print(f"{label}: start-up {time.perf_counter() - started:.1f} s (of which compiling or loading step "
+                  f"shapes {engine.startup_compile_seconds:.1f} s)", flush=True)
+            nbytes = weight_bytes(engine)
+            time_ours(engine, batches[sizes[0]], 4)  # warm-up: the first step's host-side caches
+            for b in sizes:
+                warm_up(engine, checkpoint.tokenizer, b, args)
+                before = engine.stats().get("spec_decode", {})
+                timing = time_ours(engine, batches[b], args.output_len, ignore_eos)
+                report(label, b, timing.ttft_s, timing.decode_tokens_per_s, limit(nbytes, b))
+                if spec is None:
+                    plain[b] = timing
+                else:
+                    print(speculation(engine, before, plain.get(b), timing), flush=True)
+            del engine
+
+
+def main(args: argparse.Namespace) -> dict:
     from jax_engine.loader import load_checkpoint
     from jax_engine.loader.load import default_model_path
 
     checkpoint = load_checkpoint(args.model)
     cfg = checkpoint.config
     sizes = sorted(args.batch_sizes)
-    max_len = args.input_len + args.output_len
-    batches = {b: prompts(checkpoint.tokenizer, b, args.input_len) for b in sizes}
+    batches = {b: workload_prompts(args.workload, checkpoint.tokenizer, b, args.input_len) for b in sizes}
     probe = roofline.measure(cfg.num_params)
     rows = []  # (engine label, batch size, ttft s, decode tokens/s, bound tokens/s or None)
 
     def report(label, b, ttft, rate, limit=None):
         rows.append((label, b, ttft, rate, limit))
         beside = f"  bound {limit:7.1f} tokens/s ({rate / limit:4.0%})" if limit else ""
-        print(f"{label:<22} batch {b:>3}: TTFT {ttft * 1e3:8.1f} ms  decode {rate:7.1f} tokens/s{beside}", flush=True)
+        print(f"{label:<30} batch {b:>3}: TTFT {ttft * 1e3:8.1f} ms  decode {rate:7.1f} tokens/s{beside}", flush=True)
 
-    for quantization in args.quantizations:
-        q = None if quantization == "none" else quantization
-        if q == "gguf" and not checkpoint.blocks:
-            print("jax_engine gguf: skipped, the model has no GGUF blocks", flush=True)
-            continue
-        started = time.perf_counter()
-        engine = LLMEngine(EngineArgs.from_cli_args(args, max_num_seqs=sizes[-1], max_model_len=max_len,
-                                                    quantization=q), checkpoint=checkpoint)
-        label = f"jax_engine {quantization if q else np.dtype(engine.dtype).name}"
-        print(f"{label}: start-up {time.perf_counter() - started:.1f} s (of which compiling or loading step "
-              f"shapes {engine.startup_compile_seconds:.1f} s)", flush=True)
-        nbytes = weight_bytes(engine)
-        time_ours(engine, batches[sizes[0]], 4)  # warm-up: the first step's host-side caches
-        for b in sizes:
-            warm_up(engine, checkpoint.tokenizer, b, args)
-            report(label, b, *time_ours(engine, batches[b], args.output_len), bound(probe, cfg.num_params, nbytes, b))
-        del engine
+    time_engines(args, checkpoint, batches, report, lambda nbytes, b: bound(probe, cfg.num_params, nbytes, b))
     if "hf" in args.compare:
         from jax_engine.bench.hf_baseline import hf_model_from_checkpoint
 
@@ -195,10 +253,11 @@ def main(args: argparse.Namespace) -> dict:
         for b in sizes:
             report("transformers float32", b, *time_hf(model, batches[b], args.output_len))
     if "llama.cpp" in args.compare:
+        max_len = max(len(p) for batch in batches.values() for p in batch) + args.output_len
         peer = LlamaCpp(args.model or default_model_path(), sizes[-1], max_len)
         peer.time(batches[sizes[0]], 2)
         for b in sizes:
-            report("llama.cpp (GGUF as is)", b, *peer.time(batches[b], args.output_len))
+            report("llama.cpp (GGUF as is)", b, *peer.time(batches[b], args.output_len, args.workload != "rotations"))
     print(f"probe: memory {probe.bandwidth_gbps:.1f} GB/s, matmul {probe.matmul_gflops:.0f} GFLOP/s; "
           f"{cfg.num_params / 1e6:.0f}M parameters")
     return {"rows": rows, "roofline": probe.__dict__}

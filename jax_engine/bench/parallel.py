@@ -44,7 +44,8 @@ def run_one(args: argparse.Namespace, tp: int) -> dict:
     from flax import nnx
 
     from jax_engine import LLMEngine
-    from jax_engine.bench.latency import prompts, time_ours
+    from jax_engine.bench.latency import time_ours
+    from jax_engine.bench.latency_prompts import rotations as prompts
     from jax_engine.loader import load_checkpoint
 
     checkpoint = load_checkpoint(args.model)
@@ -60,7 +61,7 @@ def run_one(args: argparse.Namespace, tp: int) -> dict:
               "kv_cache_bytes": device_bytes([runner.k_cache, runner.v_cache], device), "rows": []}
     time_ours(engine, prompts(checkpoint.tokenizer, sizes[0], args.input_len), 4)  # warm-up
     for b in sizes:
-        ttft, rate = time_ours(engine, prompts(checkpoint.tokenizer, b, args.input_len), args.output_len)
+        ttft, rate, _ = time_ours(engine, prompts(checkpoint.tokenizer, b, args.input_len), args.output_len)
         result["rows"].append({"batch": b, "ttft_s": ttft, "tokens_per_s": rate, "step_ms": 1e3 * b / rate})
     return result
 

@@ -109,7 +109,7 @@ def throughput(llm, num_requests: int, constrained: bool) -> tuple[float, int]:
 
 def main(args: argparse.Namespace) -> dict:
     from jax_engine import LLM, LLMEngine
-    from jax_engine.bench.latency import prompts
+    from jax_engine.bench.latency_prompts import rotations as prompts
 
     sizes = sorted(args.batch_sizes)
     engine = LLMEngine(EngineArgs.from_cli_args(args, max_num_seqs=max(sizes[-1], args.num_requests),
