@@ -54,6 +54,11 @@ PARAMS = {
     # tokens verified after it are dropped.
     "a stop string among accepted drafts": SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
                                                           stop=["ccccc"]),
+    # One token a byte: after "t" only "h" may follow, so each drafted position needs the mask after the drafts
+    # before it (one mask for all would emit a token the grammar rejects); drafts the grammar forbids (the
+    # prompts' "x", "y", "z") are never verified.
+    "a grammar at every drafted position": SamplingParams(temperature=0, max_tokens=24, structured_outputs=dict(
+        regex="(abc|the cat |01)+")),
 }
 
 
@@ -96,6 +101,20 @@ def test_speculation_runs_fewer_steps_and_compiles_nothing_after_start_up(tiny_c
     assert runs["ngram"][0] == runs["plain"][0]
     assert runs["ngram"][1] < runs["plain"][1]
     assert runs["ngram"][2] == runs["plain"][2] == 0  # the verification rows were compiled at start-up
+
+
+def test_a_grammar_drafts_only_what_it_allows_and_masks_each_drafted_position(tiny_checkpoint):
+    llm = make(tiny_checkpoint, speculative_config=NGRAM)
+    params = PARAMS["a grammar at every drafted position"]
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    assert {o.outputs[0].finish_reason for o in outputs} <= {"length", "stop"}  # none failed: "error"
+    spec = llm.llm_engine.stats()["spec_decode"]
+    assert spec["num_accepted_tokens"] > 0  # constrained requests drafted, and drafts were accepted
+    matcher = llm.llm_engine.grammar_compiler.matcher(llm.llm_engine.grammar_compiler.compile(
+        params.structured_outputs))
+    tokens = llm.get_tokenizer().encode("abcxabc", add_special_tokens=False)
+    assert matcher.valid_prefix(tokens) == tokens[:3]  # "x" and all after it cut
+    assert matcher.valid_prefix(tokens[:3]) == tokens[:3] and matcher.error is None  # the matcher did not move
 
 
 def test_drafting_stops_at_disable_by_batch_size(tiny_checkpoint):

@@ -22,19 +22,19 @@ class Speculator:
 
     def propose(self, running: list[Sequence], groups: dict) -> None:
         """Draft the next tokens of every running sequence that just sampled one; the next step verifies them.
-        Nothing while disable_by_batch_size or more sequences run. Not yet for beam search or structured output
-        (a grammar would have to walk the drafts and back); `groups` are the requests' SequenceGroups."""
+        Nothing while disable_by_batch_size or more sequences run, nor for beam search; a sequence following a
+        grammar drafts only what its grammar allows (verification masks each drafted position after the drafts
+        before it). `groups` are the requests' SequenceGroups."""
         config = self.config
         if config.disable_by_batch_size is not None and len(running) >= config.disable_by_batch_size:
             return
         for seq in running:
-            if (seq.num_computed_tokens == seq.num_tokens - 1 and seq.grammar is None
-                    and not groups[seq.request_id].is_beam_search):
+            if seq.num_computed_tokens == seq.num_tokens - 1 and not groups[seq.request_id].is_beam_search:
                 # A step emits up to drafts + 1 tokens: none past max_tokens or max_model_len.
                 room = min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
                 k = min(config.num_speculative_tokens, room)
-                seq.spec_token_ids = propose_ngram(seq.all_token_ids, k, config.prompt_lookup_min,
-                                                   config.prompt_lookup_max)
+                drafts = propose_ngram(seq.all_token_ids, k, config.prompt_lookup_min, config.prompt_lookup_max)
+                seq.spec_token_ids = drafts if seq.grammar is None else seq.grammar.valid_prefix(drafts)
 
     def verify(self, sampled: list[tuple[Sequence | DraftPosition, SampledToken]]) -> list[tuple[Sequence, SampledToken]]:
         """The tokens each sequence emits (verification.accepted), counted."""

@@ -94,12 +94,19 @@ class GrammarCompiler:
         """A matcher at the grammar's start: a copy of its prototype (~0.1 ms; compiling again could take long)."""
         return GrammarMatcher(grammar.prototype.deep_copy())
 
-    def fill_bitmask(self, matchers: list["GrammarMatcher | None"]) -> np.ndarray:
-        """[len(matchers), bitmask_width] int32: row i holds what matchers[i] allows next (all for None)."""
+    def fill_bitmask(self, matchers: list["GrammarMatcher | None"],
+                     drafts: list[list[int]] | None = None) -> np.ndarray:
+        """[len(matchers), bitmask_width] int32: row i holds what matchers[i] allows next (all for None). A
+        matcher with drafts (speculative decoding) also fills the len(drafts[i]) rows after its own, each with
+        what it allows after the drafts before that row; the matcher itself does not move."""
         bitmask = np.full((len(matchers), bitmask_width(self.vocab_size)), ALL_ALLOWED, np.int32)
-        rows = [(m.state, i) for i, m in enumerate(matchers) if m is not None]
+        drafts = drafts or [[]] * len(matchers)
+        rows = [(m.state, i) for i, m in enumerate(matchers) if m is not None and not drafts[i]]
+        drafted = [(m.state, i, drafts[i]) for i, m in enumerate(matchers) if m is not None and drafts[i]]
         if rows:  # the rows in parallel, outside the GIL
             llguidance.numpy.fill_next_token_bitmask_par(self._executor, rows, bitmask)
+        if drafted:  # the matchers walk their drafts and back, in parallel too
+            llguidance.numpy.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
         return bitmask
 
     def close(self) -> None:
@@ -128,6 +135,10 @@ class GrammarMatcher:
     def error(self) -> str | None:
         """Why the matcher stopped working (a token it rejected, a per-step budget passed), or None."""
         return self.state.get_error() if self.state.is_error() else None
+
+    def valid_prefix(self, tokens: list[int]) -> list[int]:
+        """The longest prefix of `tokens` (drafts) the grammar allows from here; the matcher does not move."""
+        return [] if self.state.is_stopped() else tokens[: self.state.validate_tokens(tokens)]
 
     def accept(self, token: int) -> None:
         """Advance past a sampled token; after the grammar has ended (an EOS was accepted) tokens are ignored,
