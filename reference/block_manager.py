@@ -153,11 +153,13 @@ class BlockManager:
 
     # --8<-- [start:trim]
     def trim(self, seq_id: str, num_tokens: int) -> None:
-        """Roll a sequence back to its first `num_tokens` tokens: free the blocks past them, tail first.
+        """Roll a sequence back to its first `num_tokens` tokens: free the blocks past them,
+        tail first.
 
-        Speculative decoding reserves lookahead slots for its drafts before the step; the blocks that only
-        rejected drafts were written to go back to the pool. They were never cached: only blocks full of
-        verified tokens are (`cache_full_blocks` runs on the rolled-back count).
+        Speculative decoding reserves lookahead slots for its drafts before the step;
+        the blocks that only rejected drafts were written to go back to the pool. They were
+        never cached: only blocks full of verified tokens are (`cache_full_blocks` runs on
+        the rolled-back count).
         """
         table = self.block_tables[seq_id]
         while len(table) > self.num_blocks_for(num_tokens):

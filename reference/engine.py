@@ -143,23 +143,29 @@ class ReferenceEngine:
 
     # --8<-- [start:speculative_step]
     def _emit(self, request: Request, logits: np.ndarray) -> int | list[int]:
-        """The token a request samples, or with drafts the ones the target verifies (logits: a row per draft,
-        then one after the last)."""
+        """The token a request samples, or with drafts the ones the target verifies
+        (logits: a row per draft, then one after the last)."""
         params, drafts = request.sampling_params, request.spec_token_ids
         if not drafts:
-            return sample(logits[0], params, request.num_tokens, self.rng, request.output_token_ids)
-        target_probs = target_probs_from_logits(logits, params, request.output_token_ids, drafts)
-        rng = self.rng if params.seed is None else np.random.default_rng([params.seed % 2**64, request.num_tokens])
-        emitted = rejection_sample(drafts, None, target_probs, rng)  # None: the proposers' drafts are one-hot
+            return sample(logits[0], params, request.num_tokens, self.rng,
+                          request.output_token_ids)
+        target_probs = target_probs_from_logits(logits, params, request.output_token_ids,
+                                                drafts)
+        rng = (self.rng if params.seed is None
+               else np.random.default_rng([params.seed % 2**64, request.num_tokens]))
+        # None for draft_probs: the proposers' drafts are one-hot
+        emitted = rejection_sample(drafts, None, target_probs, rng)
         self.num_draft_tokens += len(drafts)
         self.num_accepted_tokens += len(emitted) - 1
         return emitted
 
     def _propose(self) -> None:
-        """Draft the next tokens of every request that just sampled; the next step verifies them."""
+        """Draft the next tokens of every request that just sampled; the next step verifies
+        them."""
         for request in self.scheduler.running if self.proposer else []:
             if request.num_computed_tokens == request.num_tokens - 1:
-                room = request.max_num_tokens - request.num_tokens - 1  # a step emits up to drafts + 1 tokens
+                # a step emits up to drafts + 1 tokens
+                room = request.max_num_tokens - request.num_tokens - 1
                 request.spec_token_ids = self.proposer.propose(request.token_ids, room)
     # --8<-- [end:speculative_step]
 

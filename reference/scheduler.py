@@ -200,14 +200,18 @@ class Scheduler:
             budget -= n
 
     # ----------------------------------------------------------------------------------- helpers
+    # --8<-- [start:with_drafts]
     def _with_drafts(self, request: Request, n: int, budget: int) -> int:
-        """A decoding request's tokens this step with its drafts after them, as lookahead: as many drafts as the
-        token budget holds, and none when the free blocks cannot hold them: a draft never preempts its own request."""
+        """A decoding request's tokens this step with its drafts after them, as lookahead:
+        as many drafts as the token budget holds, and none when the free blocks cannot hold
+        them: a draft never preempts its own request."""
         del request.spec_token_ids[max(0, budget - n):]
-        if not self.block_manager.can_append_slots(request.request_id, request.num_computed_tokens,
+        if not self.block_manager.can_append_slots(request.request_id,
+                                                   request.num_computed_tokens,
                                                    n + len(request.spec_token_ids)):
             request.spec_token_ids = []
         return n + len(request.spec_token_ids)
+    # --8<-- [end:with_drafts]
 
     def _add_scheduled(self, out: SchedulerOutput, request: Request, n: int) -> None:
         table = self.block_manager.block_table(request.request_id)
@@ -276,10 +280,11 @@ class Scheduler:
 
     # --8<-- [start:roll_back]
     def _roll_back(self, request: Request) -> None:
-        """After verifying drafts: every emitted token but the last is computed (the accepted drafts and the
-        token before them); blocks full of them enter the prefix cache, and blocks that held only rejected
-        drafts go back to the pool."""
+        """After verifying drafts: every emitted token but the last is computed (the
+        accepted drafts and the token before them); blocks full of them enter the prefix
+        cache, and blocks that held only rejected drafts go back to the pool."""
         request.num_computed_tokens = request.num_tokens - 1
-        self.block_manager.cache_full_blocks(request.request_id, request.token_ids, request.num_computed_tokens)
+        self.block_manager.cache_full_blocks(request.request_id, request.token_ids,
+                                             request.num_computed_tokens)
         self.block_manager.trim(request.request_id, request.num_computed_tokens)
     # --8<-- [end:roll_back]

@@ -58,12 +58,15 @@ def propose_ngram(token_ids: Sequence[int], num_speculative_tokens: int, prompt_
     if max_model_len is not None:
         k = max(0, min(k, max_model_len - len(tokens)))
     # An earlier occurrence starts at s <= len - n - 1, so that at least one token follows it.
+    # --8<-- [start:ngram]
     for n in range(min(prompt_lookup_max, len(tokens) - 1), prompt_lookup_min - 1, -1):
         suffix = tokens[-n:]
-        start = next((s for s in range(len(tokens) - n) if tokens[s : s + n] == suffix), None)
+        start = next((s for s in range(len(tokens) - n)
+                      if tokens[s : s + n] == suffix), None)
         if start is not None:
             return tokens[start + n : start + n + k]
     return []
+    # --8<-- [end:ngram]
 
 
 class NgramProposer:
@@ -135,6 +138,7 @@ def rejection_sample(draft_token_ids: Sequence[int], draft_probs: np.ndarray | N
     """
     k, vocab_size = len(draft_token_ids), target_probs.shape[1]
     assert target_probs.shape[0] == k + 1, f"target_probs needs k + 1 = {k + 1} rows, got {target_probs.shape}"
+    # --8<-- [start:rejection_sample]
     if draft_probs is None:
         draft_probs = np.eye(vocab_size)[list(draft_token_ids)].reshape(k, vocab_size)
     emitted: list[int] = []
@@ -144,6 +148,7 @@ def rejection_sample(draft_token_ids: Sequence[int], draft_probs: np.ndarray | N
             return emitted + [_draw(residual_distribution(p, q), rng)]
         emitted.append(int(x))
     return emitted + [_draw(target_probs[k], rng)]
+    # --8<-- [end:rejection_sample]
 
 
 def target_probs_from_logits(logits: np.ndarray, params: SamplingParams, output_ids: Sequence[int],
