@@ -1,6 +1,7 @@
 """The engine's KV-cache manager and scheduler make the reference's decisions, operation for operation."""
 
 import numpy as np
+import pytest
 from hypothesis import strategies as st
 from hypothesis import given
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -193,3 +194,31 @@ def test_trim_frees_the_tail_blocks_and_their_hashes():
     kv.free("s")
     kv.forget("s")
     assert kv.device.num_free_blocks == 8 and not kv.tracked_seq_ids()
+
+
+@pytest.mark.parametrize("budget, num_blocks, kept", [(16, 8, 4), (3, 8, 2), (16, 3, 0)],
+                         ids=["all fit", "budget cuts", "no free block"])
+def test_drafts_are_cut_to_the_token_budget_and_dropped_when_blocks_cannot_hold_them(budget, num_blocks, kept):
+    """A decoding request's 4 drafts ride after its token as lookahead: as many as the step's token budget
+    holds, and none when the free blocks cannot hold them (a draft never preempts). Both schedulers alike."""
+    from reference import SchedulerConfig
+
+    config = SchedulerConfig(max_num_seqs=1, max_model_len=24, max_num_batched_tokens=budget,
+                             enable_chunked_prefill=True)
+    blocks = dict(num_blocks=num_blocks, block_size=4, num_host_blocks=0, enable_prefix_caching=False)
+    ref, fast = ReferenceScheduler(config, BlockManager(**blocks)), Scheduler(config, CacheConfig(**blocks))
+    # 8 prompt tokens and at most 4 more fit 3 blocks; after the first sampled token, drafts 2 to 4 would need a 4th
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12]
+    ref.add_request(ReferenceRequest("r", list(prompt), SamplingParams(temperature=0, max_tokens=4), 0))
+    seq = _engine_sequence("r", prompt, 4, 0, None)
+    fast.add_request([seq])
+    while not seq.output_token_ids:  # prefill, in chunks where the budget is small
+        ref_out, fast_out = ref.schedule(), fast.schedule()
+        done = seq.num_computed_tokens + fast_out.scheduled[0].num_new_tokens >= seq.num_tokens
+        ref.update_from_output(ref_out, {"r": [1]}, (99,))
+        fast.update_from_output(fast_out, [(seq, _sampled(1))] if done else [])
+    ref.requests["r"].spec_token_ids, seq.spec_token_ids = [2, 3, 4, 5], [2, 3, 4, 5]
+    ref_out, fast_out = ref.schedule(), fast.schedule()
+    assert ref_out.scheduled[0].num_new_tokens == fast_out.scheduled[0].num_new_tokens == 1 + kept
+    assert ref.requests["r"].spec_token_ids == seq.spec_token_ids == [2, 3, 4, 5][:kept]
+    assert fast.kv.block_tables == {"r": ref.block_manager.block_table("r")}
