@@ -153,7 +153,10 @@ def test_vllm_defaults_and_the_command_line_flag():
     args = EngineArgs(speculative_config={"method": "[ngram]", "num_speculative_tokens": 2, "prompt_lookup_max": 4})
     assert (args.speculative.method, args.speculative.prompt_lookup_min, args.speculative.prompt_lookup_max) == (
         "ngram", 4, 4)
-    assert EngineArgs(speculative_config={"method": "ngram", "num_speculative_tokens": 2}).speculative.prompt_lookup_min == 5
+    defaults = EngineArgs(speculative_config={"method": "ngram", "num_speculative_tokens": 2}).speculative
+    assert (defaults.prompt_lookup_min, defaults.disable_by_batch_size) == (5, 8)  # 8: measured, docs/benchmarks.md
+    never = {"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": None}
+    assert EngineArgs(speculative_config=never).speculative.disable_by_batch_size is None
     ns = build_parser().parse_args(["serve", "--speculative-config", json.dumps(NGRAM)])
     assert EngineArgs.from_cli_args(ns).speculative_config == NGRAM
 
