@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 from jax_engine.sample.sampler import SampledToken
 from jax_engine.sample.sampling_batch import sampling_batch
 from jax_engine.sequence import Sequence
-from jax_engine.spec_decode.verification import DraftPosition
 from jax_engine.structured_output.grammar import GrammarCompiler
 
 if TYPE_CHECKING:  # the runner imports the sampler; the step sampler only calls the runner it is given
@@ -35,9 +34,9 @@ class StepSampler:
         """A token for each (logits row, sequence) whose request has not failed."""
         samplers = [(row, seq) for row, seq in samplers if not seq.status.is_finished]
         rows, seqs = [row for row, _ in samplers], [seq for _, seq in samplers]
-        # A drafted position's row (a DraftPosition: speculative decoding) is filled by its sequence's matcher,
-        # which walks the drafts before it.
-        grammars = [None if isinstance(seq, DraftPosition) else seq.grammar for seq in seqs]
+        # A drafted position's row (spec_decode's DraftPosition, which is no Sequence) is filled by its sequence's
+        # matcher, which walks the drafts before it.
+        grammars = [seq.grammar if isinstance(seq, Sequence) else None for seq in seqs]
         drafts = [seq.spec_token_ids if grammar else [] for seq, grammar in zip(seqs, grammars)]
         bitmask = self.grammar_compiler.fill_bitmask(grammars, drafts) if any(grammars) else None
         if self._fail_broken_grammars(seqs):
