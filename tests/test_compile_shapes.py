@@ -147,6 +147,20 @@ def test_an_unreadable_stored_program_is_compiled_again(make_llm, store, tmp_pat
     assert len(broken.read_bytes()) > 100  # stored again
 
 
+def test_programs_compiled_after_an_eager_engine_in_the_same_process_are_stored_whole(tmp_path):
+    """An eager engine first (its programs come from JAX's own cache, which XLA:CPU cannot serialize whole), then
+    a start that compiles into the store: it must compile for real, not hand the eager engine's executables to the
+    store, or the next start loads programs whose machine code is missing ("Function ... not found")."""
+    directory = str(tmp_path / "compiled")
+    run = ("from jax_engine import LLM, SamplingParams; params = SamplingParams(temperature=0, max_tokens=4); "
+           "{first}LLM(compilation_cache_dir={directory!r}, **{small!r}).generate(['Hello'], params)")
+    eager_first = f"LLM(enforce_eager=True, **{SMALL!r}).generate(['Hello'], params); "
+    for first in (eager_first, ""):  # then a start that loads every program from the store and runs them
+        result = subprocess.run([sys.executable, "-c", run.format(first=first, directory=directory, small=SMALL)],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr[-3000:]
+
+
 def test_programs_of_other_source_versions_are_deleted_after_a_week_unused(tmp_path):
     from jax_engine.runner.executable_store import ExecutableStore
 

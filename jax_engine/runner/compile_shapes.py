@@ -87,7 +87,7 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_
             bar.update()
             return compiled
 
-        with _bypassing_jax_cache(store is not None):
+        with _bypassing_jax_cache(store is not None and bool(missing)):
             # Tracing is not thread-safe, compiling is: this thread traces each program while the pool
             # compiles the ones before it.
             compiling = {i: pool.submit(compile_one, i, programs[i].lower()) for i in missing}
@@ -112,6 +112,9 @@ def _bypassing_jax_cache(bypass: bool):
         return
     jax.config.update("jax_enable_compilation_cache", False)
     compilation_cache.reset_cache()  # JAX decides once per process whether to use its cache; ask it again
+    # And forget what this process compiled before (an eager engine's programs, loaded from JAX's cache): lowering
+    # the same program again would hand back that executable, which the store cannot save whole either.
+    jax.clear_caches()
     try:
         yield
     finally:
