@@ -196,12 +196,11 @@ def speculation(engine, before: dict, plain: Timing | None, ours: Timing) -> str
     return line
 
 
-def time_engines(args, checkpoint, batches: dict, report, limit) -> None:
+def time_engines(args, checkpoint, batches: dict, max_len: int, report, limit) -> None:
     """Each quantization's engines (plain, then speculating) through every batch, reported as they finish."""
     from jax_engine import LLMEngine
 
     sizes, ignore_eos = sorted(batches), args.workload == "rotations"
-    max_len = max(len(p) for batch in batches.values() for p in batch) + args.output_len
     for quantization in args.quantizations:
         q = None if quantization == "none" else quantization
         if q == "gguf" and not checkpoint.blocks:
@@ -237,6 +236,7 @@ def main(args: argparse.Namespace) -> dict:
     cfg = checkpoint.config
     sizes = sorted(args.batch_sizes)
     batches = {b: workload_prompts(args.workload, checkpoint.tokenizer, b, args.input_len) for b in sizes}
+    max_len = max(len(p) for batch in batches.values() for p in batch) + args.output_len
     probe = roofline.measure(cfg.num_params)
     rows = []  # (engine label, batch size, ttft s, decode tokens/s, bound tokens/s or None)
 
@@ -245,7 +245,7 @@ def main(args: argparse.Namespace) -> dict:
         beside = f"  bound {limit:7.1f} tokens/s ({rate / limit:4.0%})" if limit else ""
         print(f"{label:<30} batch {b:>3}: TTFT {ttft * 1e3:8.1f} ms  decode {rate:7.1f} tokens/s{beside}", flush=True)
 
-    time_engines(args, checkpoint, batches, report, lambda nbytes, b: bound(probe, cfg.num_params, nbytes, b))
+    time_engines(args, checkpoint, batches, max_len, report, lambda nbytes, b: bound(probe, cfg.num_params, nbytes, b))
     if "hf" in args.compare:
         from jax_engine.bench.hf_baseline import hf_model_from_checkpoint
 
@@ -254,7 +254,6 @@ def main(args: argparse.Namespace) -> dict:
         for b in sizes:
             report("transformers float32", b, *time_hf(model, batches[b], args.output_len))
     if "llama.cpp" in args.compare:
-        max_len = max(len(p) for batch in batches.values() for p in batch) + args.output_len
         peer = LlamaCpp(args.model or default_model_path(), sizes[-1], max_len)
         peer.time(batches[sizes[0]], 2)
         for b in sizes:

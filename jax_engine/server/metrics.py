@@ -91,12 +91,9 @@ def _spec_decode_counters(engine) -> dict | None:
     counters = [r.engine.speculator.stats() for r in replicas if r.engine.speculator is not None]
     if not counters:
         return None
-    return {
-        "num_drafts": sum(c["num_drafts"] for c in counters),
-        "num_draft_tokens": sum(c["num_draft_tokens"] for c in counters),
-        "num_accepted_tokens": sum(c["num_accepted_tokens"] for c in counters),
-        "num_accepted_tokens_per_pos": [sum(pos) for pos in zip(*(c["num_accepted_tokens_per_pos"] for c in counters))],
-    }
+    totals = {key: sum(c[key] for c in counters) for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+    per_pos = [sum(pos) for pos in zip(*(c["num_accepted_tokens_per_pos"] for c in counters))]
+    return totals | {"num_accepted_tokens_per_pos": per_pos}
 
 
 class ServingMetrics:
