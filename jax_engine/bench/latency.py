@@ -188,7 +188,8 @@ def speculation(engine, before: dict, plain: Timing | None, ours: Timing) -> str
         return ""
     drafted, accepted, drafts = (after[k] - before.get(k, 0) for k in
                                  ("num_draft_tokens", "num_accepted_tokens", "num_drafts"))
-    line = f"    acceptance {accepted / max(drafted, 1):4.0%}, {1 + accepted / max(drafts, 1):.2f} tokens a verification"
+    line = (f"    acceptance {accepted / max(drafted, 1):4.0%}, "
+            f"{1 + accepted / max(drafts, 1):.2f} tokens a verification")
     if plain is not None:
         differ = sum(a != b for a, b in zip(ours.token_ids, plain.token_ids))
         line += (f", {ours.decode_tokens_per_s / plain.decode_tokens_per_s:.2f}x plain decode, tokens "
