@@ -18,6 +18,9 @@ from jax_engine.model_config import ModelConfig
 from jax_engine.models.rope import max_len_with_rope_scaling
 from jax_engine.spec_decode import SpeculativeConfig
 from jax_engine.target_platform import platform
+
+if typing.TYPE_CHECKING:
+    from jax_engine.models import CausalLM
 from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
 
 logger = logging.getLogger(__name__)
@@ -135,7 +138,10 @@ class EngineArgs:
         check(isinstance(self.node_rank, int) and 0 <= self.node_rank < self.nnodes, "node_rank", "in [0, nnodes)")
         check(self.quantization is None or self.quantization in QUANTIZATIONS, "quantization",
               f"None or one of {list(QUANTIZATIONS)}")
-        SpeculativeConfig.from_dict(self.speculative_config)  # raises naming the bad key
+        speculative = SpeculativeConfig.from_dict(self.speculative_config)  # raises naming the bad key
+        if speculative is not None and speculative.method == "draft_model" and self.nnodes > 1:
+            raise ValueError("speculative_config with a draft model runs on one host: nnodes must be 1, got "
+                             f"{self.nnodes}")
 
     @property
     def speculative(self) -> SpeculativeConfig | None:
@@ -220,23 +226,29 @@ def kv_cache_bytes(args: EngineArgs, weight_bytes: int) -> int:
 
 
 def plan_kv_cache(args: EngineArgs, cfg: ModelConfig, dtype, backend: AttentionBackend,
-                  max_model_len: int, kv_heads_per_device: int | None = None) -> tuple[int, int, int]:
+                  max_model_len: int, kv_heads_per_device: int | None = None,
+                  draft: "CausalLM | None" = None) -> tuple[int, int, int]:
     """(block size, device blocks, host swap blocks) for this model, dtype, backend and memory budget.
 
     The budget is per device, as vLLM's: under tensor parallelism a block costs each device its own KV
-    heads' share (`kv_heads_per_device`), and each holds 1 / tensor_parallel_size of the weights.
+    heads' share (`kv_heads_per_device`), and each holds 1 / tensor_parallel_size of the weights. A draft model
+    (speculative decoding) has a cache of its own with as many blocks: each block is paid for in both.
     """
     block_size = resolve_block_size(args.block_size, backend)
     block_bytes = bytes_per_block(cfg, block_size, dtype, kv_heads_per_device)
     weight_bytes = cfg.num_params * np.dtype(dtype).itemsize // args.tensor_parallel_size
-    num_blocks = args.num_gpu_blocks_override or kv_cache_bytes(args, weight_bytes) // block_bytes
+    device_block_bytes = block_bytes  # the draft's blocks are never swapped: the host pool is the target's
+    if draft is not None:
+        device_block_bytes += bytes_per_block(draft.cfg, block_size, dtype, draft.kv_heads_per_device)
+        weight_bytes += draft.cfg.num_params * np.dtype(dtype).itemsize // args.tensor_parallel_size
+    num_blocks = args.num_gpu_blocks_override or kv_cache_bytes(args, weight_bytes) // device_block_bytes
     num_host_blocks = int(args.swap_space * GiB) // block_bytes
     if num_blocks * block_size < max_model_len:
         raise ValueError(
             f"the KV cache holds {num_blocks * block_size} tokens ({num_blocks} blocks of {block_size}) "
             f"but max_model_len is {max_model_len}: raise kv_cache_memory_bytes or lower max_model_len")
     logger.info("# %s blocks: %d, # host (swap) blocks: %d (%.2f GiB KV cache per device, %d tokens)",
-                platform().upper(), num_blocks, num_host_blocks, num_blocks * block_bytes / GiB,
+                platform().upper(), num_blocks, num_host_blocks, num_blocks * device_block_bytes / GiB,
                 num_blocks * block_size)
     return block_size, num_blocks, num_host_blocks
 

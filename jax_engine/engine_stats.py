@@ -45,8 +45,10 @@ class EngineStats:
         self.blocks_unshared += blocks.num_blocks_without_sharing
 
     def report(self, scheduler: Scheduler, runner, speculator=None) -> dict:
+        """The statistics; programs are counted over the runner's and a draft model's (speculative decoding)."""
         steps, blocks = max(self.num_steps, 1), scheduler.block_stats()
         spec_decode = {} if speculator is None else {"spec_decode": speculator.stats()}
+        programs = [r.programs for r in (runner, *(speculator.runners if speculator else []))]
         return spec_decode | {
             "num_blocks": blocks.num_blocks,
             "num_free_blocks": blocks.num_free_blocks,
@@ -59,8 +61,8 @@ class EngineStats:
             "num_steps": self.num_steps,
             "mean_batch_size": self.seqs_scheduled / steps,
             "mean_kv_cache_usage": self.blocks_held / steps / blocks.num_blocks,
-            "num_programs": runner.programs.num_programs,
-            "num_compilations": runner.programs.num_late_compiles,  # after start-up
-            "compile_seconds": runner.compile_seconds,
-            "num_program_evictions": runner.programs.num_evictions,
+            "num_programs": sum(p.num_programs for p in programs),
+            "num_compilations": sum(p.num_late_compiles for p in programs),  # after start-up
+            "compile_seconds": sum(p.late_compile_seconds for p in programs),
+            "num_program_evictions": sum(p.num_evictions for p in programs),
         }

@@ -86,13 +86,13 @@ class LLMEngine:
         self._arrivals = 0
         self.trace: list[StepTrace] | None = None
         self._stats = EngineStats()
-        self.startup_compile_seconds = 0.0 if args.enforce_eager else compile_step_shapes(
-            self.runner, self.scheduler_config.max_num_batched_tokens, args.compilation_cache_dir,
-            swap=self.scheduler_config.preemption_mode == "swap")
+        self.speculator = Speculator.create(args.speculative, self.scheduler_config, loaded.draft_runner)
+        self.startup_compile_seconds = 0.0 if args.enforce_eager else sum(compile_step_shapes(
+            runner, self.scheduler_config.max_num_batched_tokens, args.compilation_cache_dir,
+            swap=self.scheduler_config.preemption_mode == "swap") for runner in loaded.runners)
         if args.nnodes > 1 and args.node_rank == 0:
             self.runner = multihost.DriverRunner(self.runner)
         self._step_sampler = StepSampler(self.runner, self.grammar_compiler, cfg.vocab_size, self._failing_alone)
-        self.speculator = Speculator.create(args.speculative, self.scheduler_config.max_model_len)
         logger.info("engine ready in %.1f s (attention backend %r)", time.perf_counter() - started,
                     self.attention_backend.name)
 

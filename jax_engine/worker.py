@@ -19,8 +19,10 @@ from jax_engine.distributed import multihost
 from jax_engine.distributed.tensor_parallel import make_mesh
 from jax_engine.loader import Checkpoint
 from jax_engine.runner.attention_self_test import AttentionShapes, checked_backend
+from jax_engine.runner.device_programs import DRAFT_PROGRAMS
 from jax_engine.runner.model_runner import ModelRunner
 from jax_engine.models import CausalLM
+from jax_engine.spec_decode.draft_model import load_draft_model
 from reference.scheduler import SchedulerConfig
 
 
@@ -30,6 +32,12 @@ class LoadedModel:
     cache_config: CacheConfig
     attention_backend: AttentionBackend
     dtype: object
+    draft_runner: ModelRunner | None = None  # speculative decoding's draft model, over a cache of its own
+
+    @property
+    def runners(self) -> list[ModelRunner]:
+        """Every runner start-up compiles programs for."""
+        return [self.runner] + ([] if self.draft_runner is None else [self.draft_runner])
 
 
 def init_devices(args: EngineArgs, devices: list | None) -> Mesh | None:
@@ -42,10 +50,11 @@ def init_devices(args: EngineArgs, devices: list | None) -> Mesh | None:
 
 def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
                scheduler_config: SchedulerConfig) -> LoadedModel:
-    """Weights on the devices, the attention backend (self-tested), the KV cache sized and allocated, the runner
-    over it."""
+    """Weights on the devices (a draft model's too), the attention backend (self-tested), the KV cache sized and
+    allocated, the runner over it."""
     cfg, dtype = checkpoint.config, resolve_dtype(args.dtype)
     model = CausalLM.from_hf_weights(cfg, checkpoint.weights, dtype, args.quantization, checkpoint.blocks, mesh)
+    draft = load_draft_model(args.speculative, checkpoint, dtype, mesh, scheduler_config.max_model_len)
     backend = get_attention_backend(args.attention_backend, platform())
     # The block size the cache will have (xla, the fallback, has pallas's default too).
     block_size = resolve_block_size(args.block_size, backend)
@@ -54,10 +63,13 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
     if args.nnodes > 1:  # every host serves on the driver's backend: they run one program
         backend = get_attention_backend(multihost.agree(backend.name), platform())
     block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, dtype, backend, scheduler_config.max_model_len,
-                                                            model.kv_heads_per_device)
+                                                            model.kv_heads_per_device, draft)
     if args.nnodes > 1:  # every host's cache must have the driver's block count (free memory may differ)
         num_blocks, num_host_blocks = multihost.agree((num_blocks, num_host_blocks))
     runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, scheduler_config.max_model_len,
                          scheduler_config.max_num_seqs, backend, dtype, max_sampled_rows(args, scheduler_config))
+    draft_runner = None if draft is None else ModelRunner(
+        draft, num_blocks, block_size, 0, scheduler_config.max_model_len, scheduler_config.max_num_seqs, backend, dtype,
+        device_programs=DRAFT_PROGRAMS)
     cache_config = CacheConfig(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
-    return LoadedModel(runner, cache_config, backend, dtype)
+    return LoadedModel(runner, cache_config, backend, dtype, draft_runner)

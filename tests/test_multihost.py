@@ -54,6 +54,7 @@ def test_workers_repeat_the_caller_of_every_device_program():
     from jax_engine.runner.device_programs import DEVICE_PROGRAMS
     from jax_engine.runner.model_runner import ModelRunner
 
-    assert ModelRunner.DEVICE_CALLS == {"execute", "sample", "token_logprobs", "all_logits", "apply_block_moves"}
+    assert ModelRunner.DEVICE_CALLS == {"execute", "sample", "greedy_tokens", "token_logprobs", "all_logits",
+                                        "apply_block_moves"}
     assert all(callable(getattr(ModelRunner, program.caller)) for program in DEVICE_PROGRAMS)
     assert len({program.name for program in DEVICE_PROGRAMS}) == len(DEVICE_PROGRAMS)

@@ -1,4 +1,4 @@
-"""Speculative decoding in the engine (issue 44): n-gram drafts verified in one step change no output.
+"""Speculative decoding in the engine (issue 44): drafts verified in one step change no output.
 
 The engine verifies a draft by sampling its position as plain decoding would (jax_engine/spec_decode/
 verification.py), so greedy and seeded output must equal the output without speculation token for token, with
@@ -18,11 +18,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
 from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.cli import build_parser
+from jax_engine.core.kv_cache_manager import KVCacheManager
 from jax_engine.server.data_parallel import DataParallelEngine
 from jax_engine.server.state import ServerConfig
 from jax_engine.spec_decode.ngram_proposer import propose_ngram
-from reference import speculative
+from jax_engine.loader import load_checkpoint
+from reference import LlamaModel, speculative
 from tests.server_helpers import TINY_ENGINE_ARGS, ThreadedServer, cli_flags
+from tests.tiny_checkpoints import make_tiny_checkpoint
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 TINY_ARGS = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=128, num_gpu_blocks_override=64,
@@ -68,6 +71,20 @@ def plain(tiny_checkpoint):
     return {name: completions(llm, params) for name, params in PARAMS.items()}
 
 
+@pytest.fixture(scope="module")
+def draft_dir(tmp_path_factory) -> str:
+    """A draft for the tiny model: its tokenizer and shapes, other random weights. (The tiny model repeats the
+    prompt's last character; so would a one-layer draft, which then agrees on every token. This one accepts
+    about 70%.)"""
+    directory = tmp_path_factory.mktemp("tiny-draft")
+    make_tiny_checkpoint(directory, "llama", seed=1)
+    return str(directory)
+
+
+def draft_config(draft_dir: str, **kwargs) -> dict:
+    return {"model": draft_dir, "num_speculative_tokens": 3, **kwargs}
+
+
 SMALL_CACHE = dict(num_gpu_blocks_override=12, max_model_len=48, max_num_batched_tokens=48)  # 48 tokens: preempts
 
 
@@ -75,8 +92,10 @@ SMALL_CACHE = dict(num_gpu_blocks_override=12, max_model_len=48, max_num_batched
                                      {**SMALL_CACHE, "preemption_mode": "swap"},
                                      {"max_num_batched_tokens": 8, "enable_chunked_prefill": True}],
                          ids=["roomy", "recompute", "swap", "chunked"])
-def test_speculative_output_equals_plain_output(tiny_checkpoint, plain, variant):
-    llm = make(tiny_checkpoint, speculative_config=NGRAM, **variant)
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculative_output_equals_plain_output(tiny_checkpoint, draft_dir, plain, variant, method):
+    config = NGRAM if method == "ngram" else draft_config(draft_dir)
+    llm = make(tiny_checkpoint, speculative_config=config, **variant)
     for name, params in PARAMS.items():
         assert completions(llm, params) == plain[name], name
     stats = llm.llm_engine.stats()
@@ -87,20 +106,24 @@ def test_speculative_output_equals_plain_output(tiny_checkpoint, plain, variant)
     if "preemption_mode" in variant:
         assert stats["num_preemptions"] > 0
     assert stats["num_free_blocks"] == stats["num_blocks"]  # every block back, rejected lookahead included
+    if method == "draft_model":  # and every block of the draft's cache
+        draft = llm.llm_engine.speculator.draft
+        assert not draft.states and draft.cache.device.num_free_blocks == draft.cache.device.num_blocks
 
 
 def test_speculation_runs_fewer_steps_and_compiles_nothing_after_start_up(tiny_checkpoint):
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     runs = {}
-    for name, config in (("plain", None), ("ngram", NGRAM)):
+    for name, config in (("plain", None), ("ngram", NGRAM), ("self", {"model": "self", "num_speculative_tokens": 3})):
         # No compilation cache: programs that eager engines of this process compiled must not be saved (see the note
         # in compile_shapes._bypassing_jax_cache); start-up compiles them itself.
         llm = make(tiny_checkpoint, speculative_config=config, enforce_eager=False, compilation_cache_dir="")
         runs[name] = (llm.generate(["abcabcabcabc"], params, use_tqdm=False)[0].outputs[0].token_ids,
                       llm.llm_engine.num_steps, llm.llm_engine.stats()["num_compilations"])
-    assert runs["ngram"][0] == runs["plain"][0]
-    assert runs["ngram"][1] < runs["plain"][1]
-    assert runs["ngram"][2] == runs["plain"][2] == 0  # the verification rows were compiled at start-up
+    for name in ("ngram", "self"):
+        assert runs[name][0] == runs["plain"][0]
+        assert runs[name][1] < runs["plain"][1]
+        assert runs[name][2] == runs["plain"][2] == 0  # the verification rows and the draft's steps: at start-up
 
 
 def test_a_grammar_drafts_only_what_it_allows_and_masks_each_drafted_position(tiny_checkpoint):
@@ -126,6 +149,65 @@ def test_drafting_stops_at_disable_by_batch_size(tiny_checkpoint):
     assert llm.llm_engine.stats()["spec_decode"]["num_drafts"] > 0
 
 
+# ------------------------------------------------------------------------------------------ draft models
+def greedy_engine(checkpoint, config: dict) -> LLMEngine:
+    """An engine speculating with `config` at every batch size, holding PROMPTS as greedy requests."""
+    engine = LLMEngine(EngineArgs(**TINY_ARGS, speculative_config={**config, "disable_by_batch_size": None}),
+                       checkpoint=checkpoint)
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, PARAMS["greedy"])
+    return engine
+
+
+def test_the_draft_model_proposes_the_oracles_drafts_at_every_step(tiny_checkpoint, draft_dir):
+    """The engine's draft keeps a paged cache of its own, catches up on the verified tokens and rolls back the
+    rejected ones; the oracle's recomputes the whole context for every draft. They must draft the same tokens."""
+    draft = load_checkpoint(draft_dir)
+    oracle = speculative.DraftModelProposer(LlamaModel(draft.config, draft.weights), 3)
+    engine = greedy_engine(tiny_checkpoint, draft_config(draft_dir))
+    compared = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        for seq in engine.scheduler.running.items:
+            if seq.num_computed_tokens == seq.num_tokens - 1:  # it sampled: the next step verifies its drafts
+                room = seq.max_tokens - seq.num_output_tokens - 1
+                assert seq.spec_token_ids == oracle.propose(seq.all_token_ids, room), seq.request_id
+                compared += 1
+    spec = engine.stats()["spec_decode"]
+    assert compared >= 20 and 0 < spec["num_accepted_tokens"] < spec["num_draft_tokens"]  # kept and rolled back
+
+
+@pytest.mark.parametrize("quantization", [None, "int8"])
+def test_the_target_drafting_for_itself(tiny_checkpoint, plain, quantization):
+    """"self": the target's own checkpoint drafts. In the target's weights every draft is accepted; in int8
+    most are, and the output is the target's either way."""
+    llm = make(tiny_checkpoint, speculative_config={"model": "self", "quantization": quantization,
+                                                    "num_speculative_tokens": 3, "disable_by_batch_size": None})
+    assert completions(llm, PARAMS["greedy"]) == plain["greedy"]
+    spec = llm.llm_engine.stats()["spec_decode"]
+    assert spec["acceptance_rate"] == 1.0 if quantization is None else spec["acceptance_rate"] > 0.5
+
+
+def test_a_draft_cache_without_room_drafts_nothing_for_that_sequence(tiny_checkpoint, draft_dir, plain):
+    llm = make(tiny_checkpoint, speculative_config=draft_config(draft_dir, disable_by_batch_size=None))
+    draft = llm.llm_engine.speculator.draft
+    draft.cache = KVCacheManager(5, draft.cache.block_size)  # 20 tokens: "the cat the cat the cat" never fits
+    assert completions(llm, PARAMS["greedy"]) == plain["greedy"]
+    assert llm.llm_engine.stats()["spec_decode"]["num_drafts"] > 0  # the others drafted
+    assert draft.cache.device.num_free_blocks == 5
+
+
+def test_a_draft_that_cannot_draft_for_the_target_fails_at_start_up(tiny_checkpoint, tmp_path):
+    make_tiny_checkpoint(tmp_path / "vocab", "llama", vocab_size=300)
+    make_tiny_checkpoint(tmp_path / "short", "llama", max_position_embeddings=64)
+    for draft, message in ((tmp_path / "vocab", "must share the target's tokenizer"),
+                           (tmp_path / "short", "max_position_embeddings 64, fewer than max_model_len")):
+        with pytest.raises(ValueError, match=message):
+            make(tiny_checkpoint, speculative_config={"model": str(draft), "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="nnodes must be 1"):
+        EngineArgs(nnodes=2, speculative_config={"model": "self", "num_speculative_tokens": 2})
+
+
 @given(st.lists(st.integers(0, 3), max_size=30), st.integers(0, 5), st.integers(1, 3), st.integers(0, 3))
 def test_ngram_proposer_follows_the_oracle(tokens, k, lookup_min, extra):
     assert propose_ngram(tokens, k, lookup_min, lookup_min + extra) == speculative.propose_ngram(
@@ -141,7 +223,10 @@ def test_ngram_proposer_follows_the_oracle(tokens, k, lookup_min, extra):
      "prompt_lookup_max"),
     ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "unknown keys"),
     ({"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": 0}, "disable_by_batch_size"),
-    ({"model": "some/draft", "num_speculative_tokens": 2}, "draft models"),
+    ({"method": "ngram", "model": "self", "num_speculative_tokens": 2}, "model"),
+    ({"method": "draft_model", "num_speculative_tokens": 2}, "model"),
+    ({"model": "self", "quantization": "int4", "num_speculative_tokens": 2}, "quantization"),
+    ({"method": "ngram", "quantization": "int8", "num_speculative_tokens": 2}, "quantization"),
     ("ngram", "must be a dict"),
 ])
 def test_bad_speculative_configs_fail_at_start_up_naming_the_key(config, message):

@@ -32,7 +32,7 @@ import jax
 from tqdm.auto import tqdm
 
 from jax_engine import native
-from jax_engine.runner.device_programs import DEVICE_PROGRAMS, ProgramCall, StartupShapes
+from jax_engine.runner.device_programs import ProgramCall, StartupShapes
 from jax_engine.runner.executable_store import ExecutableStore
 from jax_engine.runner.model_runner import ModelRunner
 
@@ -52,9 +52,10 @@ def startup_shapes(runner: ModelRunner, max_num_batched_tokens: int, swap: bool 
 
 
 def startup_programs(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = False) -> list[ProgramCall]:
-    """Every program start-up provides: each device program at each of its start-up shapes."""
+    """Every program start-up provides: each of the runner's device programs (runner.device_programs: a draft
+    model's runner has two) at each of its start-up shapes."""
     shapes = startup_shapes(runner, max_num_batched_tokens, swap)
-    return [call for program in DEVICE_PROGRAMS for call in program.startup_calls(runner, shapes)]
+    return [call for program in runner.device_programs for call in program.startup_calls(runner, shapes)]
 
 
 def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_dir: str = "auto",

@@ -5,6 +5,7 @@ how its key follows from its arguments, and example arguments for every shape st
     step             execute             every token bucket
     logits           sample              every row bucket
     sample           sample              every row bucket x the sampler's four programs (sample/sampling_batch.py)
+    greedy           greedy_tokens       every row bucket, for a draft model's runner only (spec_decode/draft_model.py)
     token_logprobs   token_logprobs      SCORED_ROWS rows
     all_logits       all_logits          none (tests compare logits with it): compiled on first use
     copy             apply_block_moves   every bucket of blocks copied on write
@@ -59,6 +60,12 @@ def _forward(model, k_cache, v_cache, token_ids, metadata, logits_indices, atten
 def _logits(model, sampling_hidden, rows, logits_buffer):
     # Overwriting the whole donated buffer makes XLA compute the logits straight into its memory.
     return jax.lax.dynamic_update_slice(logits_buffer, model.logits(sampling_hidden[rows]), (0, 0))
+
+
+@jax.jit
+def _greedy_tokens(model, sampling_hidden, rows):
+    """Each row's most likely next token: a draft model's proposal, without the sampler or the logits on the host."""
+    return jnp.argmax(model.logits(sampling_hidden[rows]), axis=-1).astype(jnp.int32)
 
 
 @jax.jit
@@ -184,6 +191,12 @@ def _logits_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[E
         yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32)), buffer))
 
 
+def _greedy_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
+    hidden = _replicated(runner, (runner.max_sampled_rows, runner.model.cfg.hidden_size), runner.k_cache.dtype)
+    for rows in all_buckets(bucket, shapes.max_rows):
+        yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32))))
+
+
 def _sampler_shapes(logits, batch, scratch=None) -> tuple:
     leaves, tree = jax.tree.flatten(batch)  # the tree holds the flags, which pick one of the four programs
     return (tree, tuple(np.shape(x) for x in leaves))
@@ -226,6 +239,8 @@ STEP = DeviceProgram("step", _forward, "execute", _step_shapes, _step_examples,
 LOGITS = DeviceProgram("logits", _logits, "sample", lambda model, hidden, rows, buffer: (rows.shape[0],),
                        _logits_examples)
 SAMPLE = DeviceProgram("sample", sample, "sample", _sampler_shapes, _sample_examples)
+GREEDY = DeviceProgram("greedy", _greedy_tokens, "greedy_tokens", lambda model, hidden, rows: (rows.shape[0],),
+                       _greedy_examples)
 TOKEN_LOGPROBS = DeviceProgram("token_logprobs", _token_logprobs, "token_logprobs",
                                lambda model, hidden, targets: (targets.shape[0],), _token_logprobs_examples)
 ALL_LOGITS = DeviceProgram("all_logits", _all_logits, "all_logits", lambda model, hidden: (hidden.shape,))
@@ -235,6 +250,10 @@ SWAP_OUT = DeviceProgram("swap_out", _gather_blocks, "apply_block_moves", lambda
                          _swap_out_examples)
 SWAP_IN = DeviceProgram("swap_in", _scatter_blocks, "apply_block_moves", lambda cache, blocks, dst: (dst.shape[0],),
                         _swap_in_examples)
-DEVICE_PROGRAMS = (STEP, LOGITS, SAMPLE, TOKEN_LOGPROBS, ALL_LOGITS, COPY, SWAP_OUT, SWAP_IN)
+DEVICE_PROGRAMS = (STEP, LOGITS, SAMPLE, GREEDY, TOKEN_LOGPROBS, ALL_LOGITS, COPY, SWAP_OUT, SWAP_IN)
+# What start-up compiles for the model that serves (all but the draft's greedy), and for a draft model, which
+# only steps and takes its argmax (its own cache is never copied or swapped: spec_decode/draft_model.py).
+TARGET_PROGRAMS = tuple(program for program in DEVICE_PROGRAMS if program is not GREEDY)
+DRAFT_PROGRAMS = (STEP, GREEDY)
 # The runner methods that run these programs: multi-host wiring repeats each such call on every host.
 DEVICE_CALLS = frozenset(program.caller for program in DEVICE_PROGRAMS)

@@ -19,8 +19,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
 from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
 from jax_engine.core.scheduler_output import SchedulerOutput
-from jax_engine.runner.device_programs import (ALL_LOGITS, COPY, DEVICE_CALLS, LOGITS, SAMPLE, SCORED_ROWS, STEP,
-                                               SWAP_IN, SWAP_OUT, TOKEN_LOGPROBS, DeviceProgram, block_move_bucket)
+from jax_engine.runner.device_programs import (ALL_LOGITS, COPY, DEVICE_CALLS, GREEDY, LOGITS, SAMPLE, SCORED_ROWS,
+                                               STEP, SWAP_IN, SWAP_OUT, TARGET_PROGRAMS, TOKEN_LOGPROBS,
+                                               DeviceProgram, block_move_bucket)
 from jax_engine.models import CausalLM
 from jax_engine.runner.program_cache import ProgramCache
 from jax_engine.runner.recycled_buffers import RecycledBuffers
@@ -78,8 +79,9 @@ class ModelRunner:
 
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
                  max_model_len: int, max_num_seqs: int, backend: AttentionBackend, dtype,
-                 max_sampled_rows: int | None = None) -> None:
+                 max_sampled_rows: int | None = None, device_programs: tuple = TARGET_PROGRAMS) -> None:
         self.model = model
+        self.device_programs = device_programs  # what start-up compiles for it (DRAFT_PROGRAMS: a draft model's)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         # Rows of logits sampled in one step: one per sequence, and one more per draft with speculative decoding.
@@ -260,6 +262,12 @@ class ModelRunner:
         self.recycled.give(scratch)
         self.recycled.give(logits)
         return result.rows(len(rows))
+
+    def greedy_tokens(self, sampling_hidden: jax.Array, num_rows: int) -> list[int]:
+        """The most likely next token after each of the first `num_rows` rows of `sampling_hidden` (a draft
+        model's proposals: the rows of a step whose sequences each sample one token)."""
+        rows = np.arange(bucket(num_rows), dtype=np.int32)
+        return to_host(self._run(GREEDY, (self.model, sampling_hidden, rows), cause=f"{num_rows} drafts"))[:num_rows].tolist()
 
     def all_logits(self, hidden: jax.Array) -> np.ndarray:
         """Logits of every row of a step's hidden states (tests compare them with other models')."""

@@ -2,22 +2,27 @@
 
 from dataclasses import dataclass
 
+from jax_engine.linear import QUANTIZATIONS
+
 # Drafts verified per sequence and step. Each is one more logits row through the sampler and one more token
 # through the step, and the sampler's row buckets are compiled at start-up up to max_num_seqs x (1 + k).
 MAX_SPECULATIVE_TOKENS = 8
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft_model")
 # Drafting stops from this many running sequences when the config does not say (vLLM's default is never). Measured
 # on the 2-core CPU (docs/benchmarks.md, bench latency --speculative-config): n-gram drafts pay 2.2x at batch 1 on
 # copy-heavy work, break even at batch 8, and cost up to a third of the decode rate at 8 and 32 with GGUF weights.
 DEFAULT_DISABLE_BY_BATCH_SIZE = 8
-KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size", "model")
+KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size", "model",
+        "quantization")
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """What to draft, and how much.
 
-    method: "ngram" (prompt lookup: copy what followed an earlier occurrence of the last n tokens).
+    method: "ngram" (prompt lookup: copy what followed an earlier occurrence of the last n tokens), or
+        "draft_model" (a smaller model with the target's vocabulary drafts its greedy tokens; the method a
+        config with a "model" gets, as in vLLM).
     num_speculative_tokens: k, the most drafts verified per sequence and step.
     prompt_lookup_min, prompt_lookup_max: the n-gram lengths tried, longest first (vLLM: both 5 when neither is
         given, else the missing one equals the other).
@@ -30,6 +35,8 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
     disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
+    model: str | None = None
+    quantization: str | None = None
 
     @classmethod
     def from_dict(cls, config: "dict | SpeculativeConfig | None") -> "SpeculativeConfig | None":
@@ -41,17 +48,15 @@ class SpeculativeConfig:
         unknown = sorted(set(config) - set(KEYS))
         if unknown:
             raise ValueError(f"speculative_config has unknown keys {unknown}; known: {list(KEYS)}")
-        if config.get("model") is not None:
-            raise ValueError("speculative_config: draft models ('model') are not supported yet; use "
-                             "{'method': 'ngram', 'num_speculative_tokens': k}")
-        method = config.get("method")
+        method = config.get("method") or ("draft_model" if config.get("model") is not None else None)
         method = "ngram" if method == "[ngram]" else method  # vLLM's older spelling
         if method not in METHODS:
             raise ValueError(f"speculative_config['method'] must be one of {list(METHODS)}, got {method!r}")
         lookup_min, lookup_max = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
         lookup_min, lookup_max = lookup_min or lookup_max or 5, lookup_max or lookup_min or 5
         return cls(method, config.get("num_speculative_tokens"), lookup_min, lookup_max,
-                   config.get("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE))
+                   config.get("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE), config.get("model"),
+                   config.get("quantization"))
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, limit: str) -> None:
@@ -67,3 +72,9 @@ class SpeculativeConfig:
         check(self.disable_by_batch_size is None or (isinstance(self.disable_by_batch_size, int)
                                                      and self.disable_by_batch_size >= 1),
               "disable_by_batch_size", "None or an int >= 1")
+        drafting = self.method == "draft_model"
+        check((self.model is not None) == drafting, "model",
+              "a checkpoint or 'self' with method 'draft_model'" if drafting else "left out with method 'ngram'")
+        check(self.model is None or isinstance(self.model, str), "model", "a checkpoint path or 'self'")
+        check(self.quantization is None or (drafting and self.quantization in QUANTIZATIONS), "quantization",
+              f"None or, with a draft model, one of {list(QUANTIZATIONS)}")

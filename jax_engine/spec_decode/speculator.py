@@ -1,24 +1,40 @@
 """The engine's side of speculative decoding: draft after each step, verify in the next, count what was accepted."""
 
+from jax_engine.runner.model_runner import ModelRunner
 from jax_engine.sample.sampler import SampledToken
 from jax_engine.sequence import Sequence
 from jax_engine.spec_decode.config import SpeculativeConfig
+from jax_engine.spec_decode.draft_model import DraftModelProposer
 from jax_engine.spec_decode.ngram_proposer import propose_ngram
 from jax_engine.spec_decode.verification import DraftPosition, accepted
+from reference.scheduler import SchedulerConfig
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft: DraftModelProposer | None = None) -> None:
         self.config = config
         self.max_model_len = max_model_len
+        self.draft = draft  # method "draft_model"; n-gram drafts need nothing but the context
         k = config.num_speculative_tokens
         # vLLM's counters: verification steps, drafted and accepted tokens, and accepted tokens by draft position.
         self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
         self.num_accepted_tokens_per_pos = [0] * k
 
     @classmethod
-    def create(cls, config: SpeculativeConfig | None, max_model_len: int) -> "Speculator | None":
-        return None if config is None else cls(config, max_model_len)
+    def create(cls, config: SpeculativeConfig | None, scheduler_config: SchedulerConfig,
+               draft_runner: ModelRunner | None = None) -> "Speculator | None":
+        """The speculator `config` asks for (None: no speculation), drafting with `draft_runner` if it names a
+        draft model (worker.load_model loads one)."""
+        if config is None:
+            return None
+        draft = None if draft_runner is None else DraftModelProposer(draft_runner,
+                                                                     scheduler_config.max_num_batched_tokens)
+        return cls(config, scheduler_config.max_model_len, draft)
+
+    @property
+    def runners(self) -> list[ModelRunner]:
+        """The draft model's runner, for start-up compilation and statistics (none for n-gram drafts)."""
+        return [] if self.draft is None else [self.draft.runner]
 
     def propose(self, running: list[Sequence], groups: dict) -> None:
         """Draft the next tokens of every running sequence that just sampled one; the next step verifies them.
@@ -26,15 +42,24 @@ class Speculator:
         grammar drafts only what its grammar allows (verification masks each drafted position after the drafts
         before it). `groups` are the requests' SequenceGroups."""
         config = self.config
+        if self.draft is not None:
+            self.draft.release_all_but({seq.seq_id for seq in running})
         if config.disable_by_batch_size is not None and len(running) >= config.disable_by_batch_size:
             return
+        wanted = []
         for seq in running:
             if seq.num_computed_tokens == seq.num_tokens - 1 and not groups[seq.request_id].is_beam_search:
                 # A step emits up to drafts + 1 tokens: none past max_tokens or max_model_len.
                 room = min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
-                k = min(config.num_speculative_tokens, room)
-                drafts = propose_ngram(seq.all_token_ids, k, config.prompt_lookup_min, config.prompt_lookup_max)
-                seq.spec_token_ids = drafts if seq.grammar is None else seq.grammar.valid_prefix(drafts)
+                if room > 0:
+                    wanted.append((seq, min(config.num_speculative_tokens, room)))
+        if self.draft is not None:
+            drafted = self.draft.propose(wanted)
+        else:
+            drafted = {seq: propose_ngram(seq.all_token_ids, k, config.prompt_lookup_min, config.prompt_lookup_max)
+                       for seq, k in wanted}
+        for seq, drafts in drafted.items():
+            seq.spec_token_ids = drafts if seq.grammar is None else seq.grammar.valid_prefix(drafts)
 
     def verify(self, sampled: list[tuple[Sequence | DraftPosition, SampledToken]]) -> list[tuple[Sequence, SampledToken]]:
         """The tokens each sequence emits (verification.accepted), counted."""
