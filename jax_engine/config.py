@@ -79,7 +79,8 @@ class EngineArgs:
         master_addr: the address of node_rank 0, where JAX's coordinator listens.
         master_port: the port of JAX's coordinator.
         speculative_config: speculative decoding, vLLM's dictionary (a JSON object on the command line), e.g.
-            {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}; see
+            {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4} or a draft model,
+            {"model": "self", "quantization": "int8", "num_speculative_tokens": 3}; see
             jax_engine/spec_decode/config.py. None decodes one token per step.
     """
 

@@ -29,6 +29,7 @@ import numpy as np
 from jax_engine.bench import roofline
 from jax_engine.bench.latency_prompts import WORKLOADS, workload_prompts
 from jax_engine.config import EngineArgs
+from jax_engine.spec_decode import SpeculativeConfig
 
 FIXED_ENGINE_ARGS = ("max_num_seqs", "max_model_len", "quantization")
 
@@ -176,8 +177,9 @@ def variants(args: argparse.Namespace) -> list[tuple[str, dict | None]]:
     beside it when one is given (same run, same machine)."""
     if not args.speculative_config:
         return [("", None)]
-    spec = args.speculative_config
-    return [("", None), (f" +{spec.get('method', 'ngram')} k={spec.get('num_speculative_tokens')}", spec)]
+    spec = SpeculativeConfig.from_dict(args.speculative_config)
+    drafter = spec.method if spec.model is None else f"draft {spec.model} {spec.quantization or ''}".rstrip()
+    return [("", None), (f" +{drafter} k={spec.num_speculative_tokens}", args.speculative_config)]
 
 
 def speculation(engine, before: dict, plain: Timing | None, ours: Timing) -> str:
