@@ -8,10 +8,12 @@ from jax_engine.linear import QUANTIZATIONS
 # through the step, and the sampler's row buckets are compiled at start-up up to max_num_seqs x (1 + k).
 MAX_SPECULATIVE_TOKENS = 8
 METHODS = ("ngram", "draft_model")
-# Drafting stops from this many running sequences when the config does not say (vLLM's default is never). Measured
-# on the 2-core CPU (docs/benchmarks.md, bench latency --speculative-config): n-gram drafts pay 2.2x at batch 1 on
-# copy-heavy work, break even at batch 8, and cost up to a third of the decode rate at 8 and 32 with GGUF weights.
-DEFAULT_DISABLE_BY_BATCH_SIZE = 8
+# Drafting stops from this many running sequences when the config does not say (vLLM's default is never), by
+# method. Measured on the 2-core CPU (docs/benchmarks.md, bench latency --speculative-config): n-gram drafts pay
+# 2.2x at batch 1 on copy-heavy work, break even at batch 8, and cost up to a third of the decode rate at 8 and 32
+# with GGUF weights; the default model drafting for itself in int8 pays 1.8-1.9x at batch 1 and 2, 1.24x at 4,
+# and costs a tenth at 8.
+DEFAULT_DISABLE_BY_BATCH_SIZE = {"ngram": 8, "draft_model": 5}
 KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size", "model",
         "quantization")
 
@@ -27,14 +29,15 @@ class SpeculativeConfig:
     prompt_lookup_min, prompt_lookup_max: the n-gram lengths tried, longest first (vLLM: both 5 when neither is
         given, else the missing one equals the other).
     disable_by_batch_size: no drafts while this many sequences or more are running, where verifying them costs
-        more than it saves (DEFAULT_DISABLE_BY_BATCH_SIZE when the config leaves it out; None: never disabled).
+        more than it saves (the method's DEFAULT_DISABLE_BY_BATCH_SIZE when the config leaves it out; None:
+        never disabled).
     """
 
     method: str
     num_speculative_tokens: int
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
-    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE
+    disable_by_batch_size: int | None = DEFAULT_DISABLE_BY_BATCH_SIZE["ngram"]
     model: str | None = None
     quantization: str | None = None
 
@@ -55,7 +58,7 @@ class SpeculativeConfig:
         lookup_min, lookup_max = config.get("prompt_lookup_min"), config.get("prompt_lookup_max")
         lookup_min, lookup_max = lookup_min or lookup_max or 5, lookup_max or lookup_min or 5
         return cls(method, config.get("num_speculative_tokens"), lookup_min, lookup_max,
-                   config.get("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE), config.get("model"),
+                   config.get("disable_by_batch_size", DEFAULT_DISABLE_BY_BATCH_SIZE[method]), config.get("model"),
                    config.get("quantization"))
 
     def __post_init__(self) -> None:

@@ -146,7 +146,8 @@ class DraftModelProposer:
         slots = len(tokens) + k - 1 - state.computed if chunk == len(tokens) - state.computed else chunk
         if not cache.can_append_slots(seq.seq_id, state.computed, slots):
             return None
-        assert not cache.append_slots(seq.seq_id, state.computed, slots), "the draft writes only blocks of its own"
+        copies = cache.append_slots(seq.seq_id, state.computed, slots)
+        assert not copies, "the draft shares no blocks, so it never copies one on write"
         return ScheduledSequence(DraftView(seq.seq_id, tokens, state.computed), chunk, cache.block_tables[seq.seq_id])
 
     def _feed(self, seq: Sequence, drafts: list[int]) -> ScheduledSequence:
@@ -159,6 +160,8 @@ class DraftModelProposer:
         computed after it, None for the others (catching up)."""
         inputs = self.runner.prepare(SchedulerOutput(scheduled=scheduled))
         sampling_hidden, _ = self.runner.execute(inputs)
+        if not inputs.sampling_seqs:  # every sequence is still catching up (no program has zero rows)
+            return [None] * len(scheduled)
         tokens = dict(zip((view.seq_id for view in inputs.sampling_seqs),
                           self.runner.greedy_tokens(sampling_hidden, len(inputs.sampling_seqs))))
         return [tokens.get(s.seq.seq_id) for s in scheduled]
