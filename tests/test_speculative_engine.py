@@ -297,6 +297,19 @@ def test_metrics_report_what_the_speculator_counted_and_only_when_speculating(ti
     assert sum(counted["num_accepted_tokens_per_pos"]) == counted["num_accepted_tokens"]
 
 
+def test_the_server_drafts_with_a_draft_model_named_on_the_command_line(tiny_checkpoint, draft_dir):
+    """`jax-engine serve --speculative-config '{"model": DIR, ...}'`: the openai client reads the plain server's text."""
+    texts = {}
+    for name, flags in (("plain", ()), ("draft", ("--speculative-config", json.dumps(draft_config(draft_dir))))):
+        engine = served_engine(tiny_checkpoint, *flags)
+        with ThreadedServer(engine, ServerConfig("tiny")) as server:
+            client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+            texts[name] = [client.completions.create(model="tiny", prompt=p, max_tokens=24, temperature=0,
+                                                     extra_body={"ignore_eos": True}).choices[0].text for p in PROMPTS]
+    assert texts["draft"] == texts["plain"]
+    assert engine.engine.stats()["spec_decode"]["num_accepted_tokens"] > 0
+
+
 def test_data_parallel_replicas_spec_decode_counters_add_up(tiny_checkpoint):
     """Unlike the gauges (replica 0's), the spec-decode counters are the replicas' totals."""
     replicas = [served_engine(tiny_checkpoint, "--speculative-config", json.dumps(SERVED_NGRAM)) for _ in range(2)]

@@ -83,6 +83,25 @@ def backends(variant: str) -> tuple[str, ...]:
     return ("cpu", *extra, *(("pallas",) if variant in ("llama", "bloom") else ()))
 
 
+def test_a_draft_model_splits_over_its_targets_mesh(tiny_checkpoint):
+    """A draft model's weights and KV cache are split over the target's devices as the target's are: drafting for
+    itself under tp = 2, the tiny model accepts every draft and writes unsplit's tokens."""
+    args = dict(max_model_len=64, max_num_seqs=2, max_num_batched_tokens=32, block_size=4, num_gpu_blocks_override=32,
+                enforce_eager=True)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = ["abcabc", "the cat"]
+    unsplit_llm = LLM.from_engine(LLMEngine(EngineArgs(**args), checkpoint=tiny_checkpoint))
+    draft = {"model": "self", "num_speculative_tokens": 3, "disable_by_batch_size": None}
+    split = LLM.from_engine(LLMEngine(EngineArgs(tensor_parallel_size=2, speculative_config=draft, **args),
+                                      checkpoint=tiny_checkpoint))
+    cache = split.llm_engine.speculator.draft.runner.k_cache
+    assert cache.sharding.spec[3] == "tp" and len(cache.sharding.device_set) == 2
+    tokens = [[o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+              for llm in (unsplit_llm, split)]
+    assert tokens[1] == tokens[0]
+    assert split.llm_engine.stats()["spec_decode"]["acceptance_rate"] == 1.0
+
+
 # tp = 2 divides everything a tiny checkpoint has (4 heads over 2 KV heads, 6 in BLOOM, vocabulary 258, MLP 128
 # or 256), so it would check no split that these miss: tp = 3 pads the heads (BLOOM's aside) and the MLP; tp = 4
 # repeats KV heads and pads the vocabulary (and BLOOM's heads). The default model's tests above run tp = 2.
