@@ -143,6 +143,18 @@ def test_latency_benchmark_times_speculation_beside_the_plain_engine(tiny_checkp
     assert 0 < int(acceptance.group(1)) <= 100 and 1 < float(acceptance.group(2)) <= 4
 
 
+def test_llama_cpps_prompt_lookup_keeps_its_tokens():
+    """The peer's drafting row (bench latency --compare llama.cpp with n-gram drafts) times the same tokens."""
+    pytest.importorskip("llama_cpp", reason="llama.cpp is an optional extra (pyproject's `llamacpp`), not installed")
+    from jax_engine.bench.llama_cpp_peer import time_prompt_lookup
+    from jax_engine.loader.load import default_model_path
+
+    prompt = [1] + list(range(300, 320)) * 3  # repeats: prompt lookup finds what follows
+    plain, drafting = (time_prompt_lookup(default_model_path(), prompt, 24, 256, drafts) for drafts in (None, (4, 3)))
+    assert plain[2] == drafting[2] and len(plain[2]) > 0
+    assert plain[1] > 0 and drafting[1] > 0
+
+
 def test_a_run_is_set_against_the_best_probe_around_it():
     from jax_engine.bench.roofline import Roofline, best
 

@@ -16,11 +16,12 @@ decoding, and prints the speculating run's acceptance, its speedup over the plai
 whether its tokens are the plain run's (greedy: they must be).
 --compare hf runs the same token ids through transformers (torch, float32, model.generate);
 --compare llama.cpp through llama-cpp-python on the default GGUF file (its Q4_1 weights as shipped), with
-batched decoding of B sequences (an optional extra: see docs/benchmarks.md for the build).
+batched decoding of B sequences (an optional extra: see docs/benchmarks.md for the build); with n-gram
+--speculative-config on chat or copy work, also llama.cpp's own prompt-lookup drafting at batch 1
+(llama_cpp_peer.py).
 """
 
 import argparse
-import os
 import time
 from typing import NamedTuple
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from jax_engine.bench import roofline
 from jax_engine.bench.latency_prompts import WORKLOADS, workload_prompts
+from jax_engine.bench.llama_cpp_peer import LlamaCpp, time_prompt_lookup
 from jax_engine.config import EngineArgs
 from jax_engine.spec_decode import SpeculativeConfig
 
@@ -104,60 +106,17 @@ def time_hf(model, batch: list[list[int]], output_len: int) -> tuple[float, floa
     return ttft, len(batch) * (output_len - 1) / max(total - ttft, 1e-9)
 
 
-class LlamaCpp:
-    """llama.cpp through llama-cpp-python's C API: B sequences decoded together in one llama_batch."""
-
-    def __init__(self, gguf_path: str, max_batch: int, max_len: int) -> None:
-        import llama_cpp as ll
-        from llama_cpp._logger import set_verbose
-
-        set_verbose(False)  # llama.cpp logs every tensor it loads otherwise
-        self.ll = ll
-        ll.llama_backend_init()
-        self.model = ll.llama_model_load_from_file(gguf_path.encode(), ll.llama_model_default_params())
-        params = ll.llama_context_default_params()
-        params.n_ctx = max_batch * -(-max_len // 256) * 256  # split evenly between the sequences
-        params.n_batch = params.n_ubatch = 512
-        params.n_seq_max = max_batch
-        params.n_threads = params.n_threads_batch = os.cpu_count() or 1
-        self.ctx = ll.llama_init_from_model(self.model, params)
-        self.vocab_size = ll.llama_vocab_n_tokens(ll.llama_model_get_vocab(self.model))
-        self.batch = ll.llama_batch_init(512, 0, 1)
-
-    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> list[int]:
-        """Run (token, position, sequence, wants logits) entries in chunks; the argmax of each wanted row."""
-        ll, chosen = self.ll, []
-        for first in range(0, len(entries), 512):
-            chunk = entries[first : first + 512]
-            self.batch.n_tokens = len(chunk)
-            for i, (token, pos, seq, logits) in enumerate(chunk):
-                self.batch.token[i], self.batch.pos[i], self.batch.n_seq_id[i] = token, pos, 1
-                self.batch.seq_id[i][0], self.batch.logits[i] = seq, logits
-            if ll.llama_decode(self.ctx, self.batch) != 0:
-                raise RuntimeError("llama_decode failed")
-            for i, (_, _, _, logits) in enumerate(chunk):
-                if logits:
-                    row = np.ctypeslib.as_array(ll.llama_get_logits_ith(self.ctx, i), shape=(self.vocab_size,))
-                    chosen.append(int(row.argmax()))
-        return chosen
-
-    def time(self, batch: list[list[int]], output_len: int, stop_at_eos: bool = False) -> tuple[float, float]:
-        ll = self.ll
-        ll.llama_memory_clear(ll.llama_get_memory(self.ctx), True)
-        started = time.perf_counter()
-        tokens = self._decode([(t, pos, seq, pos == len(ids) - 1) for seq, ids in enumerate(batch)
-                               for pos, t in enumerate(ids)])
-        ttft = time.perf_counter() - started
-        eos = ll.llama_vocab_eos(ll.llama_model_get_vocab(self.model)) if stop_at_eos else None
-        live, produced = {seq: t for seq, t in enumerate(tokens) if t != eos}, 0  # sequence: its last token
-        started = time.perf_counter()
-        for step in range(output_len - 1):
-            if not live:
-                break
-            chosen = self._decode([(t, len(batch[seq]) + step, seq, True) for seq, t in live.items()])
-            produced += len(chosen)
-            live = {seq: t for seq, t in zip(live, chosen) if t != eos}
-        return ttft, produced / (time.perf_counter() - started)
+def llama_cpp_prompt_lookup(path: str, prompt: list[int], output_len: int, max_len: int, spec: SpeculativeConfig,
+                            report) -> None:
+    """llama.cpp's own drafting beside ours: its one-sequence API at batch 1, plain, then drafting by prompt lookup
+    (the binding's drafter: n-grams from prompt_lookup_max down to 1, k tokens)."""
+    plain = time_prompt_lookup(path, prompt, output_len, max_len, None)
+    drafting = time_prompt_lookup(path, prompt, output_len, max_len,
+                                  (spec.num_speculative_tokens, spec.prompt_lookup_max))
+    report("llama.cpp Llama API", 1, *plain[:2])
+    report(f"llama.cpp Llama API +ngram k={spec.num_speculative_tokens}", 1, *drafting[:2])
+    print(f"    {drafting[1] / plain[1]:.2f}x plain decode, tokens "
+          f"{'identical' if drafting[2] == plain[2] else 'differ'}", flush=True)
 
 
 def weight_bytes(engine) -> int:
@@ -257,10 +216,14 @@ def main(args: argparse.Namespace) -> dict:
         for b in sizes:
             report("transformers float32", b, *time_hf(model, batches[b], args.output_len))
     if "llama.cpp" in args.compare:
-        peer = LlamaCpp(args.model or default_model_path(), sizes[-1], max_len)
+        path = args.model or default_model_path()
+        peer = LlamaCpp(path, sizes[-1], max_len)
         peer.time(batches[sizes[0]], 2)
         for b in sizes:
             report("llama.cpp (GGUF as is)", b, *peer.time(batches[b], args.output_len, args.workload != "rotations"))
+        spec = SpeculativeConfig.from_dict(args.speculative_config)
+        if spec is not None and spec.method == "ngram" and 1 in sizes and args.workload != "rotations":
+            llama_cpp_prompt_lookup(path, batches[1][0], args.output_len, max_len, spec, report)
     print(f"probe: memory {probe.bandwidth_gbps:.1f} GB/s, matmul {probe.matmul_gflops:.0f} GFLOP/s; "
           f"{cfg.num_params / 1e6:.0f}M parameters")
     return {"rows": rows, "roofline": probe.__dict__}
