@@ -18,10 +18,10 @@ from jax_engine.model_config import ModelConfig
 from jax_engine.models.rope import max_len_with_rope_scaling
 from jax_engine.spec_decode import SpeculativeConfig
 from jax_engine.target_platform import platform
+from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
 
 if typing.TYPE_CHECKING:
     from jax_engine.models import CausalLM
-from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
 
 logger = logging.getLogger(__name__)
 

@@ -298,7 +298,8 @@ def test_metrics_report_what_the_speculator_counted_and_only_when_speculating(ti
 
 
 def test_the_server_drafts_with_a_draft_model_named_on_the_command_line(tiny_checkpoint, draft_dir):
-    """`jax-engine serve --speculative-config '{"model": DIR, ...}'`: the openai client reads the plain server's text."""
+    """`jax-engine serve --speculative-config '{"model": DIR, ...}'`: the openai client reads the plain server's
+    text."""
     texts = {}
     for name, flags in (("plain", ()), ("draft", ("--speculative-config", json.dumps(draft_config(draft_dir))))):
         engine = served_engine(tiny_checkpoint, *flags)

@@ -267,7 +267,8 @@ class ModelRunner:
         """The most likely next token after each of the first `num_rows` rows of `sampling_hidden` (a draft
         model's proposals: the rows of a step whose sequences each sample one token)."""
         rows = np.arange(bucket(num_rows), dtype=np.int32)
-        return to_host(self._run(GREEDY, (self.model, sampling_hidden, rows), cause=f"{num_rows} drafts"))[:num_rows].tolist()
+        tokens = self._run(GREEDY, (self.model, sampling_hidden, rows), cause=f"{num_rows} drafts")
+        return to_host(tokens)[:num_rows].tolist()
 
     def all_logits(self, hidden: jax.Array) -> np.ndarray:
         """Logits of every row of a step's hidden states (tests compare them with other models')."""

@@ -14,9 +14,12 @@ After a step a sequence has N tokens, and the draft holds the K/V of the first `
 The cache has its own block tables (a KVCacheManager over the draft's own blocks) and as many blocks as the
 target's: the planner splits the memory so both hold the same number of tokens (config.py's plan_kv_cache).
 Sequences share none of the draft's blocks: a prefix cache here would need the target's cache salts to keep
-one user's timing from revealing another's prompt, for a draft prefill that costs little. A draft is only a proposal, since verification emits the
-target's tokens whatever was drafted (verification.py): a sequence can go without drafts (no blocks left, a
-prompt still catching up, preempted and back) and no output changes.
+one user's timing from revealing another's prompt, for a draft prefill that costs little.
+
+A draft is only a proposal, since verification emits the target's tokens whatever was drafted
+(verification.py): a sequence can go without drafts (no blocks left, a prompt still catching up, preempted and
+back) and no output changes. A sequence that leaves the running batch (finished, aborted, preempted) frees its
+draft blocks at the next proposal.
 """
 
 from dataclasses import dataclass, field

@@ -33,7 +33,7 @@ class Speculator:
 
     @property
     def runners(self) -> list[ModelRunner]:
-        """The draft model's runner, for start-up compilation and statistics (none for n-gram drafts)."""
+        """The draft model's runner, whose programs the engine's statistics count too (none for n-gram drafts)."""
         return [] if self.draft is None else [self.draft.runner]
 
     def propose(self, running: list[Sequence], groups: dict) -> None:
