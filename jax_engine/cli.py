@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve_command.add_arguments(serve)
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(run=serve_command.main)
+    simulate = commands.add_parser("simulate", help="the paper's systems at GPU scale, simulated (simulator/)")
+    simulator_cli = importlib.import_module("simulator.cli")
+    simulator_cli.add_arguments(simulate)
+    simulate.set_defaults(run=simulator_cli.main)
     bench = commands.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)
     for name in ("throughput", "latency", "quality", "serve", "soak", "sharing", "batching", "kernels", "preemption",

@@ -10,7 +10,7 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).parents[1]
 REFERENCE = ROOT / "reference"
-PACKAGES = [REFERENCE, ROOT / "jax_engine", ROOT / "pallas_kernels"]
+PACKAGES = [REFERENCE, ROOT / "jax_engine", ROOT / "pallas_kernels", ROOT / "simulator"]
 CORE = ["block_pool", "block_manager", "request", "scheduler", "paged_attention", "kv_cache", "llama", "sampler",
         "engine", "beam_search", "speculative"]
 # 1300 for the serving loop, plus issue 44's speculative decoding: the proposers and the exact rejection sampler

@@ -1,0 +1,72 @@
+"""How long a step takes: a roofline over the weights, the KV cache a step attends over, and its FLOPs.
+
+A decoding step reads every weight once whatever the batch, and each sequence's K and V once per layer; it
+computes 2 FLOPs per parameter per token, and 4 per layer per head dimension per (query, key) pair in attention.
+Whichever of reading and computing takes longer sets the step's time (they overlap on a GPU), plus fixed costs
+per step (scheduling, kernel launches) and per token (sampling, detokenizing), which the roofline cannot see.
+"""
+
+from dataclasses import dataclass
+
+from simulator.hardware import Hardware
+from simulator.model_spec import ModelSpec
+
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """`model` served on `tensor_parallel_size` devices of `hardware`.
+
+    paging_overhead: attention through block tables reads the KV cache this much slower than a contiguous kernel
+        (the paper's Fig. 18a: 20-26% in its kernel micro-benchmark); only paged systems pay it.
+    step_overhead_s, token_overhead_s: the costs per step and per computed token outside the roofline.
+    """
+
+    hardware: Hardware
+    model: ModelSpec
+    tensor_parallel_size: int = 1
+    dtype_bytes: int = 2
+    kv_dtype_bytes: int = 2
+    gpu_memory_utilization: float = 0.9
+    activation_reserve_bytes: float = 1 * GiB
+    paging_overhead: float = 0.2
+    step_overhead_s: float = 0.0
+    token_overhead_s: float = 0.0
+
+    @property
+    def weight_bytes(self) -> float:
+        """Weights each device holds."""
+        return self.model.num_params * self.dtype_bytes / self.tensor_parallel_size
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """One token's K and V on each device (its share of the KV heads)."""
+        return self.model.kv_bytes_per_token(self.kv_dtype_bytes) / self.tensor_parallel_size
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        """What is left for the KV cache on each device: the memory the utilization allows, less the weights and a
+        reserve for activations (what vLLM's profiling run measures)."""
+        budget = self.gpu_memory_utilization * self.hardware.memory_bytes
+        return max(budget - self.weight_bytes - self.activation_reserve_bytes, 0.0)
+
+    @property
+    def kv_cache_tokens(self) -> int:
+        return int(self.kv_cache_bytes // self.kv_bytes_per_token)
+
+    def step_time(self, chunks: list[tuple[int, int]], paged: bool) -> float:
+        """Seconds for one step computing, for each sequence, (tokens already computed, new tokens)."""
+        model, tp = self.model, self.tensor_parallel_size
+        new_tokens = sum(n for _, n in chunks)
+        context = sum(c + n for c, n in chunks)  # keys each sequence's attention reads
+        pairs = sum(n * c + n * (n + 1) // 2 for c, n in chunks)  # (query, key) pairs, causal within a chunk
+        kv_read = context * self.kv_bytes_per_token * (1 + self.paging_overhead if paged else 1)
+        read_time = (self.weight_bytes + kv_read) / self.hardware.memory_bandwidth
+        flops = (2 * model.num_params * new_tokens + 4 * model.num_layers * model.hidden_size * pairs) / tp
+        compute_time = flops / self.hardware.peak_flops
+        return max(read_time, compute_time) + self.step_overhead_s + self.token_overhead_s * new_tokens
+
+    def swap_time(self, num_tokens: int) -> float:
+        """Seconds to move `num_tokens` tokens' K and V between host and device."""
+        return num_tokens * self.kv_bytes_per_token / self.hardware.pcie_bandwidth

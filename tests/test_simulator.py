@@ -1,0 +1,120 @@
+"""The serving simulator (issue 45, first part): its arithmetic, its workloads, and the paper's systems in the
+order the paper finds them."""
+
+import ast
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from simulator.cost_model import CostModel
+from simulator.hardware import hardware
+from simulator.model_spec import ModelSpec, model_spec
+from simulator.simulate import simulate
+from simulator.systems import SYSTEMS, make_system
+from simulator.workload import DATASETS, TraceRequest, load_trace, synthetic
+
+ROOT = pathlib.Path(__file__).parents[1]
+OPT_13B_ON_A100 = CostModel(hardware("a100-40gb"), model_spec("opt-13b"))
+
+
+def test_the_simulator_imports_only_numpy_the_standard_library_and_the_oracle():
+    allowed = {"numpy", "reference", "simulator"} | set(sys.stdlib_module_names)
+    imported = set()
+    for path in (ROOT / "simulator").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                imported.add((node.module or "").split(".")[0])
+    assert imported - allowed == set()
+
+
+def test_the_papers_arithmetic():
+    """OPT-13B: 13B parameters, 800 KB of K and V per token (the paper's Section 3 figure); on an A100-40GB at
+    90% utilization, 26 GB of weights leave room for about 11k tokens."""
+    opt = model_spec("opt-13b")
+    assert 12.5e9 < opt.num_params < 13.2e9
+    assert opt.kv_bytes_per_token(2) == 800 * 1024
+    assert 10_000 < OPT_13B_ON_A100.kv_cache_tokens < 13_000
+    assert model_spec("llama-3-8b").kv_bytes_per_token(2) == 128 * 1024  # grouped-query attention: 8 KV heads
+    # Tensor parallelism splits the weights and each token's KV heads over the devices.
+    split = CostModel(hardware("a100-40gb"), opt, tensor_parallel_size=2)
+    assert split.weight_bytes == OPT_13B_ON_A100.weight_bytes / 2
+    assert split.kv_bytes_per_token == OPT_13B_ON_A100.kv_bytes_per_token / 2
+
+
+def test_a_decode_step_is_bound_by_reading_the_weights_and_a_long_prefill_by_compute():
+    cost = OPT_13B_ON_A100
+    weights_read = cost.weight_bytes / cost.hardware.memory_bandwidth
+    assert cost.step_time([(0, 1)], paged=False) == pytest.approx(weights_read, rel=1e-3)
+    kv = 1000 * cost.kv_bytes_per_token / cost.hardware.memory_bandwidth
+    assert cost.step_time([(999, 1)], paged=True) == pytest.approx(weights_read + kv * 1.2, rel=1e-3)
+    prefill = cost.step_time([(0, 2048)], paged=False)
+    assert prefill == pytest.approx(2 * 2048 * cost.model.num_params / cost.hardware.peak_flops, rel=0.3)
+    assert prefill > 5 * weights_read
+
+
+def test_config_json_gives_the_presets_shapes(tmp_path):
+    opt = {"model_type": "opt", "num_hidden_layers": 40, "hidden_size": 5120, "num_attention_heads": 40,
+           "ffn_dim": 20480, "vocab_size": 50272, "max_position_embeddings": 2048, "_name_or_path": "opt-13b"}
+    (tmp_path / "config.json").write_text(json.dumps(opt))
+    assert ModelSpec.from_config(tmp_path) == model_spec("opt-13b")
+    with pytest.raises(ValueError, match="model must be one of"):
+        model_spec("no-such-model")
+    with pytest.raises(ValueError, match="hardware must be one of"):
+        hardware("tpu")
+
+
+@pytest.mark.parametrize("dataset", sorted(DATASETS))
+def test_synthetic_workloads_have_the_papers_mean_lengths_and_rate(dataset):
+    requests = synthetic(dataset, rate=4.0, num_requests=20_000, seed=1)
+    assert requests == synthetic(dataset, rate=4.0, num_requests=20_000, seed=1)  # deterministic for a seed
+    lengths = DATASETS[dataset]
+    # Means within 5%: the 2048-token cap trims ShareGPT's tail a little.
+    assert np.mean([r.prompt_len for r in requests]) == pytest.approx(lengths.prompt_mean, rel=0.05)
+    assert np.mean([r.output_len for r in requests]) == pytest.approx(lengths.output_mean, rel=0.05)
+    assert all(r.prompt_len + r.output_len <= 2048 for r in requests)
+    assert len(requests) / requests[-1].arrival_s == pytest.approx(4.0, rel=0.05)
+
+
+def test_a_trace_is_replayed_and_a_bad_line_is_named(tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"arrival": 0.5, "prompt_len": 10, "output_len": 4}\n{"arrival": 0.0, "prompt_len": 3, '
+                     '"output_len": 2}\n')
+    assert load_trace(trace) == [TraceRequest(0.0, 3, 2), TraceRequest(0.5, 10, 4)]
+    report = simulate("vllm", make_system("vllm", OPT_13B_ON_A100), load_trace(trace))
+    assert report.preemptions == 0 and report.normalized_latency > 0
+    trace.write_text('{"arrival": 0.5, "prompt_len": 10}\n')
+    with pytest.raises(ValueError, match="trace.jsonl:1: .*'output_len' is missing"):
+        load_trace(trace)
+
+
+def test_the_papers_systems_rank_as_the_paper_finds_them():
+    """ShareGPT on OPT-13B / A100-40GB at a rate where memory binds: vLLM batches the most requests and keeps the
+    lowest latency, then Orca with exact (oracle), power-of-two and maximal reservations, then static batching."""
+    workload = synthetic("sharegpt", rate=3.0, num_requests=150, seed=0)
+    reports = {name: simulate(name, make_system(name, OPT_13B_ON_A100), workload, 3.0) for name in SYSTEMS}
+    batched = [reports[name].mean_batched_requests for name in SYSTEMS]
+    latency = [reports[name].normalized_latency for name in SYSTEMS]
+    assert batched[:4] == sorted(batched[:4], reverse=True) and batched[0] > 1.2 * batched[1]
+    assert latency == sorted(latency)
+    assert all(reports[name].preemptions == 0 for name in SYSTEMS[1:])  # reservations never run out
+    assert simulate("vllm", make_system("vllm", OPT_13B_ON_A100), workload, 3.0) == reports["vllm"]
+
+
+def test_simulate_command_prints_one_json_object_per_system_and_rate():
+    command = [sys.executable, "-m", "jax_engine", "simulate", "--systems", "vllm,orca-max", "--rates", "0.5,1",
+               "--num-requests", "40", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["system"], r["rate"]) for r in rows] == [("vllm", 0.5), ("orca-max", 0.5), ("vllm", 1.0),
+                                                         ("orca-max", 1.0)]
+    assert {"normalized_latency", "mean_batched_requests", "throughput_tokens_per_s", "preemptions"} <= set(rows[0])
+    bad = subprocess.run([*command[:4], "--systems", "vllm,orca"], capture_output=True, text=True, timeout=300,
+                         cwd=ROOT)
+    assert bad.returncode != 0 and "--systems: unknown ['orca']" in bad.stderr
