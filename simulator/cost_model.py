@@ -3,7 +3,8 @@
 A decoding step reads every weight once whatever the batch, and each sequence's K and V once per layer; it
 computes 2 FLOPs per parameter per token, and 4 per layer per head dimension per (query, key) pair in attention.
 Whichever of reading and computing takes longer sets the step's time (they overlap on a GPU), plus fixed costs
-per step (scheduling, kernel launches) and per token (sampling, detokenizing), which the roofline cannot see.
+per step (scheduling, kernel launches) and per sequence in the step (sampling, detokenizing, bookkeeping), which
+the roofline cannot see.
 """
 
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ class CostModel:
 
     paging_overhead: attention through block tables reads the KV cache this much slower than a contiguous kernel
         (the paper's Fig. 18a: 20-26% in its kernel micro-benchmark); only paged systems pay it.
-    step_overhead_s, token_overhead_s: the costs per step and per computed token outside the roofline.
+    step_overhead_s, sequence_overhead_s: the costs per step and per sequence in it, outside the roofline.
     """
 
     hardware: Hardware
@@ -32,7 +33,7 @@ class CostModel:
     activation_reserve_bytes: float = 1 * GiB
     paging_overhead: float = 0.2
     step_overhead_s: float = 0.0
-    token_overhead_s: float = 0.0
+    sequence_overhead_s: float = 0.0
 
     @property
     def weight_bytes(self) -> float:
@@ -65,7 +66,7 @@ class CostModel:
         read_time = (self.weight_bytes + kv_read) / self.hardware.memory_bandwidth
         flops = (2 * model.num_params * new_tokens + 4 * model.num_layers * model.hidden_size * pairs) / tp
         compute_time = flops / self.hardware.peak_flops
-        return max(read_time, compute_time) + self.step_overhead_s + self.token_overhead_s * new_tokens
+        return max(read_time, compute_time) + self.step_overhead_s + self.sequence_overhead_s * len(chunks)
 
     def swap_time(self, num_tokens: int) -> float:
         """Seconds to move `num_tokens` tokens' K and V between host and device."""

@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 GB = 1e9
+GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -10,7 +11,7 @@ class Hardware:
     """One device. Bandwidths in bytes/s, FLOPs in FLOP/s (dense half precision, no sparsity)."""
 
     name: str
-    memory_bytes: float
+    memory_bytes: float  # NVIDIA's "40GB" is 40 GiB of HBM
     memory_bandwidth: float
     peak_flops: float
     pcie_bandwidth: float  # host <-> device, for swapping
@@ -20,10 +21,10 @@ class Hardware:
 # (3.35 TB/s, 989 TFLOPS FP16 tensor), L4 (300 GB/s, 121 TFLOPS FP16 tensor). PCIe 4.0 x16 moves 32 GB/s each way
 # in theory and about 25 in practice; PCIe 5.0 twice that.
 PRESETS = {
-    "a100-40gb": Hardware("a100-40gb", 40 * GB, 1555 * GB, 312e12, 25 * GB),
-    "a100-80gb": Hardware("a100-80gb", 80 * GB, 2039 * GB, 312e12, 25 * GB),
-    "h100-80gb": Hardware("h100-80gb", 80 * GB, 3350 * GB, 989e12, 50 * GB),
-    "l4": Hardware("l4", 24 * GB, 300 * GB, 121e12, 25 * GB),
+    "a100-40gb": Hardware("a100-40gb", 40 * GiB, 1555 * GB, 312e12, 25 * GB),
+    "a100-80gb": Hardware("a100-80gb", 80 * GiB, 2039 * GB, 312e12, 25 * GB),
+    "h100-80gb": Hardware("h100-80gb", 80 * GiB, 3350 * GB, 989e12, 50 * GB),
+    "l4": Hardware("l4", 24 * GiB, 300 * GB, 121e12, 25 * GB),
 }
 
 

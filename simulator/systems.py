@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from reference.block_manager import BlockManager
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from simulator.contiguous import ContiguousSpace
 from simulator.cost_model import CostModel
 from simulator.workload import TraceRequest
 
@@ -75,12 +76,15 @@ class SchedulerSystem:
 
 class ReservingScheduler(Scheduler):
     """Orca's admission: a waiting request starts only if its whole reservation (prompt + `reserve(request)`
-    tokens) fits, and takes it at once, so a running request never needs another block."""
+    tokens) fits in one free range of the contiguous cache, and takes it at once, so a running request never
+    needs more. (The oracle's block manager, as large as the cache, keeps the tables the Scheduler reads; the
+    contiguous space decides what fits.)"""
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
                  reserve: Callable[[Request], int]) -> None:
         super().__init__(config, block_manager)
         self.reserve = reserve
+        self.space = ContiguousSpace(block_manager.device.num_blocks * block_manager.block_size)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
@@ -88,13 +92,19 @@ class ReservingScheduler(Scheduler):
             request = self.waiting[0]
             n = self._chunk(request.num_tokens, budget)
             reservation = request.token_ids + [0] * self.reserve(request)
-            if n == 0 or not bm.can_allocate(reservation, read_cache=False):
+            if n == 0 or not self.space.fits(len(reservation)):
                 break
             self.waiting.pop(0)
+            self.space.allocate(request.request_id, len(reservation))
             request.num_computed_tokens = bm.allocate(request.request_id, reservation, read_cache=False)
             self._enqueue(self.running, request, RequestStatus.RUNNING)
             self._add_scheduled(out, request, n)
             budget -= n
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        if request.request_id in self.space.held:
+            self.space.release(request.request_id)
+        super()._finish(request, status)
 
 
 def orca_reservation(policy: str, max_model_len: int) -> Callable[[Request], int]:
