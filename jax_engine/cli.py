@@ -74,10 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve_command.add_arguments(serve)
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(run=serve_command.main)
-    simulate = commands.add_parser("simulate", help="the paper's systems at GPU scale, simulated (simulator/)")
-    simulator_cli = importlib.import_module("simulator.cli")
-    simulator_cli.add_arguments(simulate)
-    simulate.set_defaults(run=simulator_cli.main)
+    for name, module_name, help_text in (("simulate", "simulator.cli", "the paper's systems at GPU scale, simulated"),
+                                         ("plan", "simulator.plan", "KV cache, sequences and request rate a device "
+                                                                    "serves")):
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(name, help=help_text)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.main)
     bench = commands.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)
     for name in ("throughput", "latency", "quality", "serve", "soak", "sharing", "batching", "kernels", "preemption",

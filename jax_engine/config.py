@@ -19,6 +19,7 @@ from jax_engine.models.rope import max_len_with_rope_scaling
 from jax_engine.spec_decode import SpeculativeConfig
 from jax_engine.target_platform import platform
 from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
+from simulator import capacity
 
 if typing.TYPE_CHECKING:
     from jax_engine.models import CausalLM
@@ -221,9 +222,8 @@ def kv_cache_bytes(args: EngineArgs, weight_bytes: int) -> int:
     if platform() == "cpu":
         return DEFAULT_CPU_KV_CACHE_BYTES
     stats = jax.devices()[0].memory_stats() or {}
-    limit = stats.get("bytes_limit", 16 * GiB)
-    # What the utilization allows, less the weights and a margin for activations.
-    return max(int(args.gpu_memory_utilization * limit) - weight_bytes - GiB, 0)
+    # What the utilization allows, less the weights and a margin for activations: `jax-engine plan`'s arithmetic.
+    return capacity.kv_cache_bytes(stats.get("bytes_limit", 16 * GiB), args.gpu_memory_utilization, weight_bytes)
 
 
 def plan_kv_cache(args: EngineArgs, cfg: ModelConfig, dtype, backend: AttentionBackend,
@@ -242,7 +242,8 @@ def plan_kv_cache(args: EngineArgs, cfg: ModelConfig, dtype, backend: AttentionB
     if draft is not None:
         device_block_bytes += bytes_per_block(draft.cfg, block_size, dtype, draft.kv_heads_per_device)
         weight_bytes += draft.cfg.num_params * np.dtype(dtype).itemsize // args.tensor_parallel_size
-    num_blocks = args.num_gpu_blocks_override or kv_cache_bytes(args, weight_bytes) // device_block_bytes
+    num_blocks = args.num_gpu_blocks_override or capacity.num_blocks(kv_cache_bytes(args, weight_bytes),
+                                                                     device_block_bytes)
     num_host_blocks = int(args.swap_space * GiB) // block_bytes
     if num_blocks * block_size < max_model_len:
         raise ValueError(

@@ -9,10 +9,9 @@ the roofline cannot see.
 
 from dataclasses import dataclass
 
+from simulator.capacity import ACTIVATION_RESERVE_BYTES, Capacity
 from simulator.hardware import Hardware
 from simulator.model_spec import ModelSpec
-
-GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class CostModel:
     dtype_bytes: int = 2
     kv_dtype_bytes: int = 2
     gpu_memory_utilization: float = 0.9
-    activation_reserve_bytes: float = 1 * GiB
+    activation_reserve_bytes: float = ACTIVATION_RESERVE_BYTES
     paging_overhead: float = 0.2
     step_overhead_s: float = 0.0
     sequence_overhead_s: float = 0.0
@@ -46,15 +45,14 @@ class CostModel:
         return self.model.kv_bytes_per_token(self.kv_dtype_bytes) / self.tensor_parallel_size
 
     @property
-    def kv_cache_bytes(self) -> float:
-        """What is left for the KV cache on each device: the memory the utilization allows, less the weights and a
-        reserve for activations (what vLLM's profiling run measures)."""
-        budget = self.gpu_memory_utilization * self.hardware.memory_bytes
-        return max(budget - self.weight_bytes - self.activation_reserve_bytes, 0.0)
+    def capacity(self) -> Capacity:
+        """Each device's memory plan: the KV cache left beside the weights and the activations."""
+        return Capacity(self.hardware.memory_bytes, self.gpu_memory_utilization, self.weight_bytes,
+                        self.kv_bytes_per_token, activation_reserve_bytes=self.activation_reserve_bytes)
 
     @property
     def kv_cache_tokens(self) -> int:
-        return int(self.kv_cache_bytes // self.kv_bytes_per_token)
+        return self.capacity.num_tokens
 
     def step_time(self, chunks: list[tuple[int, int]], paged: bool) -> float:
         """Seconds for one step computing, for each sequence, (tokens already computed, new tokens)."""
