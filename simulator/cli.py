@@ -3,10 +3,14 @@
     jax-engine simulate --model opt-13b --hardware a100-40gb --dataset sharegpt \\
         --systems vllm,orca-oracle,orca-pow2,orca-max,ft --rates 0.5,1,1.5,2 --num-requests 1000 [--json]
 
-One line per (system, rate): normalized latency (s/token), mean batched requests, throughput, KV usage,
-preemptions; with --json, one JSON object per line instead. Then, per system, the highest of the rates whose
-normalized latency stays within --latency-bound (by default twice the lowest normalized latency measured at the
-lowest rate: where queueing has doubled it).
+One line per (system, rate): normalized latency (s/token), mean batched requests, throughput (over the whole
+run, the drain after the last arrival included), KV usage, preemptions; with --json, one JSON object per line
+instead. Then, per system, the highest of the rates whose normalized latency stays within --latency-bound (by
+default twice the lowest normalized latency measured at the lowest rate: where queueing has doubled it).
+
+A run is finite: at a rate the system cannot sustain, continuous batching first admits everyone and only the
+batch grows, until memory runs out and requests queue. Give --num-requests enough that the arrivals span many
+request lifetimes, or an overloaded rate can look sustainable.
 """
 
 import argparse
