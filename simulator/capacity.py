@@ -29,9 +29,12 @@ class Capacity:
     kv_bytes_per_token: float
     block_size: int = 16
     activation_reserve_bytes: float = ACTIVATION_RESERVE_BYTES
+    kv_cache_memory_bytes: float | None = None  # a fixed budget instead (the engine's kv_cache_memory_bytes, CPUs)
 
     @property
     def kv_cache_bytes(self) -> int:
+        if self.kv_cache_memory_bytes is not None:
+            return int(self.kv_cache_memory_bytes)
         return kv_cache_bytes(self.memory_bytes, self.gpu_memory_utilization, self.weight_bytes,
                               self.activation_reserve_bytes)
 

@@ -33,6 +33,7 @@ class CostModel:
     paging_overhead: float = 0.2
     step_overhead_s: float = 0.0
     sequence_overhead_s: float = 0.0
+    kv_cache_memory_bytes: float | None = None  # a fixed KV budget, as the engine takes one on a CPU
 
     @property
     def weight_bytes(self) -> float:
@@ -48,7 +49,8 @@ class CostModel:
     def capacity(self) -> Capacity:
         """Each device's memory plan: the KV cache left beside the weights and the activations."""
         return Capacity(self.hardware.memory_bytes, self.gpu_memory_utilization, self.weight_bytes,
-                        self.kv_bytes_per_token, activation_reserve_bytes=self.activation_reserve_bytes)
+                        self.kv_bytes_per_token, activation_reserve_bytes=self.activation_reserve_bytes,
+                        kv_cache_memory_bytes=self.kv_cache_memory_bytes)
 
     @property
     def kv_cache_tokens(self) -> int:

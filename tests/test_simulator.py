@@ -167,3 +167,29 @@ def test_plan_shows_its_arithmetic_and_the_engine_sizes_its_cache_with_it(tiny_c
     cfg = tiny_checkpoint.config
     _, blocks, _ = plan_kv_cache(args, cfg, "float32", get_attention_backend("auto", "cpu"), 64)
     assert blocks == num_blocks(3_000_000, bytes_per_block(cfg, 16, "float32")) > 0
+
+
+def test_the_cpu_preset_fitted_to_recorded_steps_predicts_the_recorded_serving_runs():
+    """Issue 45's check against this engine, on its recorded runs (docs/figures/data/, one machine): the cost model
+    fitted to `bench batching`'s decode steps predicts `bench serve`'s normalized latency below the knee within
+    25%. (The record's higher rates are not monotonic, 1 req/s slower than 2 and 4: compile spikes of the engine
+    of the day, so the knee waits for a fresh run side by side.)"""
+    from jax_engine.bench.workloads import request_lengths
+    from simulator.cpu_fit import fit_cpu_cost_model
+
+    data = ROOT / "docs" / "figures" / "data"
+    cost = fit_cpu_cost_model(data / "batching.json")
+    for step in json.loads((data / "batching.json").read_text())["results"]:
+        predicted = cost.step_time([(round(step["mean_context"]) - 1, 1)] * step["batch_size"], paged=False)
+        assert predicted == pytest.approx(step["median_step_s"], rel=0.12), step["batch_size"]
+    for run in json.loads((data / "paper_serving.json").read_text())["runs"]:
+        rate, report = run["report"]["request_rate"], run["report"]
+        if rate > 0.5:
+            continue
+        inputs, outputs, _ = request_lengths(run["num_prompts"], run["length_mode"], 8192, seed=run["seed"])
+        assert outputs.sum() == report["total_output_tokens"]  # the recorded requests' lengths
+        gaps = np.random.default_rng(0).exponential(1 / rate, len(inputs) - 1)  # Poisson, as bench serve sends
+        arrivals = np.concatenate([[0.0], np.cumsum(gaps)])
+        trace = [TraceRequest(float(a), int(i), int(o)) for a, i, o in zip(arrivals, inputs, outputs)]
+        predicted = simulate("vllm", make_system("vllm", cost), trace, rate).normalized_latency
+        assert predicted * 1e3 == pytest.approx(report["mean_normalized_latency_ms"], rel=0.25), rate
