@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import json
 
-from simulator.cost_model import CostModel
+from simulator.cost_model import PAPER_OVERHEADS, CostModel
 from simulator.hardware import PRESETS as HARDWARE, hardware
 from simulator.model_spec import PRESETS as MODELS, model_spec
 from simulator.simulate import Report, simulate
@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rates", type=_rates, default=[0.5, 1.0, 1.5, 2.0], help="requests per second")
     parser.add_argument("--num-requests", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step-overhead-ms", type=float, default=PAPER_OVERHEADS["step_overhead_s"] * 1e3,
+                        help="time a step takes beyond the roofline (default: fitted to the paper's system)")
+    parser.add_argument("--sequence-overhead-ms", type=float, default=PAPER_OVERHEADS["sequence_overhead_s"] * 1e3,
+                        help="time each sequence adds to a step beyond the roofline (default: the paper's)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--block-size", type=int, default=16)
@@ -60,7 +64,8 @@ def run(args: argparse.Namespace) -> list[Report]:
     if unknown:
         raise ValueError(f"--systems: unknown {unknown}; known: {list(SYSTEMS)}")
     cost = CostModel(hardware(args.hardware), model_spec(args.model), args.tensor_parallel_size,
-                     gpu_memory_utilization=args.gpu_memory_utilization)
+                     gpu_memory_utilization=args.gpu_memory_utilization,
+                     step_overhead_s=args.step_overhead_ms / 1e3, sequence_overhead_s=args.sequence_overhead_ms / 1e3)
     trace = None if args.dataset in DATASETS else load_trace(args.dataset)
     reports = []
     for rate in [0.0] if trace else args.rates:

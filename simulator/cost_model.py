@@ -14,6 +14,12 @@ from simulator.hardware import Hardware
 from simulator.model_spec import ModelSpec
 
 
+# The 2023 system the paper measured, outside the roofline: 10 ms a step and 1.5 ms a sequence (vLLM 0.1's Python
+# scheduler, sampler and detokenizer). Fitted to one figure, vLLM batching 30.42 requests at 2 req/s on ShareGPT
+# (OPT-13B, A100-40GB, Fig. 13a); tests/test_simulator.py checks the others against the paper.
+PAPER_OVERHEADS = {"step_overhead_s": 0.010, "sequence_overhead_s": 0.0015}
+
+
 @dataclass(frozen=True)
 class CostModel:
     """`model` served on `tensor_parallel_size` devices of `hardware`.

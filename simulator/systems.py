@@ -65,9 +65,15 @@ class SchedulerSystem:
         before = {s.request_id: len(requests[s.request_id].output_token_ids) for s in out.scheduled}
         finished = scheduler.update_from_output(out, dict.fromkeys(before, 0))
         first = [int(r) for r, n in before.items() if n == 0 and requests[r].output_token_ids]
-        device = scheduler.block_manager.device
-        return Step(duration, len(out.scheduled), first, [int(r.request_id) for r in finished],
-                    1 - device.num_free_blocks / device.num_blocks)
+        return Step(duration, len(out.scheduled), first, [int(r.request_id) for r in finished], self._kv_usage())
+
+    def _kv_usage(self) -> float:
+        """The fraction of the KV cache held: blocks, or a contiguous cache's reserved slots."""
+        space = getattr(self.scheduler, "space", None)
+        if space is not None:
+            return 1 - space.num_free_slots / space.num_slots
+        device = self.scheduler.block_manager.device
+        return 1 - device.num_free_blocks / device.num_blocks
 
     def _swap_time(self, out: SchedulerOutput) -> float:
         moved = (len(out.swap_in) + len(out.swap_out)) * self.scheduler.block_manager.block_size
@@ -76,15 +82,15 @@ class SchedulerSystem:
 
 class ReservingScheduler(Scheduler):
     """Orca's admission: a waiting request starts only if its whole reservation (prompt + `reserve(request)`
-    tokens) fits in one free range of the contiguous cache, and takes it at once, so a running request never
-    needs more. (The oracle's block manager, as large as the cache, keeps the tables the Scheduler reads; the
+    tokens) fits in one free range of the contiguous cache of `num_slots` tokens, and takes it at once, so a
+    running request never needs more. (The oracle's block manager keeps the tables the Scheduler reads; the
     contiguous space decides what fits.)"""
 
-    def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
-                 reserve: Callable[[Request], int]) -> None:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager, reserve: Callable[[Request], int],
+                 num_slots: int) -> None:
         super().__init__(config, block_manager)
         self.reserve = reserve
-        self.space = ContiguousSpace(block_manager.device.num_blocks * block_manager.block_size)
+        self.space = ContiguousSpace(num_slots)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager
@@ -170,7 +176,10 @@ def make_system(name: str, cost: CostModel, max_num_seqs: int = 256, block_size:
                               enable_prefix_caching=False)
         return SchedulerSystem(Scheduler(config, blocks), cost, paged=True)
     if name.startswith("orca-") and name[5:] in ("oracle", "pow2", "max"):
-        blocks = BlockManager(cost.kv_cache_tokens // block_size, block_size, enable_prefix_caching=False)
-        scheduler = ReservingScheduler(config, blocks, orca_reservation(name[5:], max_model_len))
+        # The contiguous space decides what fits; the tables only need room for each reservation's last block.
+        blocks = BlockManager(cost.kv_cache_tokens // block_size + max_num_seqs, block_size,
+                              enable_prefix_caching=False)
+        scheduler = ReservingScheduler(config, blocks, orca_reservation(name[5:], max_model_len),
+                                       cost.kv_cache_tokens)
         return SchedulerSystem(scheduler, cost, paged=False)
     raise ValueError(f"system must be one of {list(SYSTEMS)}, got {name!r}")
