@@ -17,9 +17,7 @@ import argparse
 import dataclasses
 import json
 
-from simulator.cost_model import PAPER_OVERHEADS, CostModel
-from simulator.hardware import PRESETS as HARDWARE, hardware
-from simulator.model_spec import PRESETS as MODELS, model_spec
+from simulator.options import add_cost_model_arguments, cost_model
 from simulator.simulate import Report, simulate
 from simulator.systems import SYSTEMS, make_system
 from simulator.workload import DATASETS, load_trace, synthetic
@@ -37,23 +35,13 @@ def _rates(text: str) -> list[float]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="opt-13b", help=f"a preset ({', '.join(MODELS)}) or a config.json path")
-    parser.add_argument("--hardware", default="a100-40gb", help=f"one of {', '.join(HARDWARE)}")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    add_cost_model_arguments(parser)
     parser.add_argument("--dataset", default="sharegpt",
                         help=f"{' or '.join(DATASETS)} (lengths as the paper reports them), or a JSONL trace of "
                              "{arrival, prompt_len, output_len} (its own arrivals: --rates is ignored)")
     parser.add_argument("--systems", type=_names, default=list(SYSTEMS), help=f"some of {','.join(SYSTEMS)}")
     parser.add_argument("--rates", type=_rates, default=[0.5, 1.0, 1.5, 2.0], help="requests per second")
     parser.add_argument("--num-requests", type=int, default=1000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--step-overhead-ms", type=float, default=PAPER_OVERHEADS["step_overhead_s"] * 1e3,
-                        help="time a step takes beyond the roofline (default: fitted to the paper's system)")
-    parser.add_argument("--sequence-overhead-ms", type=float, default=PAPER_OVERHEADS["sequence_overhead_s"] * 1e3,
-                        help="time each sequence adds to a step beyond the roofline (default: the paper's)")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--latency-bound", type=float, default=None,
                         help="normalized latency (s/token) a sustainable rate keeps within")
     parser.add_argument("--json", action="store_true", help="one JSON object per (system, rate)")
@@ -63,9 +51,7 @@ def run(args: argparse.Namespace) -> list[Report]:
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:
         raise ValueError(f"--systems: unknown {unknown}; known: {list(SYSTEMS)}")
-    cost = CostModel(hardware(args.hardware), model_spec(args.model), args.tensor_parallel_size,
-                     gpu_memory_utilization=args.gpu_memory_utilization,
-                     step_overhead_s=args.step_overhead_ms / 1e3, sequence_overhead_s=args.sequence_overhead_ms / 1e3)
+    cost = cost_model(args)
     trace = None if args.dataset in DATASETS else load_trace(args.dataset)
     reports = []
     for rate in [0.0] if trace else args.rates:

@@ -4,6 +4,7 @@ order the paper finds them."""
 import ast
 import json
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -172,6 +173,10 @@ def test_plan_shows_its_arithmetic_and_the_engine_sizes_its_cache_with_it(tiny_c
     assert "KV per token: 2 x 40 layers x 40 KV heads x 128 dims x 2 bytes / 1 = 800 KiB per device" in result.stdout
     assert f"= {OPT_13B_ON_A100.capacity.num_blocks:,} blocks = {OPT_13B_ON_A100.kv_cache_tokens:,} tokens" in (
         result.stdout)
+    # The steady state's rate, checked by simulating it: within the latency target (0.1 s/token by default).
+    simulated = re.search(r"simulated at [\d.]+ req/s \(vLLM, \d+ s\): normalized latency ([\d.]+) s/token",
+                          result.stdout)
+    assert simulated and float(simulated.group(1)) <= 0.1, result.stdout
     # The engine's start-up divides its KV budget into blocks with the same function.
     from jax_engine.attention import get_attention_backend
     from jax_engine.config import EngineArgs, bytes_per_block, plan_kv_cache
@@ -207,3 +212,15 @@ def test_the_cpu_preset_fitted_to_recorded_steps_predicts_the_recorded_serving_r
         trace = [TraceRequest(float(a), int(i), int(o)) for a, i, o in zip(arrivals, inputs, outputs)]
         predicted = simulate("vllm", make_system("vllm", cost), trace, rate).normalized_latency
         assert predicted * 1e3 == pytest.approx(report["mean_normalized_latency_ms"], rel=0.25), rate
+
+
+@pytest.mark.parametrize(("model", "device", "target"), [("opt-13b", "a100-40gb", 0.1), ("llama-3-8b", "l4", 0.1)])
+def test_the_planned_steady_state_keeps_littles_law_the_cache_and_the_target(model, device, target):
+    from simulator.plan import steady_state
+
+    cost = CostModel(hardware(device), model_spec(model), **PAPER_OVERHEADS)
+    state = steady_state(cost, "sharegpt", target, max_num_seqs=256)
+    assert state.rate == pytest.approx(state.num_seqs / state.lifetime_s)
+    assert state.num_seqs * state.held_tokens <= cost.kv_cache_tokens and state.step_s <= target
+    one_more = cost.step_time([(int(state.held_tokens), 1)] * (state.num_seqs + 1), paged=True)
+    assert one_more > target or (state.num_seqs + 1) * state.held_tokens > cost.kv_cache_tokens  # as many as fit

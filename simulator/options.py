@@ -1,0 +1,40 @@
+"""The command-line options `jax-engine simulate` and `jax-engine plan` share: what is served, on what, and the
+cost model's terms beyond the roofline."""
+
+import argparse
+
+from simulator.cost_model import PAPER_OVERHEADS, CostModel
+from simulator.hardware import PRESETS as HARDWARE, hardware
+from simulator.model_spec import PRESETS as MODELS, model_spec
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1}
+
+
+def add_cost_model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="opt-13b", help=f"a preset ({', '.join(MODELS)}) or a config.json path")
+    parser.add_argument("--hardware", default="a100-40gb", help=f"one of {', '.join(HARDWARE)}")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--dtype", default="float16", choices=sorted(DTYPE_BYTES), help="the weights' dtype")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *sorted(DTYPE_BYTES)],
+                        help="the KV cache's dtype (auto: the weights')")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--step-overhead-ms", type=float, default=PAPER_OVERHEADS["step_overhead_s"] * 1e3,
+                        help="time a step takes beyond the roofline (default: fitted to the paper's vLLM)")
+    parser.add_argument("--sequence-overhead-ms", type=float, default=PAPER_OVERHEADS["sequence_overhead_s"] * 1e3,
+                        help="time each sequence adds to a step beyond the roofline (default: the paper's)")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def cost_model(args: argparse.Namespace) -> CostModel:
+    """The cost model the options describe; ValueError naming a bad option."""
+    if not 0 < args.gpu_memory_utilization <= 1:
+        raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    if args.tensor_parallel_size < 1:
+        raise ValueError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
+    dtype = DTYPE_BYTES[args.dtype]
+    kv_dtype = dtype if args.kv_cache_dtype == "auto" else DTYPE_BYTES[args.kv_cache_dtype]
+    return CostModel(hardware(args.hardware), model_spec(args.model), args.tensor_parallel_size, dtype, kv_dtype,
+                     args.gpu_memory_utilization, step_overhead_s=args.step_overhead_ms / 1e3,
+                     sequence_overhead_s=args.sequence_overhead_ms / 1e3)
