@@ -98,10 +98,10 @@ def main(args: argparse.Namespace) -> None:
     if state is None:
         print(f"no batch decodes within {args.latency_target} s/token on this hardware")
         return
-    print(f"steady state: a running request holds {state.held_tokens:.0f} tokens on average; "
-          f"{state.num_seqs} sequences at once (the cache, max_num_seqs and the target allow)")
-    print(f"  a step of {state.num_seqs} takes {state.step_s * 1e3:.1f} ms; a request lives "
-          f"{state.lifetime_s:.1f} s; {state.num_seqs} / {state.lifetime_s:.1f} s = {state.rate:.2f} req/s")
+    print(f"steady state: a running request holds {state.held_tokens:.0f} tokens on average")
+    print(f"  {state.num_seqs} sequences at once (as many as the cache, max_num_seqs and the target allow)")
+    print(f"  a step of {state.num_seqs} takes {state.step_s * 1e3:.1f} ms; a request lives {state.lifetime_s:.1f} s: "
+          f"{state.num_seqs} / {state.lifetime_s:.1f} s = {state.rate:.2f} req/s")
     report = check_by_simulation(cost, args, state)
-    print(f"simulated at {state.rate:.2f} req/s (vLLM, {report.duration_s:.0f} s): normalized latency "
+    print(f"simulated at {state.rate:.2f} req/s (vLLM, {report.duration_s:.0f} s): "
           f"{report.normalized_latency:.3f} s/token (target {args.latency_target}), {report.preemptions} preemptions")
