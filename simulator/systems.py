@@ -166,6 +166,10 @@ def make_system(name: str, cost: CostModel, max_num_seqs: int = 256, block_size:
                 swap_space_bytes: float = 0.0, preemption_mode: str = "recompute"):
     """The system `name` (one of SYSTEMS) over the KV cache the cost model leaves room for."""
     max_model_len = cost.model.max_model_len
+    if cost.kv_cache_tokens < block_size:
+        raise ValueError(f"{cost.model.name}'s weights ({cost.weight_bytes / 2**30:.1f} GiB per device) leave no room "
+                         f"for a KV cache on {cost.hardware.name} at gpu_memory_utilization "
+                         f"{cost.gpu_memory_utilization}: add devices (tensor parallelism)")
     if name == "ft":
         return StaticBatchingSystem(cost, max_num_seqs, max_model_len)
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_model_len, 2048),

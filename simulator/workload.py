@@ -60,6 +60,8 @@ def synthetic(dataset: str, rate: float, num_requests: int, seed: int = 0, max_m
 
 def load_trace(path: str | Path) -> list[TraceRequest]:
     """A JSONL trace: one {"arrival": seconds, "prompt_len": tokens, "output_len": tokens} per line."""
+    if not Path(path).is_file():
+        raise ValueError(f"dataset must be one of {sorted(DATASETS)} or a JSONL trace file; no file {str(path)!r}")
     requests = []
     for number, line in enumerate(Path(path).read_text().splitlines(), 1):
         if line.strip():

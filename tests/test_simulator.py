@@ -123,6 +123,13 @@ def test_a_trace_is_replayed_and_a_bad_line_is_named(tmp_path):
     trace.write_text('{"arrival": 0.5, "prompt_len": 10}\n')
     with pytest.raises(ValueError, match="trace.jsonl:1: .*'output_len' is missing"):
         load_trace(trace)
+    with pytest.raises(ValueError, match="no file"):
+        load_trace(tmp_path / "missing.jsonl")
+
+
+def test_weights_that_leave_no_room_for_a_kv_cache_are_named():
+    with pytest.raises(ValueError, match="weights .* leave no room for a KV cache on l4"):
+        make_system("vllm", CostModel(hardware("l4"), model_spec("llama-3-70b")))
 
 
 def test_the_papers_systems_rank_as_the_paper_finds_them():
