@@ -9,7 +9,7 @@ only, like the oracle it drives.
     model_spec.py   a model's shapes, from config.json or a preset: weight bytes, KV bytes per token
     capacity.py     the KV cache beside the weights (the engine sizes its own cache with it)
     cost_model.py   step time and swap time on a hardware for a model; the paper's overheads
-    cpu_fit.py      a cost model of this CPU, fitted to a recorded `bench batching` run
+    cpu_fit.py      a cost model of this CPU, read off recorded runs of the engine
     workload.py     Poisson arrivals, ShareGPT- and Alpaca-like lengths, or a JSONL trace
     contiguous.py   a contiguous KV cache with first-fit placement, for the baselines
     systems.py      vLLM (the oracle's Scheduler and BlockManager) and the paper's baselines

@@ -1,13 +1,14 @@
-"""A cost model of this project's CPU, fitted to a recorded `jax-engine bench batching` run.
+"""A cost model of this project's CPU, from recorded runs of the engine rather than from a roofline.
 
-The run records the machine's roofline probe (memory bandwidth, matmul FLOP/s) and the median decode step time at
-each batch size. The probe gives the hardware; what the roofline cannot explain (the engine's Python step:
-scheduling, the sampler, bookkeeping, growing with the batch) is fitted as a cost per step plus a cost per
-sequence, by least squares on each batch size's residual.
+On 2 CPU cores the engine's step time is not a roofline plus a constant: rows run well below the probe's peak
+FLOP/s at some batch sizes and near it at others. So the CPU preset interpolates what `jax-engine bench batching`
+measured, the median step of a batch computing as many tokens as the simulated step computes, and adds what a
+server spends per sequence and step beyond the engine (HTTP, detokenizing, streaming each token as an event),
+measured apart: a streamed token's time one request at a time, less the engine's step at batch 1.
 """
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +21,32 @@ from simulator.model_spec import model_spec
 CPU_KV_CACHE_BYTES = 2 * GiB
 
 
-def fit_cpu_cost_model(batching_json: str | Path, model: str = "smollm2-135m") -> CostModel:
-    """The CPU cost model `batching_json` (a bench batching --out file) implies, for the model it measured."""
+@dataclass(frozen=True)
+class MeasuredCostModel(CostModel):
+    """Step time read off measured decode steps (`measured_tokens` -> `measured_step_s`, interpolated by the tokens
+    a step computes), plus `serving_overhead_s` per sequence in the step."""
+
+    measured_tokens: tuple[float, ...] = ()
+    measured_step_s: tuple[float, ...] = ()
+    serving_overhead_s: float = 0.0
+
+    def step_time(self, chunks: list[tuple[int, int]], paged: bool) -> float:
+        tokens = sum(n for _, n in chunks)
+        return float(np.interp(tokens, self.measured_tokens, self.measured_step_s)) + (
+            self.serving_overhead_s * len(chunks))
+
+
+def serving_overhead(batching: dict, one_at_a_time: dict) -> float:
+    """Seconds a server adds per streamed token: `bench serve --max-concurrency 1`'s mean time per output token,
+    less the engine's median step at batch 1 (both recorded runs, as their JSON files hold them)."""
+    [step] = [r["median_step_s"] for r in batching["results"] if r["batch_size"] == 1]
+    return max(one_at_a_time["runs"][-1]["report"]["mean_tpot_ms"] / 1e3 - step, 0.0)
+
+
+def fit_cpu_cost_model(batching_json: str | Path, one_at_a_time_json: str | Path | None = None,
+                       model: str = "smollm2-135m") -> MeasuredCostModel:
+    """The CPU cost model a `bench batching --out` file (and, for a server, a `bench serve --max-concurrency 1
+    --json-out` file) records, for the model it measured."""
     run = json.loads(Path(batching_json).read_text())
     spec = model_spec(model)
     if abs(spec.num_params / run["num_params"] - 1) > 1e-3:  # the norms' weights aside
@@ -30,12 +55,10 @@ def fit_cpu_cost_model(batching_json: str | Path, model: str = "smollm2-135m") -
     probe = run["roofline"]
     cpu = Hardware("this-cpu", float("inf"), probe["bandwidth_gbps"] * 1e9, probe["matmul_gflops"] * 1e9, float("inf"))
     dtype_bytes = round(run["weight_bytes"] / run["num_params"])
-    roofline = CostModel(cpu, spec, dtype_bytes=dtype_bytes, kv_dtype_bytes=dtype_bytes, paging_overhead=0.0,
-                         kv_cache_memory_bytes=CPU_KV_CACHE_BYTES)
-    sizes = np.array([r["batch_size"] for r in run["results"]], float)
-    residuals = np.array([r["median_step_s"] - roofline.step_time([(round(r["mean_context"]) - 1, 1)]
-                                                                   * r["batch_size"], paged=False)
-                          for r in run["results"]])
-    per_sequence, per_step = np.polyfit(sizes, residuals, 1)
-    return replace(roofline, step_overhead_s=max(float(per_step), 0.0),
-                   sequence_overhead_s=max(float(per_sequence), 0.0))
+    overhead = 0.0 if one_at_a_time_json is None else serving_overhead(
+        run, json.loads(Path(one_at_a_time_json).read_text()))
+    return MeasuredCostModel(cpu, spec, dtype_bytes=dtype_bytes, kv_dtype_bytes=dtype_bytes, paging_overhead=0.0,
+                             kv_cache_memory_bytes=CPU_KV_CACHE_BYTES,
+                             measured_tokens=tuple(float(r["batch_size"]) for r in run["results"]),
+                             measured_step_s=tuple(r["median_step_s"] for r in run["results"]),
+                             serving_overhead_s=overhead)
