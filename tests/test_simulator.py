@@ -173,27 +173,6 @@ def test_simulate_command_prints_one_json_object_per_system_and_rate():
     assert bad.returncode != 0 and "--systems: unknown ['orca']" in bad.stderr
 
 
-def test_plan_shows_its_arithmetic_and_the_engine_sizes_its_cache_with_it(tiny_checkpoint):
-    result = subprocess.run([sys.executable, "-m", "jax_engine", "plan", "--model", "opt-13b", "--hardware",
-                             "a100-40gb"], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "KV per token: 2 x 40 layers x 40 KV heads x 128 dims x 2 bytes / 1 = 800 KiB per device" in result.stdout
-    assert f"= {OPT_13B_ON_A100.capacity.num_blocks:,} blocks = {OPT_13B_ON_A100.kv_cache_tokens:,} tokens" in (
-        result.stdout)
-    # The steady state's rate, checked by simulating it: within the latency target (0.1 s/token by default).
-    simulated = re.search(r"simulated at [\d.]+ req/s \(vLLM, \d+ s\): ([\d.]+) s/token", result.stdout)
-    assert simulated and float(simulated.group(1)) <= 0.1, result.stdout
-    # The engine's start-up divides its KV budget into blocks with the same function.
-    from jax_engine.attention import get_attention_backend
-    from jax_engine.config import EngineArgs, bytes_per_block, plan_kv_cache
-    from simulator.capacity import num_blocks
-
-    args = EngineArgs(kv_cache_memory_bytes=3_000_000, block_size=16)
-    cfg = tiny_checkpoint.config
-    _, blocks, _ = plan_kv_cache(args, cfg, "float32", get_attention_backend("auto", "cpu"), 64)
-    assert blocks == num_blocks(3_000_000, bytes_per_block(cfg, 16, "float32")) > 0
-
-
 def replayed(run: dict, cost, arrival_seed: int = 0) -> float:
     """The normalized latency the simulator predicts for a recorded `bench serve` run: the same requests (bench
     serve's own lengths for the run's seed), Poisson arrivals at the run's rate."""
