@@ -11,7 +11,7 @@ only, like the oracle it drives.
     cost_model.py   step time and swap time on a hardware for a model; the paper's overheads
     cpu_fit.py      a cost model of this CPU, read off recorded runs of the engine
     workload.py     Poisson arrivals, ShareGPT- and Alpaca-like lengths, or a JSONL trace
-    contiguous.py   a contiguous KV cache with first-fit placement, for the baselines
+    buddy.py        a contiguous KV cache placed by a buddy allocator, as the paper's Orca baselines
     systems.py      vLLM (the oracle's Scheduler and BlockManager) and the paper's baselines
     simulate.py     the loop, and what it reports per (system, rate)
     cli.py, plan.py `jax-engine simulate` and `jax-engine plan` (options.py: what they share)

@@ -49,10 +49,16 @@ class Capacity:
     def lines(self) -> list[str]:
         """The plan as an operator checks it, one step of arithmetic a line."""
         usable = self.gpu_memory_utilization * self.memory_bytes
+        if self.kv_cache_memory_bytes is None:
+            budget = [f"memory: {self.gpu_memory_utilization:g} x {self.memory_bytes / GiB:.1f} GiB = "
+                      f"{usable / GiB:.2f} GiB",
+                      f"  less weights {self.weight_bytes / GiB:.2f} GiB and activations "
+                      f"{self.activation_reserve_bytes / GiB:.2f} GiB = {self.kv_cache_bytes / GiB:.2f} GiB of KV cache"]
+        else:
+            budget = [f"memory: weights {self.weight_bytes / GiB:.2f} GiB, KV cache {self.kv_cache_bytes / GiB:.2f} GiB "
+                      "(kv_cache_memory_bytes)"]
         return [
-            f"memory: {self.gpu_memory_utilization:g} x {self.memory_bytes / GiB:.1f} GiB = {usable / GiB:.2f} GiB",
-            f"  less weights {self.weight_bytes / GiB:.2f} GiB and activations {self.activation_reserve_bytes / GiB:.2f}"
-            f" GiB = {self.kv_cache_bytes / GiB:.2f} GiB of KV cache",
+            *budget,
             f"KV cache: {self.kv_cache_bytes / GiB:.2f} GiB / ({self.block_size} tokens x "
             f"{self.kv_bytes_per_token / 1024:.0f} KiB) = {self.num_blocks:,} blocks = {self.num_tokens:,} tokens",
         ]

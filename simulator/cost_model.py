@@ -9,15 +9,19 @@ the roofline cannot see.
 
 from dataclasses import dataclass
 
-from simulator.capacity import ACTIVATION_RESERVE_BYTES, Capacity
-from simulator.hardware import Hardware
-from simulator.model_spec import ModelSpec
+from simulator.capacity import ACTIVATION_RESERVE_BYTES, GiB, Capacity
+from simulator.hardware import Hardware, hardware
+from simulator.model_spec import ModelSpec, model_spec
 
-
-# The 2023 system the paper measured, outside the roofline: 10 ms a step and 1.5 ms a sequence (vLLM 0.1's Python
-# scheduler, sampler and detokenizer). Fitted to one figure, vLLM batching 30.42 requests at 2 req/s on ShareGPT
-# (OPT-13B, A100-40GB, Fig. 13a); tests/test_simulator.py checks the others against the paper.
-PAPER_OVERHEADS = {"step_overhead_s": 0.010, "sequence_overhead_s": 0.0015}
+# The 2023 system the paper measured, outside the roofline: 20 ms a step (vLLM 0.1's Python scheduler, input
+# preparation, sampler and detokenizer, and its kernel launches without CUDA graphs). Fitted to one figure, vLLM
+# batching 30.42 requests at 2 req/s over a 1-hour ShareGPT trace (OPT-13B, A100-40GB, Fig. 13a);
+# tests/test_simulator.py checks the others against the paper. Nothing is charged per sequence: the roofline
+# already reads each sequence's K and V.
+PAPER_OVERHEADS = {"step_overhead_s": 0.020, "sequence_overhead_s": 0.0}
+# The paper's servers (its Table 1): model -> (GPU, how many, KV cache memory over all of them).
+PAPER_SERVERS = {"opt-13b": ("a100-40gb", 1, 12 * GiB), "opt-66b": ("a100-40gb", 4, 21 * GiB),
+                 "opt-175b": ("a100-80gb", 8, 264 * GiB)}
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,18 @@ class CostModel:
         compute_time = flops / self.hardware.peak_flops
         return max(read_time, compute_time) + self.step_overhead_s + self.sequence_overhead_s * len(chunks)
 
-    def swap_time(self, num_tokens: int) -> float:
-        """Seconds to move `num_tokens` tokens' K and V between host and device."""
-        return num_tokens * self.kv_bytes_per_token / self.hardware.pcie_bandwidth
+    def swap_time(self, num_blocks: int, block_size: int) -> float:
+        """Seconds to move `num_blocks` blocks of K and V between host and device. vLLM copies block by block,
+        layer by layer, K apart from V (its cache engine's swap_blocks): 2 x layers copies a block, each paying
+        the hardware's cost per copy beside its bytes over PCIe."""
+        num_bytes = num_blocks * block_size * self.kv_bytes_per_token
+        num_copies = num_blocks * 2 * self.model.num_layers
+        return num_bytes / self.hardware.pcie_bandwidth + num_copies * self.hardware.copy_latency_s
+
+
+def paper_cost_model(model: str = "opt-13b") -> CostModel:
+    """`model` on the paper's server for it (Table 1: its GPUs, and their KV cache memory, 12 GB for OPT-13B:
+    15.7k tokens), with the paper's overheads."""
+    device, tensor_parallel_size, kv_cache_bytes = PAPER_SERVERS[model]
+    return CostModel(hardware(device), model_spec(model), tensor_parallel_size,
+                     kv_cache_memory_bytes=kv_cache_bytes / tensor_parallel_size, **PAPER_OVERHEADS)

@@ -15,6 +15,9 @@ class Hardware:
     memory_bandwidth: float
     peak_flops: float
     pcie_bandwidth: float  # host <-> device, for swapping
+    # Each host <-> device copy call costs this much beyond its bytes: cudaMemcpyAsync's overhead per call, measured
+    # at 5-7 us for small copies (DualPath, arXiv 2602.21548, Section 5.2). It is why small blocks swap slowly.
+    copy_latency_s: float = 5e-6
 
 
 # NVIDIA's data sheets: A100 (40 GB PCIe/SXM: 1,555 GB/s; 80 GB SXM: 2,039 GB/s; 312 TFLOPS FP16 tensor), H100 SXM

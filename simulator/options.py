@@ -18,6 +18,9 @@ def add_cost_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *sorted(DTYPE_BYTES)],
                         help="the KV cache's dtype (auto: the weights')")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    parser.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                        help="KV cache bytes per device, instead of what --gpu-memory-utilization leaves (the "
+                             "paper's Table 1: 12884901888 for OPT-13B on one A100-40GB)")
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--step-overhead-ms", type=float, default=PAPER_OVERHEADS["step_overhead_s"] * 1e3,
@@ -31,10 +34,13 @@ def cost_model(args: argparse.Namespace) -> CostModel:
     """The cost model the options describe; ValueError naming a bad option."""
     if not 0 < args.gpu_memory_utilization <= 1:
         raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {args.gpu_memory_utilization}")
+    if args.kv_cache_memory_bytes is not None and args.kv_cache_memory_bytes <= 0:
+        raise ValueError(f"--kv-cache-memory-bytes must be > 0, got {args.kv_cache_memory_bytes}")
     if args.tensor_parallel_size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
     dtype = DTYPE_BYTES[args.dtype]
     kv_dtype = dtype if args.kv_cache_dtype == "auto" else DTYPE_BYTES[args.kv_cache_dtype]
     return CostModel(hardware(args.hardware), model_spec(args.model), args.tensor_parallel_size, dtype, kv_dtype,
-                     args.gpu_memory_utilization, step_overhead_s=args.step_overhead_ms / 1e3,
+                     args.gpu_memory_utilization, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                     step_overhead_s=args.step_overhead_ms / 1e3,
                      sequence_overhead_s=args.sequence_overhead_ms / 1e3)

@@ -1,6 +1,7 @@
 """The discrete-event loop: requests arrive on the workload's clock, the system steps, each step advances the
 clock by its cost; and what a run reports, as the paper's figures measure it."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,3 +54,13 @@ def simulate(name: str, system, workload: list[TraceRequest], rate: float = 0.0)
     return Report(name, rate, float(np.mean(latency)), float(np.average(batched, weights=durations)),
                   sum(r.output_len for r in workload) / span, system.num_preemptions,
                   float(np.average(usage, weights=durations)), float(np.mean(ttft)), span)
+
+
+def max_sustainable_rate(latency_at: Callable[[float], float], bound: float, sustained: float, overloaded: float,
+                         tolerance: float = 0.05) -> float:
+    """The highest request rate whose normalized latency (`latency_at(rate)`) keeps within `bound`, by bisection
+    between a rate that does and one that does not, to `tolerance` (relative). Latency grows with the rate."""
+    while overloaded > sustained * (1 + tolerance):
+        rate = (sustained * overloaded) ** 0.5
+        sustained, overloaded = (rate, overloaded) if latency_at(rate) <= bound else (sustained, rate)
+    return sustained

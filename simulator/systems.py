@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from reference.block_manager import BlockManager
 from reference.request import Request, RequestStatus, SamplingParams
 from reference.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
-from simulator.contiguous import ContiguousSpace
+from simulator.buddy import BuddySpace
 from simulator.cost_model import CostModel
 from simulator.workload import TraceRequest
 
@@ -76,8 +76,8 @@ class SchedulerSystem:
         return 1 - device.num_free_blocks / device.num_blocks
 
     def _swap_time(self, out: SchedulerOutput) -> float:
-        moved = (len(out.swap_in) + len(out.swap_out)) * self.scheduler.block_manager.block_size
-        return self.cost.swap_time(moved) if moved else 0.0
+        moved = len(out.swap_in) + len(out.swap_out)
+        return self.cost.swap_time(moved, self.scheduler.block_manager.block_size) if moved else 0.0
 
 
 class ReservingScheduler(Scheduler):
@@ -90,7 +90,7 @@ class ReservingScheduler(Scheduler):
                  num_slots: int) -> None:
         super().__init__(config, block_manager)
         self.reserve = reserve
-        self.space = ContiguousSpace(num_slots)
+        self.space = BuddySpace(num_slots)
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         bm = self.block_manager

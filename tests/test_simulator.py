@@ -2,6 +2,7 @@
 order the paper finds them."""
 
 import ast
+import functools
 import json
 import pathlib
 import re
@@ -13,11 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from simulator.contiguous import ContiguousSpace
-from simulator.cost_model import PAPER_OVERHEADS, CostModel
+from simulator.buddy import BuddySpace
+from simulator.cost_model import PAPER_OVERHEADS, CostModel, paper_cost_model
 from simulator.hardware import hardware
 from simulator.model_spec import ModelSpec, model_spec
-from simulator.simulate import simulate
+from simulator.simulate import max_sustainable_rate, simulate
 from simulator.systems import SYSTEMS, make_system
 from simulator.workload import DATASETS, TraceRequest, load_trace, synthetic
 
@@ -86,31 +87,43 @@ def test_synthetic_workloads_have_the_papers_mean_lengths_and_rate(dataset):
     assert len(requests) / requests[-1].arrival_s == pytest.approx(4.0, rel=0.05)
 
 
-def test_a_contiguous_space_places_first_fit_and_merges_what_is_freed():
-    space = ContiguousSpace(10)
-    for owner, length in (("a", 3), ("b", 4), ("c", 3)):
-        space.allocate(owner, length)
+def test_a_buddy_space_rounds_up_to_powers_of_two_and_merges_buddies():
+    opt_13b_on_a100 = BuddySpace(14512)  # tiled by the binary digits of 14,512, largest first
+    assert opt_13b_on_a100.roots == [(0, 13), (8192, 12), (12288, 11), (14336, 7), (14464, 5), (14496, 4)]
+    space = BuddySpace(4096)
+    space.allocate("a", 600)  # internal fragmentation: 1024 slots held for 600
+    assert space.held["a"] == (0, 10) and space.num_free_slots == 4096 - 1024
+    for owner in "bcd":
+        space.allocate(owner, 1000)
     space.release("a")
-    space.release("c")
-    assert space.num_free_slots == 6 and not space.fits(4)  # free, but in two pieces: external fragmentation
-    space.release("b")
-    assert space.free == [(0, 10)]
+    space.release("c")  # 2048 slots free, but not buddies: external fragmentation
+    assert space.num_free_slots == 2048 and not space.fits(1025)
+    space.release("b")  # a and b merge; (a, b) and (c, d) cannot while d is held
+    assert space.free[11] == {0} and space.free[10] == {2048}
+    space.release("d")
+    assert {k: starts for k, starts in space.free.items() if starts} == {12: {0}}
 
 
-@given(st.lists(st.tuples(st.booleans(), st.integers(1, 12), st.integers(0, 99)), max_size=60))
-def test_a_contiguous_space_tiles_its_slots_exactly(operations):
-    """Held and free ranges always tile the space: nothing overlaps, nothing is lost, free ranges never touch."""
-    space, owners = ContiguousSpace(32), []
+@given(st.lists(st.tuples(st.booleans(), st.integers(1, 40), st.integers(0, 99)), max_size=60))
+def test_a_buddy_space_tiles_its_slots_exactly(operations):
+    """Held and free ranges always tile the space, each aligned to its size, and no two free buddies are left
+    unmerged: nothing overlaps, nothing is lost."""
+    space, owners = BuddySpace(100), []
     for i, (allocate, length, pick) in enumerate(operations):
         if allocate and space.fits(length):
             space.allocate(str(i), length)
             owners.append(str(i))
+            assert (1 << space.held[str(i)][1]) // 2 < length <= 1 << space.held[str(i)][1]
         elif owners:
             space.release(owners.pop(pick % len(owners)))
-        ranges = sorted([*space.held.values(), *space.free])
-        assert ranges[0][0] == 0 and sum(ranges[-1]) == 32
-        assert all(sum(a) == b[0] for a, b in zip(ranges, ranges[1:]))
-        assert all(sum(a) < b[0] for a, b in zip(space.free, space.free[1:]))
+        free = [(start, order) for order, starts in space.free.items() for start in starts]
+        ranges = sorted([*space.held.values(), *free])
+        assert ranges[0][0] == 0 and ranges[-1][0] + (1 << ranges[-1][1]) == 100
+        assert all(a + (1 << k) == b for (a, k), (b, _) in zip(ranges, ranges[1:]))
+        assert all(start % (1 << order) == 0 for start, order in ranges)
+        for start, order in free:  # a free range whose buddy is free too would have merged with it
+            root_order = next(k for root, k in reversed(space.roots) if root <= start)
+            assert order == root_order or start ^ (1 << order) not in space.free[order]
 
 
 def test_a_trace_is_replayed_and_a_bad_line_is_named(tmp_path):
@@ -135,7 +148,7 @@ def test_weights_that_leave_no_room_for_a_kv_cache_are_named():
 def test_the_papers_systems_rank_as_the_paper_finds_them():
     """ShareGPT on OPT-13B / A100-40GB at a rate where memory binds: vLLM batches the most requests and keeps the
     lowest latency, then Orca with exact (oracle), power-of-two and maximal reservations, then static batching."""
-    cost = CostModel(hardware("a100-40gb"), model_spec("opt-13b"), **PAPER_OVERHEADS)
+    cost = paper_cost_model("opt-13b")
     workload = synthetic("sharegpt", rate=2.0, num_requests=150, seed=0)
     reports = {name: simulate(name, make_system(name, cost), workload, 2.0) for name in SYSTEMS}
     batched = [reports[name].mean_batched_requests for name in SYSTEMS]
@@ -147,16 +160,65 @@ def test_the_papers_systems_rank_as_the_paper_finds_them():
 
 
 def test_figure_13a_batched_requests_at_2_requests_a_second():
-    """The paper's Fig. 13a (ShareGPT at 2 req/s, OPT-13B on one A100-40GB): vLLM batches 30.42 requests on
-    average, 2.2x Orca (Oracle)'s 13.62 and 4.3x Orca (Max)'s 7.00. The cost model's overheads are fitted to the
-    first figure (PAPER_OVERHEADS); the ratios are predictions, and must fall within 25% of the paper's."""
-    cost = CostModel(hardware("a100-40gb"), model_spec("opt-13b"), **PAPER_OVERHEADS)
-    workload = synthetic("sharegpt", rate=2.0, num_requests=400, seed=0)
-    batched = {name: simulate(name, make_system(name, cost), workload, 2.0).mean_batched_requests
-               for name in ("vllm", "orca-oracle", "orca-max")}
-    assert batched["vllm"] == pytest.approx(30.42, rel=0.05)  # the fitted figure
-    assert batched["vllm"] / batched["orca-oracle"] == pytest.approx(30.42 / 13.62, rel=0.25)
-    assert batched["vllm"] / batched["orca-max"] == pytest.approx(30.42 / 7.00, rel=0.25)
+    """The paper's Fig. 13a (ShareGPT at 2 req/s, OPT-13B on one A100-40GB with 12 GB of KV cache, 1-hour traces):
+    vLLM batches 30.42 requests on average, 2.2x Orca (Oracle)'s 13.62, 3.1x Orca (Pow2)'s 9.81 and 4.3x Orca
+    (Max)'s 7.00. The step overhead is fitted to the first figure (PAPER_OVERHEADS); the ratios are predictions.
+    The issue asks for 25%; with the paper's buddy allocator they land within 5%, so 10% catches a regression.
+    (Orca is overloaded at 2 req/s, its batch pinned at what its memory holds from the first minutes: a
+    1000-request trace gives it within 4% of the hour's, in a tenth of the time.)"""
+    cost = paper_cost_model("opt-13b")
+    hour = synthetic("sharegpt", rate=2.0, num_requests=7200, seed=0)
+    vllm = simulate("vllm", make_system("vllm", cost), hour, 2.0).mean_batched_requests
+    assert vllm == pytest.approx(30.42, rel=0.02)  # the fitted figure
+    shorter = hour[:1000]
+    for name, paper in (("orca-oracle", 13.62), ("orca-pow2", 9.81), ("orca-max", 7.00)):
+        orca = simulate(name, make_system(name, cost), shorter, 2.0).mean_batched_requests
+        assert vllm / orca == pytest.approx(30.42 / paper, rel=0.1), name
+
+
+def test_section_6_2_request_rates_vllm_sustains_against_orca_and_fastertransformer():
+    """The paper's Section 6.2 (ShareGPT, Fig. 12): vLLM sustains 1.7-2.7x the request rate of Orca (Oracle), 2.7-8x
+    that of Orca (Max), and up to 22x FasterTransformer's, at similar latency. Here on OPT-13B and its server,
+    within 0.2 s/token: vLLM's highest such rate, found by bisection, and then each baseline must miss the bound at
+    vLLM's rate over the range's low end and keep it at the high end. (FasterTransformer "manages the memory like
+    Orca (Max)", so its low end is Orca (Max)'s.)"""
+    cost = paper_cost_model("opt-13b")
+
+    def latency(name: str, rate: float) -> float:
+        return simulate(name, make_system(name, cost), synthetic("sharegpt", rate, 1000, seed=0), rate
+                        ).normalized_latency
+
+    bound = 0.2
+    vllm = max_sustainable_rate(functools.partial(latency, "vllm"), bound, sustained=1.0, overloaded=4.0)
+    for name, low, high in (("orca-oracle", 1.7, 2.7), ("orca-max", 2.7, 8.0), ("ft", 2.7, 22.0)):
+        assert latency(name, vllm / low) > bound and latency(name, vllm / high) <= bound, name
+
+
+def test_figure_19a_small_blocks_make_swapping_slow_and_recompute_does_not_care():
+    """The paper's Fig. 19a: swapping copies block by block (2 x 40 layers copies a block for OPT-13B, each with a
+    fixed cost beside its bytes over PCIe), so small blocks make it slow; recomputing a request is one prefill,
+    whatever the block size. Recompute wins at small blocks, swapping (out and back in) at large ones."""
+    tokens, recompute = 512, OPT_13B_ON_A100.step_time([(0, 512)], paged=True)
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    swap = [OPT_13B_ON_A100.swap_time(tokens // size, size) for size in sizes]
+    assert swap == sorted(swap, reverse=True)
+    assert swap[-1] == pytest.approx(tokens * OPT_13B_ON_A100.kv_bytes_per_token / 25e9, rel=0.1)  # PCIe-bound
+    assert swap[0] > 4 * recompute and 2 * swap[-1] < recompute
+
+
+def test_figure_19b_swap_and_recompute_end_to_end_by_block_size():
+    """The paper's Fig. 19b (OPT-13B, ShareGPT, one request rate): swapping is far slower with 1-token blocks,
+    and from 16 to 64 tokens a block the two modes perform about the same. Both preempt at this rate."""
+    workload = synthetic("sharegpt", rate=2.5, num_requests=300, seed=0)
+    reports = {(size, mode): simulate("vllm", make_system("vllm", paper_cost_model("opt-13b"), block_size=size,
+                                                          swap_space_bytes=4 * 2**30, preemption_mode=mode),
+                                      workload, 2.5)
+               for size in (1, 16, 64) for mode in ("recompute", "swap")}
+    assert all(report.preemptions > 0 for report in reports.values())
+    latency = {key: report.normalized_latency for key, report in reports.items()}
+    assert latency[1, "swap"] > 1.3 * latency[1, "recompute"]
+    for size in (16, 64):
+        assert latency[size, "swap"] == pytest.approx(latency[size, "recompute"], rel=0.1)
 
 
 def test_simulate_command_prints_one_json_object_per_system_and_rate():
