@@ -2,6 +2,7 @@
 cost model's terms beyond the roofline."""
 
 import argparse
+import dataclasses
 
 from simulator.cost_model import PAPER_OVERHEADS, CostModel
 from simulator.hardware import PRESETS as HARDWARE, hardware
@@ -11,8 +12,16 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8": 1, "int8": 1}
 
 
 def add_cost_model_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="opt-13b", help=f"a preset ({', '.join(MODELS)}) or a config.json path")
-    parser.add_argument("--hardware", default="a100-40gb", help=f"one of {', '.join(HARDWARE)}")
+    parser.add_argument("--model", default=None, help=f"a preset ({', '.join(MODELS)}) or a config.json path "
+                                                       "(default: opt-13b; smollm2-135m on this-cpu)")
+    parser.add_argument("--hardware", default="a100-40gb",
+                        help=f"one of {', '.join(HARDWARE)}, or this-cpu: fitted from --batching-json")
+    parser.add_argument("--batching-json", default=None,
+                        help="this-cpu: a `jax-engine bench batching --out` file, the engine's measured steps")
+    parser.add_argument("--serving-json", default=None,
+                        help="this-cpu: a `jax-engine bench serve --max-concurrency N --json-out` file, for the "
+                             "server's cost per streamed token (`bench simulation` records one; without it: the "
+                             "engine alone)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--dtype", default="float16", choices=sorted(DTYPE_BYTES), help="the weights' dtype")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", *sorted(DTYPE_BYTES)],
@@ -38,9 +47,25 @@ def cost_model(args: argparse.Namespace) -> CostModel:
         raise ValueError(f"--kv-cache-memory-bytes must be > 0, got {args.kv_cache_memory_bytes}")
     if args.tensor_parallel_size < 1:
         raise ValueError(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
+    if args.hardware == "this-cpu":
+        return _this_cpu(args)
+    if args.batching_json or args.serving_json:
+        raise ValueError("--batching-json and --serving-json fit --hardware this-cpu; they mean nothing on "
+                         f"{args.hardware}")
     dtype = DTYPE_BYTES[args.dtype]
     kv_dtype = dtype if args.kv_cache_dtype == "auto" else DTYPE_BYTES[args.kv_cache_dtype]
-    return CostModel(hardware(args.hardware), model_spec(args.model), args.tensor_parallel_size, dtype, kv_dtype,
-                     args.gpu_memory_utilization, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
-                     step_overhead_s=args.step_overhead_ms / 1e3,
-                     sequence_overhead_s=args.sequence_overhead_ms / 1e3)
+    return CostModel(hardware(args.hardware), model_spec(args.model or "opt-13b"), args.tensor_parallel_size, dtype,
+                     kv_dtype, args.gpu_memory_utilization, kv_cache_memory_bytes=args.kv_cache_memory_bytes,
+                     step_overhead_s=args.step_overhead_ms / 1e3, sequence_overhead_s=args.sequence_overhead_ms / 1e3)
+
+
+def _this_cpu(args: argparse.Namespace) -> CostModel:
+    """This machine's cost model, read off the engine's recorded runs (simulator/cpu_fit.py)."""
+    from simulator.cpu_fit import fit_cpu_cost_model
+
+    if not args.batching_json:
+        raise ValueError("--hardware this-cpu needs --batching-json: a `jax-engine bench batching --out` file")
+    cost = fit_cpu_cost_model(args.batching_json, args.serving_json, args.model or "smollm2-135m")
+    if args.kv_cache_memory_bytes is not None:
+        cost = dataclasses.replace(cost, kv_cache_memory_bytes=args.kv_cache_memory_bytes)
+    return cost

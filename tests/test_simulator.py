@@ -1,6 +1,7 @@
 """The serving simulator (issue 45, first part): its arithmetic, its workloads, and the paper's systems in the
 order the paper finds them."""
 
+import argparse
 import ast
 import functools
 import json
@@ -235,49 +236,58 @@ def test_simulate_command_prints_one_json_object_per_system_and_rate():
     assert bad.returncode != 0 and "--systems: unknown ['orca']" in bad.stderr
 
 
-def replayed(run: dict, cost, arrival_seed: int = 0) -> float:
-    """The normalized latency the simulator predicts for a recorded `bench serve` run: the same requests (bench
-    serve's own lengths for the run's seed), Poisson arrivals at the run's rate."""
-    from jax_engine.bench.workloads import request_lengths
-
-    rate, report = run["report"]["request_rate"], run["report"]
-    inputs, outputs, _ = request_lengths(run["num_prompts"], run["length_mode"], 1024, seed=run["seed"])
-    assert outputs.sum() == report["total_output_tokens"]  # the recorded requests' lengths
-    gaps = np.random.default_rng(arrival_seed).exponential(1 / rate, len(inputs) - 1)
-    arrivals = np.concatenate([[0.0], np.cumsum(gaps)])
-    trace = [TraceRequest(float(a), int(i), int(o)) for a, i, o in zip(arrivals, inputs, outputs)]
-    return simulate("vllm", make_system("vllm", cost), trace, rate).normalized_latency
-
-
 def test_the_cpu_preset_predicts_the_engine_serving_side_by_side_knee_included():
-    """Issue 45's check against this engine, on runs recorded in one session (docs/benchmarks.md, "The simulator
-    against the engine"): the cost model built from `bench batching`'s steps and a one-at-a-time `bench serve`
-    run predicts `bench serve`'s normalized latency at every rate, 0.5 to 8 req/s, past the knee near 2.5-3, within
-    25%. Neither input is the sweep it predicts."""
+    """Issue 45's check against this engine, on runs recorded side by side in one run of `jax-engine bench
+    simulation` (docs/benchmarks.md, "The simulator against the engine"): the cost model built from `bench
+    batching`'s steps and a `bench serve` run of 16 requests together predicts `bench serve`'s normalized latency at every
+    rate, 0.5 to 8 req/s, past the knee near 2.5-3, within 25%. Neither input is the sweep it predicts."""
+    from jax_engine.bench.simulation import predicted_latency
     from simulator.cpu_fit import fit_cpu_cost_model
 
     data = ROOT / "docs" / "figures" / "data"
-    cost = fit_cpu_cost_model(data / "sim_check_batching.json", data / "sim_check_one_at_a_time.json")
-    assert 0 < cost.serving_overhead_s < 0.005  # about 1 ms a streamed token
+    cost = fit_cpu_cost_model(data / "sim_check_batching.json", data / "sim_check_overhead.json")
+    assert 0 < cost.serving_overhead_s < 0.005  # well under a millisecond a streamed token
     runs = json.loads((data / "sim_check_serving.json").read_text())["runs"]
     assert [run["report"]["request_rate"] for run in runs] == [0.5, 1, 2, 4, 8]
     for run in runs:
         measured = run["report"]["mean_normalized_latency_ms"] / 1e3
-        assert np.mean([replayed(run, cost, seed) for seed in range(3)]) == pytest.approx(measured, rel=0.25)
+        assert predicted_latency(run, cost) == pytest.approx(measured, rel=0.25)
 
 
-def test_the_cpu_preset_predicts_an_older_record_below_its_knee():
-    """An older record (docs/figures/data/batching.json and paper_serving.json, the engine of that day): below the
-    knee within 25% without a serving overhead. (Its higher rates are not monotonic, 1 req/s slower than 2 and 4:
-    compile spikes of that engine.)"""
-    from simulator.cpu_fit import fit_cpu_cost_model
+def test_this_cpu_is_fitted_from_recorded_runs_of_the_engine(capsys):
+    """`--hardware this-cpu` reads the engine's recorded runs (simulator/cpu_fit.py), for the model they measured;
+    what it needs, and what it cannot use, is named."""
+    from simulator import cli
+    from simulator.cpu_fit import MeasuredCostModel
+    from simulator.options import cost_model
 
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
     data = ROOT / "docs" / "figures" / "data"
-    cost = fit_cpu_cost_model(data / "batching.json")
-    for run in json.loads((data / "paper_serving.json").read_text())["runs"]:
-        if run["report"]["request_rate"] <= 0.5:
-            measured = run["report"]["mean_normalized_latency_ms"] / 1e3
-            assert replayed(run, cost) == pytest.approx(measured, rel=0.25)
+    this_cpu = ["--hardware", "this-cpu", "--batching-json", str(data / "sim_check_batching.json")]
+    args = parser.parse_args([*this_cpu, "--serving-json", str(data / "sim_check_overhead.json"),
+                              "--dataset", "alpaca", "--systems", "vllm", "--rates", "1,8", "--num-requests", "100"])
+    cost = cost_model(args)
+    assert isinstance(cost, MeasuredCostModel) and cost.model.name == "smollm2-135m" and cost.serving_overhead_s > 0
+    low, high = cli.run(args)
+    assert low.normalized_latency < high.normalized_latency and "vllm" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="needs --batching-json"):
+        cost_model(parser.parse_args(["--hardware", "this-cpu"]))
+    with pytest.raises(ValueError, match="mean nothing on a100-40gb"):
+        cost_model(parser.parse_args(this_cpu[2:]))
+    with pytest.raises(ValueError, match="not opt-13b"):
+        cost_model(parser.parse_args([*this_cpu, "--model", "opt-13b"]))
+
+
+def test_bench_simulation_prints_the_engine_and_the_simulator_side_by_side():
+    """`jax-engine bench simulation --compare-only` on the recorded runs: one row per rate, the ratio beside."""
+    result = subprocess.run([sys.executable, "-m", "jax_engine", "bench", "simulation", "--compare-only", "--out-dir",
+                             str(ROOT / "docs" / "figures" / "data")], capture_output=True, text=True, timeout=300,
+                            cwd=ROOT, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split() for line in result.stdout.splitlines() if re.match(r"\s*[\d.]+\s+[\d.]+\s+[\d.]+", line)]
+    assert [float(row[0]) for row in rows] == [0.5, 1, 2, 4, 8]
+    assert all(0.75 < float(row[-1]) < 1.25 for row in rows)
 
 
 def test_plan_shows_its_arithmetic_and_the_engine_sizes_its_cache_with_it(tiny_checkpoint):
@@ -301,12 +311,12 @@ def test_plan_shows_its_arithmetic_and_the_engine_sizes_its_cache_with_it(tiny_c
     assert blocks == num_blocks(3_000_000, bytes_per_block(cfg, 16, "float32")) > 0
 
 
-def test_the_cpu_preset_fitted_to_recorded_steps_predicts_the_recorded_serving_runs():
-    """Issue 45's check against this engine, on its recorded runs (docs/figures/data/, one machine): the cost model
-    fitted to `bench batching`'s decode steps predicts `bench serve`'s normalized latency below the knee within
-    25%. (The record's higher rates are not monotonic, 1 req/s slower than 2 and 4: compile spikes of the engine
-    of the day, so the knee waits for a fresh run side by side.)"""
-    from jax_engine.bench.workloads import request_lengths
+def test_the_cpu_preset_fitted_to_recorded_steps_predicts_an_older_record_below_its_knee():
+    """An older record (docs/figures/data/batching.json and paper_serving.json, one machine, the engine of that
+    day): the cost model reads the recorded decode steps back, and without a serving overhead predicts `bench
+    serve`'s normalized latency below the knee within 25%. (The record's higher rates are not monotonic, 1 req/s
+    slower than 2 and 4: compile spikes of that engine.)"""
+    from jax_engine.bench.simulation import replayed_latency
     from simulator.cpu_fit import fit_cpu_cost_model
 
     data = ROOT / "docs" / "figures" / "data"
@@ -315,16 +325,9 @@ def test_the_cpu_preset_fitted_to_recorded_steps_predicts_the_recorded_serving_r
         predicted = cost.step_time([(round(step["mean_context"]) - 1, 1)] * step["batch_size"], paged=False)
         assert predicted == pytest.approx(step["median_step_s"], rel=0.12), step["batch_size"]
     for run in json.loads((data / "paper_serving.json").read_text())["runs"]:
-        rate, report = run["report"]["request_rate"], run["report"]
-        if rate > 0.5:
-            continue
-        inputs, outputs, _ = request_lengths(run["num_prompts"], run["length_mode"], 8192, seed=run["seed"])
-        assert outputs.sum() == report["total_output_tokens"]  # the recorded requests' lengths
-        gaps = np.random.default_rng(0).exponential(1 / rate, len(inputs) - 1)  # Poisson, as bench serve sends
-        arrivals = np.concatenate([[0.0], np.cumsum(gaps)])
-        trace = [TraceRequest(float(a), int(i), int(o)) for a, i, o in zip(arrivals, inputs, outputs)]
-        predicted = simulate("vllm", make_system("vllm", cost), trace, rate).normalized_latency
-        assert predicted * 1e3 == pytest.approx(report["mean_normalized_latency_ms"], rel=0.25), rate
+        if run["report"]["request_rate"] <= 0.5:
+            measured = run["report"]["mean_normalized_latency_ms"] / 1e3
+            assert replayed_latency(run, cost, arrival_seed=0) == pytest.approx(measured, rel=0.25)
 
 
 @pytest.mark.parametrize(("model", "device", "target"), [("opt-13b", "a100-40gb", 0.1), ("llama-3-8b", "l4", 0.1)])
