@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--systems", type=_names, default=list(SYSTEMS), help=f"some of {','.join(SYSTEMS)}")
     parser.add_argument("--rates", type=_rates, default=[0.5, 1.0, 1.5, 2.0], help="requests per second")
     parser.add_argument("--num-requests", type=int, default=1000)
+    parser.add_argument("--burstiness", type=float, default=1.0,
+                        help="arrival gaps are a gamma of this shape: 1 is Poisson, below 1 burstier (vLLM's name)")
     parser.add_argument("--latency-bound", type=float, default=None,
                         help="normalized latency (s/token) a sustainable rate keeps within")
     parser.add_argument("--preemption-mode", default="recompute", choices=["recompute", "swap"],
@@ -67,7 +69,8 @@ def run(args: argparse.Namespace) -> list[Report]:
     trace = None if args.dataset in DATASETS else load_trace(args.dataset)
     reports = []
     for rate in [0.0] if trace else args.rates:
-        workload = trace or synthetic(args.dataset, rate, args.num_requests, args.seed, cost.model.max_model_len)
+        workload = trace or synthetic(args.dataset, rate, args.num_requests, args.seed, cost.model.max_model_len,
+                                      args.burstiness)
         for name in args.systems:
             reports.append(simulate(name, _system(name, cost, args), workload, rate))
             print(json.dumps(dataclasses.asdict(reports[-1])) if args.json else reports[-1].row(), flush=True)
@@ -94,7 +97,8 @@ def max_rate(args: argparse.Namespace, name: str, reports: list[Report], bound: 
     cost = cost_model(args)
 
     def latency_at(rate: float) -> float:
-        workload = synthetic(args.dataset, rate, args.num_requests, args.seed, cost.model.max_model_len)
+        workload = synthetic(args.dataset, rate, args.num_requests, args.seed, cost.model.max_model_len,
+                             args.burstiness)
         return simulate(name, _system(name, cost, args), workload, rate).normalized_latency
 
     return f"{max_sustainable_rate(latency_at, bound, sustained, overloaded):.3g}"

@@ -3,9 +3,8 @@
 The paper's datasets (its Fig. 11): ShareGPT conversations, prompts of 161 tokens on average and outputs of 338;
 Alpaca instructions, 19 and 58. The paper shows their histograms, not parameters, so the lengths here are
 log-normal with those means and a spread `sigma` of 0.8 (a coefficient of variation near 1, as the histograms'
-long tails show; with 1.0, vLLM's requests at 2 req/s would hold 621 tokens on average, not the 477 its batch of
-30.42 requests in 14.5k tokens implies), capped so that a request fits max_model_len. Arrivals are a Poisson process (exponential gaps), or burstier with a gamma of shape below 1,
-as vLLM's benchmark_serving draws them.
+long tails show), capped so that a request fits max_model_len. Arrivals are a Poisson process (exponential gaps),
+or burstier with a gamma of shape below 1, as vLLM's benchmark_serving draws them (`--burstiness`).
 """
 
 import json

@@ -88,6 +88,15 @@ def test_synthetic_workloads_have_the_papers_mean_lengths_and_rate(dataset):
     assert len(requests) / requests[-1].arrival_s == pytest.approx(4.0, rel=0.05)
 
 
+def test_bursty_arrivals_keep_the_rate_and_bunch_up():
+    """Gamma gaps of shape k (vLLM's --burstiness): the same mean rate, gaps varying 1/sqrt(k) times their mean."""
+    for burstiness in (1.0, 0.25):
+        arrivals = np.array([r.arrival_s for r in synthetic("alpaca", 4.0, 20_000, seed=2, burstiness=burstiness)])
+        gaps = np.diff(arrivals)
+        assert len(arrivals) / arrivals[-1] == pytest.approx(4.0, rel=0.05)
+        assert gaps.std() / gaps.mean() == pytest.approx(burstiness ** -0.5, rel=0.1)
+
+
 def test_a_buddy_space_rounds_up_to_powers_of_two_and_merges_buddies():
     opt_13b_on_a100 = BuddySpace(14512)  # tiled by the binary digits of 14,512, largest first
     assert opt_13b_on_a100.roots == [(0, 13), (8192, 12), (12288, 11), (14336, 7), (14464, 5), (14496, 4)]
