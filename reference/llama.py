@@ -14,6 +14,7 @@ import numpy as np
 
 from reference.block_manager import cdiv
 from reference.kv_cache import KVCache
+from reference.lora import LoRAAdapter, lora_delta
 from reference.paged_attention import AttentionMetadata, paged_attention, write_kv
 
 
@@ -61,58 +62,62 @@ class LlamaModel:
     def _w(self, layer: int, name: str) -> np.ndarray | None:
         return self.weights.get(f"model.layers.{layer}.{name}")
 
-    def _project(self, x: np.ndarray, layer: int, name: str, num_heads: int) -> np.ndarray:
-        y = x @ self._w(layer, f"self_attn.{name}.weight").T
-        bias = self._w(layer, f"self_attn.{name}.bias")
+    def _linear(self, x: np.ndarray, layer: int, name: str, adapters: list[LoRAAdapter | None] | None) -> np.ndarray:
+        """x @ W.T (+ bias), plus each row's LoRA update to this projection (reference/lora.py)."""
+        y = x @ self._w(layer, f"{name}.weight").T
+        bias = self._w(layer, f"{name}.bias")
         y = y if bias is None else y + bias
-        return y.reshape(len(x), num_heads, self.config.head_dim)  # [T, heads, D]
+        return y + lora_delta(x, f"model.layers.{layer}.{name}", adapters)
 
-    def _attention(self, x, layer, positions, cache: KVCache, metadata: AttentionMetadata):
+    def _attention(self, x, layer, positions, cache: KVCache, metadata: AttentionMetadata, adapters=None):
         cfg = self.config
-        q = self._project(x, layer, "q_proj", cfg.num_heads)
-        k = self._project(x, layer, "k_proj", cfg.num_kv_heads)
-        v = self._project(x, layer, "v_proj", cfg.num_kv_heads)
+        q, k, v = (self._linear(x, layer, f"self_attn.{name}_proj", adapters).reshape(len(x), heads, cfg.head_dim)
+                   for name, heads in (("q", cfg.num_heads), ("k", cfg.num_kv_heads), ("v", cfg.num_kv_heads)))
         if self._w(layer, "self_attn.q_norm.weight") is not None:  # Qwen3
             q = rms_norm(q, self._w(layer, "self_attn.q_norm.weight"), cfg.norm_eps)
             k = rms_norm(k, self._w(layer, "self_attn.k_norm.weight"), cfg.norm_eps)
         q, k = rope(q, positions, cfg.rope_theta), rope(k, positions, cfg.rope_theta)
         write_kv(cache.k[layer], cache.v[layer], k, v, metadata.slot_mapping)
         out = paged_attention(q, cache.k[layer], cache.v[layer], metadata, scale=cfg.head_dim**-0.5)
-        return out.reshape(len(x), -1) @ self._w(layer, "self_attn.o_proj.weight").T
+        return self._linear(out.reshape(len(x), -1), layer, "self_attn.o_proj", adapters)
 
     # --8<-- [start:mlp]
-    def _mlp(self, x: np.ndarray, layer: int) -> np.ndarray:
-        gate = x @ self._w(layer, "mlp.gate_proj.weight").T
-        up = x @ self._w(layer, "mlp.up_proj.weight").T
-        return (silu(gate) * up) @ self._w(layer, "mlp.down_proj.weight").T
+    def _mlp(self, x: np.ndarray, layer: int, adapters=None) -> np.ndarray:
+        gate = self._linear(x, layer, "mlp.gate_proj", adapters)
+        up = self._linear(x, layer, "mlp.up_proj", adapters)
+        return self._linear(silu(gate) * up, layer, "mlp.down_proj", adapters)
     # --8<-- [end:mlp]
 
     def forward(self, token_ids: np.ndarray, positions: np.ndarray, cache: KVCache, metadata: AttentionMetadata,
-                logits_indices: np.ndarray | None = None) -> np.ndarray:
+                logits_indices: np.ndarray | None = None,
+                adapters: list[LoRAAdapter | None] | None = None) -> np.ndarray:
         """Run the batch's new tokens through the model, writing their K/V into the cache in place.
 
         Returns [len(logits_indices), vocab_size] logits: the rows wanted (usually each sequence's last
-        token), or every row when logits_indices is None.
+        token), or every row when logits_indices is None. `adapters`, if given, names each token row's LoRA
+        adapter (None: the base model), so one batch can mix them.
         """
         cfg = self.config
         # --8<-- [start:forward]
         x = self.weights["model.embed_tokens.weight"][token_ids]  # [T, hidden]
         for layer in range(cfg.num_layers):
             h = rms_norm(x, self._w(layer, "input_layernorm.weight"), cfg.norm_eps)
-            x = x + self._attention(h, layer, positions, cache, metadata)
+            x = x + self._attention(h, layer, positions, cache, metadata, adapters)
             h = rms_norm(x, self._w(layer, "post_attention_layernorm.weight"), cfg.norm_eps)
-            x = x + self._mlp(h, layer)
+            x = x + self._mlp(h, layer, adapters)
         if logits_indices is not None:
             x = x[logits_indices]
         return rms_norm(x, self.weights["model.norm.weight"], cfg.norm_eps) @ self.lm_head.T
         # --8<-- [end:forward]
 
-    def last_logits(self, token_ids: list[int], block_size: int = 16) -> np.ndarray:
-        """Next-token logits after `token_ids`, computed from scratch in a private cache (for oracles)."""
+    def last_logits(self, token_ids: list[int], block_size: int = 16, adapter: LoRAAdapter | None = None) -> np.ndarray:
+        """Next-token logits after `token_ids`, computed from scratch in a private cache (for oracles), with a
+        LoRA adapter if one is given."""
         cfg = self.config
         num_blocks = cdiv(len(token_ids), block_size)
         cache = KVCache(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         positions = np.arange(len(token_ids))
         metadata = AttentionMetadata(positions, np.array([0, len(token_ids)]), np.array([len(token_ids)]),
                                      [list(range(num_blocks))])
-        return self.forward(np.asarray(token_ids), positions, cache, metadata, np.array([len(token_ids) - 1]))[0]
+        return self.forward(np.asarray(token_ids), positions, cache, metadata, np.array([len(token_ids) - 1]),
+                            [adapter] * len(token_ids))[0]

@@ -1,0 +1,85 @@
+"""LoRA adapters in PEFT's format: a directory with adapter_config.json and adapter_model.safetensors.
+
+PEFT names each tensor after the module it adapts, e.g.
+`base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight` ([r, in]) and `...q_proj.lora_B.weight`
+([out, r]); the config gives the rank r, lora_alpha, use_rslora and target_modules. Every check a bad adapter can
+fail happens here, at load time, with the field and the limit named: nothing half-loaded reaches an engine.
+"""
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+
+import numpy as np
+
+from jax_engine.loader.safetensors_file import SafetensorsWeights
+from reference.lora import LoRAAdapter
+
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+PREFIX = "base_model.model."
+TENSOR_NAME = re.compile(r"(?P<module>.+)\.lora_(?P<which>[AB])(?:\.default)?\.weight")
+
+
+def _config(path: str) -> dict:
+    config_path = os.path.join(path, CONFIG_FILE)
+    if not os.path.isfile(config_path):
+        raise ValueError(f"LoRA adapter {path!r}: no {CONFIG_FILE} (a PEFT adapter directory has one)")
+    with open(config_path) as f:
+        config = json.load(f)
+    if config.get("peft_type", "LORA") != "LORA":
+        raise ValueError(f"LoRA adapter {path!r}: peft_type is {config['peft_type']!r}, not 'LORA'")
+    for key in ("r", "lora_alpha"):
+        if not isinstance(config.get(key), int | float) or config[key] <= 0:
+            raise ValueError(f"LoRA adapter {path!r}: {CONFIG_FILE} needs a positive {key!r}, got {config.get(key)!r}")
+    if config.get("fan_in_fan_out"):
+        raise ValueError(f"LoRA adapter {path!r}: fan_in_fan_out adapters (GPT-2's Conv1D) are not supported")
+    if config.get("bias", "none") != "none":
+        raise ValueError(f"LoRA adapter {path!r}: bias={config['bias']!r} trains biases too; only 'none' is supported")
+    if config.get("modules_to_save"):
+        raise ValueError(f"LoRA adapter {path!r}: modules_to_save {config['modules_to_save']} replaces whole modules; "
+                         "not supported")
+    return config
+
+
+def load_lora_adapter(path: str, base_weights: Mapping[str, np.ndarray], name: str | None = None,
+                      max_lora_rank: int | None = None) -> LoRAAdapter:
+    """The adapter in the PEFT directory `path`, checked against the base model's weights (HF names).
+
+    Raises ValueError naming the field: a missing file, rank above max_lora_rank, a module the base model does not
+    have, or shapes that do not match the base weights (an adapter trained for another model).
+    """
+    config = _config(path)
+    rank = int(config["r"])
+    if max_lora_rank is not None and rank > max_lora_rank:
+        raise ValueError(f"LoRA adapter {path!r}: rank r={rank} is above max_lora_rank={max_lora_rank}")
+    weights_path = os.path.join(path, WEIGHTS_FILE)
+    if not os.path.isfile(weights_path):
+        raise ValueError(f"LoRA adapter {path!r}: no {WEIGHTS_FILE} (adapters are read from safetensors only)")
+    lora_a, lora_b = {}, {}
+    for tensor_name, tensor in SafetensorsWeights([weights_path]).items():
+        match = TENSOR_NAME.fullmatch(tensor_name.removeprefix(PREFIX))
+        if match is None:
+            raise ValueError(f"LoRA adapter {path!r}: tensor {tensor_name!r} is not a lora_A or lora_B weight")
+        (lora_a if match["which"] == "A" else lora_b)[match["module"]] = tensor
+    if not lora_a or lora_a.keys() != lora_b.keys():
+        raise ValueError(f"LoRA adapter {path!r}: lora_A and lora_B must come in pairs, one pair a module; got A for "
+                         f"{sorted(lora_a)[:4]}, B for {sorted(lora_b)[:4]}")
+    for module in lora_a:
+        _check_shapes(path, module, lora_a[module], lora_b[module], rank, base_weights)
+    alpha = float(config["lora_alpha"])
+    scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    return LoRAAdapter(name or os.path.basename(os.path.normpath(path)), rank, scaling, lora_a, lora_b)
+
+
+def _check_shapes(path: str, module: str, a: np.ndarray, b: np.ndarray, rank: int,
+                  base_weights: Mapping[str, np.ndarray]) -> None:
+    base = base_weights.get(f"{module}.weight")
+    if base is None:
+        raise ValueError(f"LoRA adapter {path!r}: target module {module!r} is not in the base model")
+    out_features, in_features = base.shape
+    if a.shape != (rank, in_features) or b.shape != (out_features, rank):
+        raise ValueError(f"LoRA adapter {path!r}: {module} has lora_A {a.shape} and lora_B {b.shape}, but the base "
+                         f"model's {module} is [{out_features}, {in_features}] at rank r={rank}: an adapter for "
+                         "another model?")
