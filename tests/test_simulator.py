@@ -199,7 +199,7 @@ def test_section_6_2_request_rates_vllm_sustains_against_orca_and_fastertransfor
                         ).normalized_latency
 
     bound = 0.2
-    vllm = max_sustainable_rate(functools.partial(latency, "vllm"), bound, sustained=1.0, overloaded=4.0)
+    vllm = max_sustainable_rate(functools.partial(latency, "vllm"), bound, sustained=2.0, overloaded=3.2)
     for name, low, high in (("orca-oracle", 1.7, 2.7), ("orca-max", 2.7, 8.0), ("ft", 2.7, 22.0)):
         assert latency(name, vllm / low) > bound and latency(name, vllm / high) <= bound, name
 

@@ -7,8 +7,9 @@ from jax_engine import LLM, SamplingParams
 messages = [{"role": "user", "content": "Why is the sky blue? Two sentences."}]
 params = SamplingParams(temperature=0, max_tokens=48)
 
-plain = LLM(max_model_len=512)
-drafting = LLM(max_model_len=512, speculative_config={
+# enforce_eager: compile the shapes this request meets, not every batch size.
+plain = LLM(max_model_len=512, enforce_eager=True)
+drafting = LLM(max_model_len=512, enforce_eager=True, speculative_config={
     "model": "self", "quantization": "int8", "num_speculative_tokens": 3})
 [ours] = plain.chat(messages, params, use_tqdm=False)
 [theirs] = drafting.chat(messages, params, use_tqdm=False)

@@ -13,7 +13,7 @@ from simulator.systems import make_system
 from simulator.workload import synthetic
 
 RATES = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0]
-NUM_REQUESTS = 300
+NUM_REQUESTS = 200
 SYSTEMS = {"vllm": ("vLLM", COLORS["used"]), "orca-oracle": ("Orca (Oracle)", COLORS["shared"]),
            "orca-pow2": ("Orca (Pow2)", COLORS["reserved"]), "orca-max": ("Orca (Max)", COLORS["internal"]),
            "ft": ("FasterTransformer", COLORS["external"])}
