@@ -19,6 +19,7 @@ _EXPORTS = {
     "Logprob": "jax_engine.outputs",
     "BeamSearchParams": "jax_engine.beam_search",
     "BeamSearchOutput": "jax_engine.beam_search",
+    "LoRARequest": "jax_engine.lora.request",
 }
 
 __all__ = list(_EXPORTS)

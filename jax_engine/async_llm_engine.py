@@ -19,6 +19,7 @@ from jax_engine.beam_search import BeamSearchParams
 from jax_engine.config import EngineArgs
 from jax_engine.fair_queue import FairQueue, Tenant
 from jax_engine.llm_engine import LLMEngine, Prompt
+from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestOutput
 from jax_engine.sampling_params import SamplingParams
 
@@ -95,6 +96,7 @@ class AsyncLLMEngine:
         self._new: FairQueue[tuple[Prompt, SamplingParams | BeamSearchParams]] = FairQueue()
         self._in_engine: dict[str, tuple[Tenant, int]] = {}  # requests let in: their tenant and sequences
         self._aborts: set[str] = set()
+        self._lora_removals: set[int] = set()  # adapters to forget once no request uses them
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
 
@@ -135,20 +137,22 @@ class AsyncLLMEngine:
 
     # ------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
-                    tenant: Tenant = None) -> RequestStream:
+                    tenant: Tenant = None, lora_request: LoRARequest | None = None) -> RequestStream:
         """Validate and queue a request now (ValueError, QueueFullError, EngineDeadError are raised here,
         before any output), and return the stream of its outputs. `tenant` (an API key's name) is whose turn
-        it waits for."""
+        it waits for; `lora_request` the adapter it runs with."""
         params = params or self.engine.get_default_sampling_params()
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        if lora_request is not None and self.engine.runner.lora is None:
+            raise ValueError("lora_request needs an engine started with enable_lora=True (--enable-lora)")
         self.check_accepting(tenant)
         text, token_ids, params = self.engine.validate_request(prompt, params)  # the engine's copy: checked once
         self.start()
         stream = self._streams[request_id] = RequestStream(request_id, self)
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         prompt = {"prompt": text, "prompt_token_ids": token_ids, "cache_salt": salt}
-        self._new.push(tenant, request_id, (prompt, params))
+        self._new.push(tenant, request_id, (prompt, params, lora_request))
         self._wakeup.set()
         return stream
 
@@ -207,15 +211,25 @@ class AsyncLLMEngine:
             if self.on_dead is not None:
                 self.on_dead()
 
+    def remove_lora(self, lora_id: int) -> None:
+        """Forget adapter `lora_id` once no request uses it (at a loop turn: between steps, never during one)."""
+        self._lora_removals.add(lora_id)
+        self.start()
+        self._wakeup.set()
+
     def _apply_queued(self) -> None:
+        for lora_id in list(self._lora_removals):
+            if not self.engine.lora_users(lora_id):
+                self.engine.remove_lora(lora_id)
+                self._lora_removals.discard(lora_id)
         aborts, self._aborts = self._aborts, set()
         self.engine.abort_request(list(aborts))
         for request_id in aborts:
             self._in_engine.pop(request_id, None)
         while (entry := self._new.pop_next(self._may_enter)) is not None:
-            tenant, request_id, (prompt, params) = entry
+            tenant, request_id, (prompt, params, lora_request) = entry
             try:
-                self.engine.add_request(request_id, prompt, params)
+                self.engine.add_request(request_id, prompt, params, lora_request=lora_request)
                 self._in_engine[request_id] = (tenant, _num_sequences(params))
             except ValueError as error:  # checked at add time; only a race could get here, and it hurts no one
                 self._streams.pop(request_id).put(error)

@@ -83,6 +83,11 @@ class EngineArgs:
             {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4} or a draft model,
             {"model": "self", "quantization": "int8", "num_speculative_tokens": 3}; see
             jax_engine/spec_decode/config.py. None decodes one token per step.
+        enable_lora: serve LoRA adapters (PEFT directories) beside the base model, requests choosing theirs with a
+            LoRARequest (jax_engine/lora/).
+        max_loras: adapters that can run in one batch: the device slots, each max_lora_rank wide.
+        max_lora_rank: the highest adapter rank r accepted; slots are this wide, so it sets their memory.
+        max_cpu_loras: adapters kept in host memory, ready for a slot; None means max_loras.
     """
 
     model: str | None = None
@@ -112,6 +117,10 @@ class EngineArgs:
     master_addr: str = "127.0.0.1"
     master_port: int = 29501
     speculative_config: dict | None = None
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, limit: str) -> None:
@@ -140,7 +149,17 @@ class EngineArgs:
         check(isinstance(self.node_rank, int) and 0 <= self.node_rank < self.nnodes, "node_rank", "in [0, nnodes)")
         check(self.quantization is None or self.quantization in QUANTIZATIONS, "quantization",
               f"None or one of {list(QUANTIZATIONS)}")
+        check(isinstance(self.max_loras, int) and self.max_loras >= 1, "max_loras", ">= 1")
+        check(isinstance(self.max_lora_rank, int) and 1 <= self.max_lora_rank <= 512, "max_lora_rank", "in [1, 512]")
+        check(self.max_cpu_loras is None or (isinstance(self.max_cpu_loras, int) and self.max_cpu_loras >= self.max_loras),
+              "max_cpu_loras", f"None or >= max_loras ({self.max_loras})")
         speculative = SpeculativeConfig.from_dict(self.speculative_config)  # raises naming the bad key
+        if self.enable_lora:
+            for name, ok in (("tensor_parallel_size", self.tensor_parallel_size == 1), ("nnodes", self.nnodes == 1),
+                             ("speculative_config", speculative is None or speculative.method != "draft_model")):
+                if not ok:
+                    raise ValueError(f"enable_lora is not supported yet with {name}={getattr(self, name)!r}: LoRA "
+                                     "adapters are served on one device, without a draft model")
         if speculative is not None and speculative.method == "draft_model" and self.nnodes > 1:
             raise ValueError("speculative_config with a draft model runs on one host: nnodes must be 1, got "
                              f"{self.nnodes}")
@@ -228,16 +247,17 @@ def kv_cache_bytes(args: EngineArgs, weight_bytes: int) -> int:
 
 def plan_kv_cache(args: EngineArgs, cfg: ModelConfig, dtype, backend: AttentionBackend,
                   max_model_len: int, kv_heads_per_device: int | None = None,
-                  draft: "CausalLM | None" = None) -> tuple[int, int, int]:
+                  draft: "CausalLM | None" = None, lora_bytes: int = 0) -> tuple[int, int, int]:
     """(block size, device blocks, host swap blocks) for this model, dtype, backend and memory budget.
 
     The budget is per device, as vLLM's: under tensor parallelism a block costs each device its own KV
     heads' share (`kv_heads_per_device`), and each holds 1 / tensor_parallel_size of the weights. A draft model
-    (speculative decoding) has a cache of its own with as many blocks: each block is paid for in both.
+    (speculative decoding) has a cache of its own with as many blocks: each block is paid for in both. LoRA slots
+    (`lora_bytes`) are weights too: on a GPU they come out of the KV cache's share.
     """
     block_size = resolve_block_size(args.block_size, backend)
     block_bytes = bytes_per_block(cfg, block_size, dtype, kv_heads_per_device)
-    weight_bytes = cfg.num_params * np.dtype(dtype).itemsize // args.tensor_parallel_size
+    weight_bytes = cfg.num_params * np.dtype(dtype).itemsize // args.tensor_parallel_size + lora_bytes
     device_block_bytes = block_bytes  # the draft's blocks are never swapped: the host pool is the target's
     if draft is not None:
         device_block_bytes += bytes_per_block(draft.cfg, block_size, dtype, draft.kv_heads_per_device)

@@ -9,6 +9,7 @@ from jax_engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearc
 from jax_engine.config import EngineArgs
 from jax_engine.input_processor import chat_prompt
 from jax_engine.llm_engine import LLMEngine, Prompt
+from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestOutput
 from jax_engine.sampling_params import SamplingParams
 
@@ -19,6 +20,14 @@ def _as_prompt_list(prompts) -> list:
     """One prompt (a string, a dict, or a list of token ids) becomes a list of one."""
     single = isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int))
     return [prompts] if single else list(prompts)
+
+
+def _per_prompt(value, count: int, name: str) -> list:
+    """One value for every prompt, or a list of one per prompt (a ValueError if the count differs)."""
+    values = value if isinstance(value, Sequence) else [value] * count
+    if len(values) != count:
+        raise ValueError(f"got {len(values)} {name} for {count} prompts")
+    return list(values)
 
 
 class LLM:
@@ -57,7 +66,8 @@ class LLM:
         return self.llm_engine.reset_prefix_cache()
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                 ) -> list[RequestOutput]:
         """Complete every prompt; returns one RequestOutput per prompt, in input order.
 
         Args:
@@ -65,15 +75,16 @@ class LLM:
             sampling_params: one SamplingParams for all prompts, or one per prompt; None uses
                 get_default_sampling_params().
             use_tqdm: show a progress bar with estimated input and output tokens per second.
+            lora_request: the LoRA adapter of all prompts, or one per prompt (None: the base model); the
+                engine needs enable_lora=True.
         """
         prompts = _as_prompt_list(prompts)
-        params = sampling_params if isinstance(sampling_params, Sequence) else [sampling_params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        params = _per_prompt(sampling_params, len(prompts), "sampling_params")
+        adapters = _per_prompt(lora_request, len(prompts), "lora_request")
         ids = [str(next(self._counter)) for _ in prompts]
         try:
-            for request_id, prompt, p in zip(ids, prompts, params):
-                self.llm_engine.add_request(request_id, prompt, p)
+            for request_id, prompt, p, adapter in zip(ids, prompts, params, adapters):
+                self.llm_engine.add_request(request_id, prompt, p, lora_request=adapter)
         except ValueError:
             self.llm_engine.abort_request(ids)  # a bad prompt must not leave the others queued
             self.llm_engine.step()  # hands back (and so drops) the aborted requests' final outputs
@@ -81,22 +92,22 @@ class LLM:
         return self._run_engine(ids, use_tqdm)
 
     def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams,
-                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+                    use_tqdm: bool = False, lora_request: LoRARequest | None = None) -> list[BeamSearchOutput]:
         """Beam search for every prompt (vLLM's LLM.beam_search): the best beams, best first.
 
         Beams of one prompt share KV blocks (forked, copy-on-write); pruned beams free theirs.
         """
         prompts = _as_prompt_list(prompts)
-        outputs = self.generate(prompts, [params] * len(prompts), use_tqdm=use_tqdm)
+        outputs = self.generate(prompts, [params] * len(prompts), use_tqdm=use_tqdm, lora_request=lora_request)
         return [BeamSearchOutput([BeamSearchSequence(o.prompt_token_ids + c.token_ids, c.cumulative_logprob, c.text,
                                                      c.finish_reason) for c in o.outputs]) for o in outputs]
 
     def chat(self, messages: Conversation | Sequence[Conversation], sampling_params=None, use_tqdm: bool = True,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
+             add_generation_prompt: bool = True, lora_request: LoRARequest | None = None) -> list[RequestOutput]:
         """Apply the model's chat template to one conversation or a list of them, then generate."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         prompts = [chat_prompt(self.get_tokenizer(), c, add_generation_prompt) for c in conversations]
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         engine, finished = self.llm_engine, {}

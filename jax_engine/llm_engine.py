@@ -25,6 +25,7 @@ from jax_engine.core.scheduler_output import SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
 from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, cache_salt
 from jax_engine.loader import Checkpoint, load_checkpoint
+from jax_engine.lora.request import LoRARequest
 from jax_engine.loader.generation_config import default_sampling_fields, resolve_generation_config
 from jax_engine.model_config import token_ids
 from jax_engine.output_processor import OutputProcessor
@@ -72,7 +73,7 @@ class LLMEngine:
         self.scheduler_config = resolve_scheduler_config(args, cfg)
         loaded = load_model(args, checkpoint, mesh, self.scheduler_config)
         self.runner, self.attention_backend, self.dtype = loaded.runner, loaded.attention_backend, loaded.dtype
-        self.scheduler = Scheduler(self.scheduler_config, loaded.cache_config)
+        self.scheduler = Scheduler(self.scheduler_config, loaded.cache_config, args.max_loras if args.enable_lora else 0)
         generation_config = resolve_generation_config(args.generation_config, checkpoint.generation_config)
         self.default_sampling_fields = default_sampling_fields(args.generation_config, generation_config)
         self.eos_token_ids = tuple(dict.fromkeys(checkpoint.eos_token_ids +
@@ -113,22 +114,44 @@ class LLMEngine:
 
     # ------------------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, lora_request: LoRARequest | None = None) -> None:
         """Validate and queue a request. Raises ValueError naming the bad field and its limit.
 
         With SamplingParams(n=k) the prompt is computed once and forked into k sequences; with
-        BeamSearchParams the request runs beam search (see jax_engine/beam_search.py).
+        BeamSearchParams the request runs beam search (see jax_engine/beam_search.py). With a LoRARequest it runs
+        with that adapter, read and checked here (the engine must have enable_lora).
         """
         params = params or self.get_default_sampling_params()
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids, params = self.validate_request(prompt, params)  # params: the engine's copy
+        if lora_request is not None:
+            self.add_lora(lora_request)
         room = self.scheduler_config.max_model_len - len(token_ids)
         group = SequenceGroup.create(request_id, text, token_ids, params, self._arrivals, room,
-                                     RequestMetrics(arrival_time or time.time()), self._new_sequence)
+                                     RequestMetrics(arrival_time or time.time()), self._new_sequence, lora_request)
         self.scheduler.add_request(group.seqs, cache_salt(prompt))
         self._groups[request_id] = group
         self._arrivals += 1
+
+    # ---------------------------------------------------------- LoRA adapters (vLLM's names; jax_engine/lora/)
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Read and check an adapter now, so that requests for it start without the wait (ValueError if bad)."""
+        if self.runner.lora is None:
+            raise ValueError("lora_request needs an engine started with enable_lora=True (--enable-lora)")
+        self.runner.lora.load(lora_request)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Forget adapter `lora_id`: False if unknown; a ValueError while unfinished requests use it."""
+        return self.runner.lora is not None and self.runner.lora.remove(lora_id, self.lora_users(lora_id))
+
+    def lora_users(self, lora_id: int) -> list[str]:
+        """The unfinished requests that run with adapter `lora_id`."""
+        return [g.request_id for g in self._groups.values() if getattr(g.lora_request, "lora_int_id", 0) == lora_id]
+
+    def list_loras(self) -> set[int]:
+        return set() if self.runner.lora is None else set(self.runner.lora.requests)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What a request without SamplingParams gets: vLLM's defaults, or the generation config's (see

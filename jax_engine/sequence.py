@@ -8,6 +8,7 @@ SequenceGroup (jax_engine/sequence_group.py) and reported as one RequestOutput. 
 from dataclasses import dataclass, field
 
 from jax_engine.detokenizer import IncrementalDetokenizer
+from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import PositionLogprobs, RequestMetrics
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.structured_output.grammar import GrammarMatcher
@@ -40,6 +41,7 @@ class Sequence:
     num_pending_forks: int = 0  # sequences still to fork from this one (parallel samples, the first beams)
     grammar: GrammarMatcher | None = None  # structured output: where its output stands in its grammar
     spec_token_ids: list[int] = field(default_factory=list)  # drafts the next step verifies (jax_engine/spec_decode)
+    lora_request: LoRARequest | None = None  # the adapter it runs with (jax_engine/lora/); None: the base model
 
     def __post_init__(self) -> None:
         self.all_token_ids = list(self.prompt_token_ids)

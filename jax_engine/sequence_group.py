@@ -11,6 +11,7 @@ import numpy as np
 
 from jax_engine.beam_search import BeamSearchParams, BeamSearchSequence, BeamUpdate, select_candidates
 from jax_engine.detokenizer import IncrementalDetokenizer
+from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestMetrics
 from jax_engine.sample.sampler import SampledToken
 from jax_engine.sampling_params import SamplingParams
@@ -35,6 +36,7 @@ class SequenceFactory:
         detokenizer = IncrementalDetokenizer(self.tokenizer, group.prompt_token_ids, params.skip_special_tokens)
         seq = Sequence(seq_id, group.request_id, index, group.prompt_token_ids, params, group.arrival,
                        seed & 0xFFFFFFFF, params.max_tokens or max_tokens, self.eos_token_ids, detokenizer, metrics)
+        seq.lora_request = group.lora_request
         seq.logprobs = [] if params.logprobs is not None else None
         seq.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
         if params.compiled_grammar is not None:  # each sample walks the grammar on its own
@@ -51,13 +53,14 @@ class SequenceGroup:
     arrival: int  # the engine's arrival count: the scheduler's FCFS order
     seqs: list[Sequence] = field(default_factory=list)  # every sequence, in output order
     completed_beams: list[BeamSearchSequence] = field(default_factory=list)
+    lora_request: LoRARequest | None = None  # every sequence's adapter
 
     @classmethod
     def create(cls, request_id: str, prompt: str | None, token_ids: list[int],
                params: SamplingParams | BeamSearchParams, arrival: int, room: int, metrics: RequestMetrics,
-               new_sequence: SequenceFactory) -> "SequenceGroup":
+               new_sequence: SequenceFactory, lora_request: LoRARequest | None = None) -> "SequenceGroup":
         """The group with its first sequence (to schedule) and, for n > 1, the samples that fork from it."""
-        group = cls(request_id, prompt, token_ids, params, arrival)
+        group = cls(request_id, prompt, token_ids, params, arrival, lora_request=lora_request)
         if group.is_beam_search:  # beams read the top 2 x width logprobs of each step
             beam_params = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=True,
                                          logprobs=2 * params.beam_width)

@@ -18,6 +18,7 @@ from jax_engine.core.kv_cache_manager import CacheConfig
 from jax_engine.distributed import multihost
 from jax_engine.distributed.tensor_parallel import make_mesh
 from jax_engine.loader import Checkpoint
+from jax_engine.lora.layout import LoRALayout
 from jax_engine.runner.attention_self_test import AttentionShapes, checked_backend
 from jax_engine.runner.device_programs import DRAFT_PROGRAMS
 from jax_engine.runner.model_runner import ModelRunner
@@ -54,6 +55,10 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
     allocated, the runner over it."""
     cfg, dtype = checkpoint.config, resolve_dtype(args.dtype)
     model = CausalLM.from_hf_weights(cfg, checkpoint.weights, dtype, args.quantization, checkpoint.blocks, mesh)
+    lora_bytes = 0
+    if args.enable_lora:
+        model.add_lora_slots(LoRALayout.of(cfg, checkpoint.weights, args.max_loras, args.max_lora_rank))
+        lora_bytes = args.max_loras * model.lora_layout.slot_bytes(dtype)
     draft = load_draft_model(args.speculative, checkpoint, dtype, mesh, scheduler_config.max_model_len)
     backend = get_attention_backend(args.attention_backend, platform())
     # The block size the cache will have (xla, the fallback, has pallas's default too).
@@ -63,11 +68,12 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
     if args.nnodes > 1:  # every host serves on the driver's backend: they run one program
         backend = get_attention_backend(multihost.agree(backend.name), platform())
     block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, dtype, backend, scheduler_config.max_model_len,
-                                                            model.kv_heads_per_device, draft)
+                                                            model.kv_heads_per_device, draft, lora_bytes)
     if args.nnodes > 1:  # every host's cache must have the driver's block count (free memory may differ)
         num_blocks, num_host_blocks = multihost.agree((num_blocks, num_host_blocks))
     runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, scheduler_config.max_model_len,
-                         scheduler_config.max_num_seqs, backend, dtype, max_sampled_rows(args, scheduler_config))
+                         scheduler_config.max_num_seqs, backend, dtype, max_sampled_rows(args, scheduler_config),
+                         max_cpu_loras=args.max_cpu_loras or args.max_loras)
     draft_runner = None if draft is None else ModelRunner(
         draft, num_blocks, block_size, 0, scheduler_config.max_model_len, scheduler_config.max_num_seqs, backend, dtype,
         device_programs=DRAFT_PROGRAMS)

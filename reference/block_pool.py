@@ -35,15 +35,20 @@ def hash_block_tokens(parent_hash: BlockHash | None, token_ids: Sequence[int]) -
     # --8<-- [end:hash_block_tokens]
 
 
-def salt_hash(cache_salt: str | None) -> BlockHash | None:
-    """The parent hash of a salted request's first block (None without a salt).
+def salt_hash(cache_salt: str | None, lora_name: str | None = None) -> BlockHash | None:
+    """The parent hash of a salted request's first block (None without a salt or a LoRA adapter).
 
     A salt starts the chain from its own root, so blocks of different salts never share a hash: tenants
-    who do not share a salt cannot hit, or time, each other's cached prefixes (vLLM's `cache_salt`).
+    who do not share a salt cannot hit, or time, each other's cached prefixes (vLLM's `cache_salt`). A LoRA
+    adapter roots its requests' chains too: its K and V differ from the base model's for the same tokens.
     """
-    if cache_salt is None:
+    if cache_salt is None and lora_name is None:
         return None
-    return BlockHash(hashlib.sha256(b"cache_salt:" + cache_salt.encode("utf-8", "surrogatepass")).digest())
+    digest = hashlib.sha256(b"cache_salt:")
+    for field in (cache_salt, lora_name):  # each length-prefixed, so no salt can pose as an adapter's root
+        encoded = b"" if field is None else field.encode("utf-8", "surrogatepass")
+        digest.update(b"-" if field is None else b"+%d:" % len(encoded) + encoded)
+    return BlockHash(digest.digest())
 
 
 @dataclass

@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 
 from jax_engine.attention import cpu, pallas, xla
 from jax_engine.attention.metadata import AttentionMetadata
-from jax_engine.runner.model_runner import padded_kind_rows, padded_table_rows
+from jax_engine.runner.padded_layout import padded_kind_rows, padded_table_rows
 from tests.kernel_cases import COMPILED, Variant, expected, float32_tolerance, make_case, paged_batches, variants
 
 PADDING_TOKENS = 2  # the runner buckets a step's tokens: rows past the last sequence's belong to no one

@@ -20,7 +20,9 @@ CORE = ["block_pool", "block_manager", "request", "scheduler", "paged_attention"
 MAX_CORE_LINES = 1300 + 300 + 50
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 50
-MAX_LLM_ENGINE_LINES = 200
+# The engine loop in 200 lines, plus issue 46's four LoRA methods vLLM's LLMEngine has (add_lora, remove_lora,
+# list_loras and the users an adapter has: 20 lines that delegate to jax_engine/lora/manager.py).
+MAX_LLM_ENGINE_LINES = 200 + 25
 
 
 def _lines(path: pathlib.Path) -> int:

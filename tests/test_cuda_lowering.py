@@ -154,7 +154,8 @@ def engine_programs(runner) -> list[tuple[str, object, tuple, dict]]:
     from jax_engine.runner.device_programs import DEVICE_PROGRAMS, STEP, StartupShapes
 
     programs = [(f"step: {name}", STEP.fn, (runner.model, runner.k_cache, runner.v_cache, inputs.token_ids,
-                                            inputs.metadata, inputs.logits_indices, runner.backend.attend), {})
+                                            inputs.lora_slots, inputs.metadata, inputs.logits_indices,
+                                            runner.backend.attend), {})
                 for name, inputs in scheduled_steps(runner).items()]
     shapes = StartupShapes(max_tokens=64, max_rows=8, max_copies=8, max_swaps=8)
     for program in DEVICE_PROGRAMS:

@@ -290,8 +290,8 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     monkeypatch.setattr(runner, "execute", lambda inputs: seen.append(inputs) or execute(inputs))
     llm.generate(PROMPTS[0], SamplingParams(max_tokens=1), use_tqdm=False)
     inputs = seen[0]
-    step = STEP.fn.lower(runner.model, runner.k_cache, runner.v_cache, inputs.token_ids, inputs.metadata,
-                         inputs.logits_indices, runner.backend.attend).compile().as_text()
+    step = STEP.fn.lower(runner.model, runner.k_cache, runner.v_cache, inputs.token_ids, inputs.lora_slots,
+                         inputs.metadata, inputs.logits_indices, runner.backend.attend).compile().as_text()
     sliced = re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} dynamic-slice\(", step)
     matrices = [shape for shape in sliced if sum(int(d) > 1 for d in shape.split(",")) > 1]
     assert "ENTRY" in step and "jax_engine_few_rows_matmul" in step and sliced and not matrices

@@ -8,7 +8,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from jax_engine.loader import load_checkpoint
-from jax_engine.loader.lora import load_lora_adapter
+from jax_engine.loader.lora import load_lora_adapter, module_shapes
 from reference.kv_cache import KVCache
 from reference.llama import LlamaModel
 from reference.paged_attention import AttentionMetadata
@@ -55,7 +55,7 @@ def test_the_oracle_with_an_adapter_equals_peft(base, tmp_path, lora_config):
     peft_model = write_adapter(AutoModelForCausalLM.from_pretrained(base), tmp_path / "adapter", seed=1,
                                **lora_config)
     checkpoint = load_checkpoint(str(base))
-    adapter = load_lora_adapter(str(tmp_path / "adapter"), checkpoint.weights)
+    adapter = load_lora_adapter(str(tmp_path / "adapter"), module_shapes(checkpoint.weights))
     assert adapter.name == "adapter" and adapter.rank == lora_config.get("r", 4)
     model = LlamaModel(checkpoint.config, checkpoint.weights)
     with_adapter = model.last_logits(PROMPT, adapter=adapter)
@@ -74,7 +74,7 @@ def test_one_batch_mixes_adapters_row_by_row(base, tmp_path):
     write_adapter(AutoModelForCausalLM.from_pretrained(base), tmp_path / "a", seed=2)
     checkpoint = load_checkpoint(str(base))
     model = LlamaModel(checkpoint.config, checkpoint.weights)
-    adapter = load_lora_adapter(str(tmp_path / "a"), checkpoint.weights)
+    adapter = load_lora_adapter(str(tmp_path / "a"), module_shapes(checkpoint.weights))
     first, second = PROMPT, PROMPT[::-1][:6]
     for adapters in ((adapter, None), (None, adapter)):
         cfg = checkpoint.config
@@ -94,7 +94,7 @@ def test_bad_adapters_are_refused_at_load_naming_the_field(base, tmp_path):
     from transformers import AutoModelForCausalLM
 
     write_adapter(AutoModelForCausalLM.from_pretrained(base), tmp_path / "good", seed=3, r=8)
-    weights = load_checkpoint(str(base)).weights
+    weights = module_shapes(load_checkpoint(str(base)).weights)
     with pytest.raises(ValueError, match=r"rank r=8 is above max_lora_rank=4"):
         load_lora_adapter(str(tmp_path / "good"), weights, max_lora_rank=4)
     with pytest.raises(ValueError, match="no adapter_config.json"):

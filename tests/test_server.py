@@ -38,9 +38,12 @@ def _all_blocks_free(url: str) -> bool:
             and metric(url, "vllm:num_requests_running", AUTH) == 0)
 
 
-def test_models_lists_the_served_model(client):
+def test_models_lists_the_served_model(client, server):
     [card] = client.models.list().data
     assert card.id == MODEL and card.max_model_len == 256
+    # vLLM's run-time LoRA routes exist only with VLLM_ALLOW_RUNTIME_LORA_UPDATING set (tests/test_server_lora.py)
+    load = {"lora_name": "a", "lora_path": "/tmp"}
+    assert httpx.post(f"{server}/v1/load_lora_adapter", json=load, headers=AUTH).status_code == 404
 
 
 def test_streamed_text_equals_non_streamed_text(client):

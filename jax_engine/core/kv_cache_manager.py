@@ -35,7 +35,8 @@ class KVCacheManager:
         self.block_hashes: dict[str, list[BlockHash]] = {}  # chained hashes of the full blocks so far
         self.swapped_out: set[str] = set()
         self._uncached: set[str] = set()  # sequences that must compute every token (prompt logprobs)
-        self._cache_salts: dict[str, str] = {}  # sequences that share cached blocks only with the same salt
+        # sequences that share cached blocks only with the same (salt, LoRA adapter name)
+        self._cache_salts: dict[str, tuple[str | None, str | None]] = {}
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
@@ -54,9 +55,10 @@ class KVCacheManager:
     def reads_cache(self, seq_id: str) -> bool:
         return self.enable_prefix_caching and seq_id not in self._uncached
 
-    def set_cache_salt(self, seq_id: str, salt: str) -> None:
-        """Root `seq_id`'s block hashes at `salt`: it shares cached blocks only with sequences of that salt."""
-        self._cache_salts[seq_id] = salt
+    def set_cache_salt(self, seq_id: str, salt: str | None, lora_name: str | None = None) -> None:
+        """Root `seq_id`'s block hashes at `salt` and its LoRA adapter: it shares cached blocks only with
+        sequences of the same salt and adapter."""
+        self._cache_salts[seq_id] = (salt, lora_name)
 
     def _hashes(self, seq_id: str, token_ids: Sequence[int], num_blocks: int) -> list[BlockHash]:
         """The first `num_blocks` chained block hashes of a sequence, each computed only once.
@@ -66,7 +68,7 @@ class KVCacheManager:
         hashes = self.block_hashes.setdefault(seq_id, [])
         bs = self.block_size
         for i in range(len(hashes), num_blocks):
-            parent = hashes[-1] if hashes else salt_hash(self._cache_salts.get(seq_id))
+            parent = hashes[-1] if hashes else salt_hash(*self._cache_salts.get(seq_id, (None, None)))
             hashes.append(hash_block_tokens(parent, token_ids[i * bs : (i + 1) * bs]))
         return hashes[:num_blocks]
 

@@ -11,11 +11,11 @@ max_num_seqs, into step shapes start-up never compiled. For the reference's one-
 are the same.
 """
 
-import bisect
 import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from jax_engine.core.arrival_queue import ArrivalQueue
 from jax_engine.core.kv_cache_manager import CacheConfig, KVCacheManager
 from jax_engine.core.scheduler_output import BlockStats, Preemption, ScheduledSequence, SchedulerOutput
 from jax_engine.sequence import Sequence
@@ -29,34 +29,15 @@ if TYPE_CHECKING:  # the sampler imports jax; the scheduler is host bookkeeping 
     from jax_engine.sample.sampler import SampledToken
 
 
-class _ArrivalQueue:
-    """Sequences kept sorted by arrival in a plain list: a binary search finds where to insert; inserting
-    or popping the front shifts the list (a memmove, cheap at the queue lengths the engine sees)."""
-
-    def __init__(self) -> None:
-        self.items: list[Sequence] = []
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __iter__(self):
-        return iter(self.items)
-
-    def insert(self, seq: Sequence) -> None:
-        bisect.insort(self.items, seq, key=lambda r: r.arrival)
-
-    def remove(self, seq: Sequence) -> None:
-        self.items.remove(seq)
-
-
 class Scheduler:
     """Decides, step by step, which sequences run; owns the queues and the KV-cache manager, which nobody else
     touches: the step's block tables travel in its output, statistics come from its methods."""
 
-    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig) -> None:
+    def __init__(self, config: SchedulerConfig, cache_config: CacheConfig, max_loras: int = 0) -> None:
         self.config = config
+        self.max_loras = max_loras  # most LoRA adapters among the running sequences (the device's slots)
         self.kv = KVCacheManager.from_config(cache_config)
-        self.waiting, self.running, self.swapped = _ArrivalQueue(), _ArrivalQueue(), _ArrivalQueue()
+        self.waiting, self.running, self.swapped = ArrivalQueue(), ArrivalQueue(), ArrivalQueue()
         self._queues = {RequestStatus.WAITING: self.waiting, RequestStatus.RUNNING: self.running,
                         RequestStatus.SWAPPED: self.swapped}  # where a sequence of each status waits
         self.seqs: dict[str, Sequence] = {}  # every unfinished sequence, by seq_id
@@ -64,12 +45,13 @@ class Scheduler:
 
     def add_request(self, seqs: list[Sequence], cache_salt: str | None = None) -> None:
         """Queue a request: its first sequence waits to be scheduled, the others (parallel samples) fork from it
-        later. `cache_salt` roots its prefix-cache hashes (vLLM's field)."""
+        later. `cache_salt` (vLLM's field) and the LoRA adapter root its prefix-cache hashes."""
         first = seqs[0]
         if first.skip_reading_prefix_cache:
             self.kv.skip_reading_cache(first.seq_id)
-        if cache_salt is not None:
-            self.kv.set_cache_salt(first.seq_id, cache_salt)
+        lora_name = None if first.lora_request is None else first.lora_request.lora_name
+        if cache_salt is not None or lora_name is not None:
+            self.kv.set_cache_salt(first.seq_id, cache_salt, lora_name)
         self.seqs.update((seq.seq_id, seq) for seq in seqs)
         self._enqueue(self.waiting, first, RequestStatus.WAITING)
 
@@ -217,10 +199,20 @@ class Scheduler:
         """Sequences that may still join the batch: max_num_seqs less the running ones and their forks to come."""
         return self.config.max_num_seqs - sum(seq.max_num_running_seqs for seq in self.running)
 
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        """Whether `seq` may run beside the running sequences: its LoRA adapter already runs, or a device slot is
+        left for it (vLLM's max_loras). A sequence that does not fit waits; the others may go ahead of it."""
+        if seq.lora_request is None:
+            return True
+        running = {s.lora_request.lora_int_id for s in self.running if s.lora_request is not None}
+        return seq.lora_request.lora_int_id in running or len(running) < self.max_loras
+
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
         kv, used, free_rows = self.kv, 0, self._num_free_rows()
         while len(self.swapped) and self.swapped.items[0].max_num_running_seqs <= free_rows:
             seq = self.swapped.items[0]
+            if not self._adapter_fits(seq):
+                break
             n = self._chunk(seq.num_tokens - seq.num_computed_tokens, budget - used)
             extra = kv.num_blocks_to_append(seq.seq_id, seq.num_computed_tokens, n)
             if n == 0 or not kv.can_swap_in([seq.seq_id], extra):
@@ -235,15 +227,18 @@ class Scheduler:
         return used
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        kv, free_rows = self.kv, self._num_free_rows()
-        while len(self.waiting) and self.waiting.items[0].max_num_running_seqs <= free_rows:
-            seq = self.waiting.items[0]
+        kv, free_rows, i = self.kv, self._num_free_rows(), 0
+        while i < len(self.waiting) and self.waiting.items[i].max_num_running_seqs <= free_rows:
+            seq = self.waiting.items[i]
+            if not self._adapter_fits(seq):  # waits for a slot, without holding up the queue
+                i += 1
+                continue
             num_cached = len(kv.find_cached_prefix(seq.seq_id, seq.token_ids)) * kv.block_size
             n = self._chunk(seq.num_tokens - num_cached, budget)
             if n == 0 or not kv.can_allocate(seq.seq_id, seq.token_ids):
                 break
             free_rows -= seq.max_num_running_seqs
-            self.waiting.items.pop(0)
+            self.waiting.items.pop(i)
             seq.num_computed_tokens = kv.allocate(seq.seq_id, seq.token_ids)
             if seq.num_cached_tokens is None:
                 seq.num_cached_tokens = seq.num_computed_tokens
@@ -269,7 +264,7 @@ class Scheduler:
             out.preempted.append(Preemption(seq, "recompute", reason))
         logger.info("preempted %s by %s: %s", seq.seq_id, out.preempted[-1].mode, out.preempted[-1].reason)
 
-    def _enqueue(self, queue: _ArrivalQueue, seq: Sequence, status: RequestStatus) -> None:
+    def _enqueue(self, queue: ArrivalQueue, seq: Sequence, status: RequestStatus) -> None:
         seq.status = status
         queue.insert(seq)
 

@@ -95,7 +95,7 @@ class DriverRunner:
             if arg is output:
                 return _StepOutput(i)
         if hasattr(arg, "sampling_seqs"):  # StepInputs: the sequences stay here, the arrays go
-            return type(arg)(arg.token_ids, arg.metadata, arg.logits_indices, [], [], {})
+            return type(arg)(arg.token_ids, arg.lora_slots, arg.metadata, arg.logits_indices, [], [], {})
         if hasattr(arg, "swap_out"):  # SchedulerOutput: only the block moves
             return type(arg)(swap_out=arg.swap_out, swap_in=arg.swap_in, copies=arg.copies)
         return arg

@@ -43,9 +43,16 @@ def _config(path: str) -> dict:
     return config
 
 
-def load_lora_adapter(path: str, base_weights: Mapping[str, np.ndarray], name: str | None = None,
+def module_shapes(weights: Mapping[str, np.ndarray]) -> dict[str, tuple[int, int]]:
+    """(out, in) of every matrix of a checkpoint's HF-named weights, by module name: what an adapter may adapt."""
+    return {name.removesuffix(".weight"): w.shape for name, w in weights.items()
+            if name.endswith(".weight") and np.ndim(w) == 2}
+
+
+def load_lora_adapter(path: str, base_shapes: Mapping[str, tuple[int, int]], name: str | None = None,
                       max_lora_rank: int | None = None) -> LoRAAdapter:
-    """The adapter in the PEFT directory `path`, checked against the base model's weights (HF names).
+    """The adapter in the PEFT directory `path`, checked against `base_shapes`: (out, in) of each module an adapter
+    may change in the base model, by full HF module name (module_shapes, or the engine's LoRALayout.module_shapes).
 
     Raises ValueError naming the field: a missing file, rank above max_lora_rank, a module the base model does not
     have, or shapes that do not match the base weights (an adapter trained for another model).
@@ -67,18 +74,19 @@ def load_lora_adapter(path: str, base_weights: Mapping[str, np.ndarray], name: s
         raise ValueError(f"LoRA adapter {path!r}: lora_A and lora_B must come in pairs, one pair a module; got A for "
                          f"{sorted(lora_a)[:4]}, B for {sorted(lora_b)[:4]}")
     for module in lora_a:
-        _check_shapes(path, module, lora_a[module], lora_b[module], rank, base_weights)
+        _check_shapes(path, module, lora_a[module], lora_b[module], rank, base_shapes)
     alpha = float(config["lora_alpha"])
     scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     return LoRAAdapter(name or os.path.basename(os.path.normpath(path)), rank, scaling, lora_a, lora_b)
 
 
 def _check_shapes(path: str, module: str, a: np.ndarray, b: np.ndarray, rank: int,
-                  base_weights: Mapping[str, np.ndarray]) -> None:
-    base = base_weights.get(f"{module}.weight")
-    if base is None:
-        raise ValueError(f"LoRA adapter {path!r}: target module {module!r} is not in the base model")
-    out_features, in_features = base.shape
+                  base_shapes: Mapping[str, tuple[int, int]]) -> None:
+    if module not in base_shapes:
+        kinds = sorted({m.rsplit(".", 1)[-1] for m in base_shapes})
+        raise ValueError(f"LoRA adapter {path!r}: target module {module!r} is not in the base model, or not one an "
+                         f"adapter may change there (those are {kinds})")
+    out_features, in_features = base_shapes[module]
     if a.shape != (rank, in_features) or b.shape != (out_features, rank):
         raise ValueError(f"LoRA adapter {path!r}: {module} has lora_A {a.shape} and lora_B {b.shape}, but the base "
                          f"model's {module} is [{out_features}, {in_features}] at rank r={rank}: an adapter for "

@@ -18,6 +18,7 @@ the same step runs on every device's slices under `shard_map`, with a psum after
 """
 
 import functools
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -28,11 +29,15 @@ from jax.sharding import Mesh, PartitionSpec as P
 from jax_engine.attention.metadata import AttentionFn, AttentionMetadata
 from jax_engine.distributed.tensor_parallel import AXIS, TensorParallel
 from jax_engine.linear import dequantize, linear
+from jax_engine.models.lora import LoRABatch
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.layers import ACTIVATIONS, StepContext, normalize
 from jax_engine.models.registry import architecture
 from jax_engine.models.rope import rope_frequencies, rope_tables
 from jax_engine.models.weights import StoredWeights
+
+if TYPE_CHECKING:  # the layout reads the family registry, which is built from this package's modules
+    from jax_engine.lora.layout import LoRALayout
 
 
 class CausalLM(nnx.Module):
@@ -46,6 +51,18 @@ class CausalLM(nnx.Module):
         self.parallel = parallel
         self.layers = nnx.Dict({name: nnx.Param(a) for name, a in layers.items()})
         self.top = nnx.Dict({name: nnx.Param(a) for name, a in top.items()})
+        self.lora_layout: "LoRALayout | None" = None
+        self.lora = nnx.Dict({})  # the adapter slots' stacks, once add_lora_slots made them
+
+    def add_lora_slots(self, layout: "LoRALayout") -> None:
+        """Make room for layout.max_loras adapters (all slots empty: zeros), in the activations' dtype. A slot is
+        filled by assigning its stacks' new values (jax_engine/lora/manager.py): same shapes, no compile."""
+        if self.parallel is not None:
+            raise ValueError("enable_lora with tensor_parallel_size > 1 is not supported yet: serve adapters on one "
+                             "device")
+        dtype = self.layers["attn_norm"][...].dtype
+        self.lora_layout = layout
+        self.lora = nnx.Dict({name: nnx.Param(jnp.zeros(shape, dtype)) for name, shape in layout.stack_shapes().items()})
 
     @classmethod
     def from_hf_weights(cls, cfg: ModelConfig, weights, dtype=jnp.float32, quantization: str | None = None,
@@ -86,7 +103,7 @@ class CausalLM(nnx.Module):
 
     # ---------------------------------------------------------------------------------- forward
     def __call__(self, token_ids: jax.Array, k_cache: jax.Array, v_cache: jax.Array, metadata: AttentionMetadata,
-                 attention: AttentionFn) -> tuple[jax.Array, jax.Array, jax.Array]:
+                 attention: AttentionFn, lora_slots: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Run a step's tokens; write their K/V; return final hidden states and the updated caches.
 
         Args:
@@ -95,6 +112,7 @@ class CausalLM(nnx.Module):
             v_cache: [L, num_blocks, block_size, K, D] values.
             metadata: the batch layout shared by every attention backend.
             attention: the backend's paged-attention function.
+            lora_slots: [T] the adapter slot of each token, -1 for none; ignored without add_lora_slots.
 
         Returns:
             (hidden [T, H] after the final norm, k_cache, v_cache).
@@ -102,7 +120,12 @@ class CausalLM(nnx.Module):
         layers = {name: p[...] for name, p in self.layers.items()}  # [L, ...] each
         top = {name: p[...] for name, p in self.top.items()}
         if self.parallel is None:
-            return _step(self.cfg, None, attention, layers, top, token_ids, k_cache, v_cache, metadata)
+            lora = None
+            if self.lora_layout is not None and lora_slots is not None:
+                layers |= {name: p[...] for name, p in self.lora.items()}
+                lora = LoRABatch.of(lora_slots, self.lora_layout.max_loras,
+                                    {t.projection: t.rows for t in self.lora_layout.targets}, layers["attn_norm"].dtype)
+            return _step(self.cfg, None, attention, layers, top, token_ids, k_cache, v_cache, metadata, lora)
         parallel, cache = self.parallel, self.parallel.cache_sharding().spec
         step = functools.partial(_step, parallel.local_config(self.cfg), self.parallel, attention)
         return jax.shard_map(step, mesh=parallel.mesh, check_vma=False,
@@ -131,7 +154,8 @@ def _logits(name: str, head: dict, hidden: jax.Array) -> jax.Array:
 
 
 def _step(cfg: ModelConfig, parallel: TensorParallel | None, attention: AttentionFn, layers: dict, top: dict,
-          token_ids: jax.Array, k_cache: jax.Array, v_cache: jax.Array, metadata: AttentionMetadata):
+          token_ids: jax.Array, k_cache: jax.Array, v_cache: jax.Array, metadata: AttentionMetadata,
+          lora: LoRABatch | None = None):
     """CausalLM.__call__ on whole arrays, or on one device's slices (`cfg` then has its head counts)."""
     L, num_blocks, block_size = k_cache.shape[:3]
     k_flat = k_cache.reshape(L, num_blocks * block_size, *k_cache.shape[3:])  # [L, S, K, D]
@@ -149,7 +173,7 @@ def _step(cfg: ModelConfig, parallel: TensorParallel | None, attention: Attentio
 
     def layer_step(carry, layer):
         x, k_flat, v_flat = carry
-        ctx = StepContext(metadata, attention, block_size, rope, k_flat, v_flat, slopes, all_reduce)
+        ctx = StepContext(metadata, attention, block_size, rope, k_flat, v_flat, slopes, all_reduce, lora)
         x = layer_fn(cfg, layers, layer, x, ctx)
         return (x, ctx.k_flat, ctx.v_flat), None
 

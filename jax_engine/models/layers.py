@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 from jax_engine.attention.metadata import AttentionFn, AttentionMetadata
 from jax_engine.linear import linear
+from jax_engine.models.lora import LoRABatch
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.rope import apply_rope
 
@@ -63,13 +64,18 @@ def norm(cfg: ModelConfig, w: dict, name: str, layer: jax.Array, x: jax.Array) -
     return normalize(cfg, x, w[name][layer], None if bias is None else bias[layer])
 
 
-def project(x: jax.Array, w: dict, name: str, layer: jax.Array, reduce: Callable | None = None) -> jax.Array:
-    """x @ the layer's projection w_<name>, transposed (scaled when int8), plus its bias if it has one.
+def project(x: jax.Array, w: dict, name: str, layer: jax.Array, ctx: "StepContext",
+            row_parallel: bool = False) -> jax.Array:
+    """x @ the layer's projection w_<name>, transposed (scaled when int8), plus each row's LoRA update where the
+    engine serves adapters (lora_a_<name> and lora_b_<name>, see jax_engine/lora/), plus its bias if it has one.
 
-    `reduce` sums a row-parallel projection's partial products across devices, before the bias is added once.
+    A `row_parallel` projection's partial products are summed across devices (ctx.all_reduce), before the bias
+    is added once.
     """
     y = linear(x, w[f"w_{name}"], w.get(f"w_{name}_scale"), layer=layer)
-    y = y if reduce is None else reduce(y)
+    if ctx.lora is not None and f"lora_a_{name}" in w:
+        y = y + ctx.lora.delta(name, x, w[f"lora_a_{name}"][layer], w[f"lora_b_{name}"][layer]).astype(y.dtype)
+    y = ctx.all_reduce(y) if row_parallel and ctx.all_reduce is not None else y
     bias = w.get(f"b_{name}")
     return y if bias is None else y + bias[layer].astype(y.dtype)
 
@@ -92,6 +98,7 @@ class StepContext:
     v_flat: jax.Array
     alibi_slopes: jax.Array | None = None  # [N] of this device's query heads
     all_reduce: Callable[[jax.Array], jax.Array] | None = None
+    lora: LoRABatch | None = None  # each token's adapter slot, where the engine serves LoRA adapters
 
     def attend(self, cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, layer: jax.Array) -> jax.Array:
         """Write k, v into the cache and attend q over every sequence's context. q [T, N, D] -> [T, N, D]."""
@@ -104,7 +111,7 @@ class StepContext:
 def self_attention(cfg: ModelConfig, w: dict, layer: jax.Array, h: jax.Array, ctx: StepContext) -> jax.Array:
     """The attention block: fused q/k/v projection, (RoPE), paged attention, output projection. [T, H] -> [T, H]."""
     tokens, N, K, D = h.shape[0], cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    qkv = project(h, w, "qkv", layer)  # [T, (N + 2K) D]
+    qkv = project(h, w, "qkv", layer, ctx)  # [T, (N + 2K) D]
     q = qkv[:, :N * D].reshape(tokens, N, D)
     k = qkv[:, N * D:(N + K) * D].reshape(tokens, K, D)
     v = qkv[:, (N + K) * D:].reshape(tokens, K, D)
@@ -115,17 +122,17 @@ def self_attention(cfg: ModelConfig, w: dict, layer: jax.Array, h: jax.Array, ct
         q = apply_rope(q, cos, sin, interleaved=cfg.rope_interleaved)
         k = apply_rope(k, cos, sin, interleaved=cfg.rope_interleaved)
     out = ctx.attend(cfg, q, k, v, layer)
-    return project(out.reshape(tokens, N * D), w, "o", layer, ctx.all_reduce)
+    return project(out.reshape(tokens, N * D), w, "o", layer, ctx, row_parallel=True)
 
 
 def mlp(cfg: ModelConfig, w: dict, layer: jax.Array, h: jax.Array, ctx: StepContext) -> jax.Array:
     """Gated (act(gate) * up, Llama's SwiGLU) when the layer has w_gate_up, else act(up); then down."""
     act = ACTIVATIONS[cfg.hidden_act]
     if "w_gate_up" in w:
-        gate_up = project(h, w, "gate_up", layer)
+        gate_up = project(h, w, "gate_up", layer, ctx)
         gate, up = jnp.split(gate_up, 2, axis=-1)
-        return project(act(gate) * up, w, "down", layer, ctx.all_reduce)
-    return project(act(project(h, w, "up", layer)), w, "down", layer, ctx.all_reduce)
+        return project(act(gate) * up, w, "down", layer, ctx, row_parallel=True)
+    return project(act(project(h, w, "up", layer, ctx)), w, "down", layer, ctx, row_parallel=True)
 
 
 def pre_norm_layer(cfg: ModelConfig, w: dict, layer: jax.Array, x: jax.Array, ctx: StepContext) -> jax.Array:

@@ -25,7 +25,7 @@ from jax_engine.attention.metadata import AttentionFn, AttentionMetadata
 from jax_engine.attention.xla import paged_attention as xla_attention
 from jax_engine.buckets import bucket_fine, bucket_tokens
 from jax_engine.model_config import ModelConfig
-from jax_engine.runner.model_runner import padded_kind_rows, padded_table_rows
+from jax_engine.runner.padded_layout import padded_kind_rows, padded_table_rows
 from reference.block_manager import cdiv
 
 logger = logging.getLogger(__name__)

@@ -46,13 +46,14 @@ def block_move_bucket(num_blocks: int) -> int:
 
 # ------------------------------------------------------------------------------------ the jitted functions
 @functools.partial(jax.jit, static_argnames=("attention",), donate_argnames=("k_cache", "v_cache"))
-def _forward(model, k_cache, v_cache, token_ids, metadata, logits_indices, attention):
-    """The model over the step's tokens; returns the hidden states of the sampling rows too.
+def _forward(model, k_cache, v_cache, token_ids, lora_slots, metadata, logits_indices, attention):
+    """The model over the step's tokens (each with its LoRA adapter's slot, -1 for none); returns the hidden
+    states of the sampling rows too.
 
     logits_indices has one entry per possible sampled row (max_sampled_rows), whatever the step's size, so this
     function, the costly one to compile, has one shape per token bucket and the logits one per row bucket.
     """
-    hidden, k_cache, v_cache = model(token_ids, k_cache, v_cache, metadata, attention)
+    hidden, k_cache, v_cache = model(token_ids, k_cache, v_cache, metadata, attention, lora_slots)
     return hidden[logits_indices], hidden, k_cache, v_cache
 
 
@@ -160,7 +161,7 @@ class DeviceProgram:
                 for e in self.examples(runner, shapes)]
 
 
-def _step_shapes(model, k_cache, v_cache, token_ids, metadata: AttentionMetadata, logits_indices) -> tuple:
+def _step_shapes(model, k_cache, v_cache, token_ids, lora_slots, metadata: AttentionMetadata, logits_indices) -> tuple:
     return (token_ids.shape, metadata.block_tables.shape, metadata.decode_token_index.shape,
             metadata.prefill_token_index.shape, logits_indices.shape)
 
@@ -171,7 +172,7 @@ def step_example(runner: "ModelRunner", num_tokens: int) -> Example:
     i32 = lambda *shape: np.zeros(shape, np.int32)  # noqa: E731
     metadata = AttentionMetadata(i32(num_tokens), i32(num_tokens), i32(rows, runner.max_blocks_per_seq), i32(rows),
                                  i32(rows + 1), i32(0), i32(0, 0), 0)
-    host_inputs = runner.placed((i32(num_tokens), metadata, i32(runner.max_sampled_rows)))
+    host_inputs = runner.placed((i32(num_tokens), i32(num_tokens), metadata, i32(runner.max_sampled_rows)))
     return Example((runner.model, runner.k_cache, runner.v_cache, *host_inputs))
 
 

@@ -22,7 +22,9 @@ from jax_engine.core.scheduler_output import SchedulerOutput
 from jax_engine.runner.device_programs import (ALL_LOGITS, COPY, DEVICE_CALLS, GREEDY, LOGITS, SAMPLE, SCORED_ROWS,
                                                STEP, SWAP_IN, SWAP_OUT, TARGET_PROGRAMS, TOKEN_LOGPROBS,
                                                DeviceProgram, block_move_bucket)
+from jax_engine.lora.manager import LoRAManager
 from jax_engine.models import CausalLM
+from jax_engine.runner.padded_layout import padded_kind_rows, padded_table_rows
 from jax_engine.runner.program_cache import ProgramCache
 from jax_engine.runner.recycled_buffers import RecycledBuffers
 from jax_engine.sample.sampler import SampledToken, to_host
@@ -35,36 +37,12 @@ def _padded(indices: list[int], count: int, fill: int) -> np.ndarray:
     return np.pad(np.asarray(indices, np.int32), (0, count - len(indices)), constant_values=fill)
 
 
-def padded_table_rows(num_decode: int, num_prefill: int) -> tuple[list[int], int]:
-    """(the block-table row of each sequence, decode then prefill; the rows in all) on the padded layout:
-
-        rows [ d0 d1 d2 pad pad pad pad pad | p0 p1 ]   each kind's rows bucketed, decode to at least 8
-
-    Padding a few decode rows costs far less than a compile per batch size as a batch drains (1, 2, 4 would
-    each compile the whole model once more)."""
-    decode_rows = bucket(num_decode, 8)
-    return [*range(num_decode), *range(decode_rows, decode_rows + num_prefill)], decode_rows + bucket(num_prefill)
-
-
-def padded_kind_rows(decode_starts: list[int], prefill_chunks: list[tuple[int, int]],
-                     padded_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """The padded layout's token rows of each decode sequence [Bd] and of each prefill chunk [Bp, Qp], from the
-    row of each decode token and the (first row, length) of each chunk; padding rows hold padded_tokens (past
-    the last token). Bd, Bp and Qp are bucketed as in padded_table_rows."""
-    decode_rows = np.full(bucket(len(decode_starts), 8), padded_tokens, np.int32)
-    decode_rows[: len(decode_starts)] = decode_starts
-    max_chunk = bucket(max((length for _, length in prefill_chunks), default=0), 8)
-    prefill_rows = np.full((bucket(len(prefill_chunks)), max_chunk), padded_tokens, np.int32)
-    for j, (first, length) in enumerate(prefill_chunks):
-        prefill_rows[j, :length] = np.arange(first, first + length)
-    return decode_rows, prefill_rows
-
-
 @dataclass
 class StepInputs:
     """Host-side arrays of one step, before transfer."""
 
     token_ids: np.ndarray
+    lora_slots: np.ndarray  # [T] each token's LoRA adapter slot; -1 for none (and for padding)
     metadata: AttentionMetadata
     logits_indices: np.ndarray  # [max_sampled_rows or more] rows whose next-token logits are sampled (padded)
     sampling_seqs: list  # the Sequences that sample this step, in order
@@ -79,7 +57,8 @@ class ModelRunner:
 
     def __init__(self, model: CausalLM, num_blocks: int, block_size: int, num_host_blocks: int,
                  max_model_len: int, max_num_seqs: int, backend: AttentionBackend, dtype,
-                 max_sampled_rows: int | None = None, device_programs: tuple = TARGET_PROGRAMS) -> None:
+                 max_sampled_rows: int | None = None, device_programs: tuple = TARGET_PROGRAMS,
+                 max_cpu_loras: int = 0) -> None:
         self.model = model
         self.device_programs = device_programs  # what start-up compiles for it (DRAFT_PROGRAMS: a draft model's)
         self.block_size = block_size
@@ -103,6 +82,7 @@ class ModelRunner:
         # compiled on first use for a shape start-up did not list (at most MAX_LATE_PROGRAMS kept).
         self.programs = ProgramCache()
         self.recycled = RecycledBuffers(self.replicated)
+        self.lora = None if model.lora_layout is None else LoRAManager(model, max_cpu_loras)
 
     # ------------------------------------------------------------------------- block copies
     def apply_block_moves(self, out: SchedulerOutput) -> None:
@@ -199,10 +179,22 @@ class ModelRunner:
         logits_indices = np.zeros(max(self.max_sampled_rows, capacity), np.int32)
         logits_indices[: len(logits_rows)] = logits_rows
         starts = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)  # rows are laid out in this order
-        max_query_len = 0 if self.backend.ragged else max(prefill_rows.shape[1], 1)
         metadata = AttentionMetadata(positions, slot_mapping, tables, seq_lens, starts, decode_rows, prefill_rows,
-                                     max_query_len)
-        return StepInputs(token_ids, metadata, logits_indices, sampling_seqs, sampling_rows, row_of)
+                                     0 if self.backend.ragged else max(prefill_rows.shape[1], 1))  # max_query_len
+        return StepInputs(token_ids, self._lora_slots(out, row_of, padded_tokens), metadata, logits_indices,
+                          sampling_seqs, sampling_rows, row_of)
+
+    def _lora_slots(self, out: SchedulerOutput, row_of: dict[str, int], padded_tokens: int) -> np.ndarray:
+        """Each token's LoRA slot (-1: none), the step's adapters put in slots first (jax_engine/lora/manager.py)."""
+        slots = np.full(padded_tokens, -1, np.int32)
+        with_adapter = [s for s in out.scheduled if s.seq.lora_request is not None]
+        if self.lora is None or not with_adapter:
+            return slots
+        slot_of = self.lora.activate({s.seq.lora_request for s in with_adapter})
+        for s in with_adapter:
+            row = row_of[s.seq.seq_id]
+            slots[row : row + s.num_new_tokens] = slot_of[s.seq.lora_request.lora_int_id]
+        return slots
 
     def _sequence_layout(self, decode: list, prefill: list, ragged_rows: int) -> tuple[list[int], int, int]:
         """(table row of each scheduled sequence, decode then prefill; rows; table columns), bucketed."""
@@ -229,7 +221,7 @@ class ModelRunner:
     # -------------------------------------------------------------------------------- execute
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
         """Run the step. Returns (hidden states of the sampling rows [max_sampled_rows, H], all of them [T, H])."""
-        host_inputs = (inputs.token_ids, inputs.metadata, inputs.logits_indices)
+        host_inputs = (inputs.token_ids, inputs.lora_slots, inputs.metadata, inputs.logits_indices)
         key = STEP.key((self.model, self.k_cache, self.v_cache, *host_inputs))
         if key not in self.programs.startup and self.replicated is not None:  # through jit: place them first
             host_inputs = jax.device_put(host_inputs, self.replicated)

@@ -3,6 +3,7 @@
     POST /v1/completions  /v1/chat/completions    OpenAI API, streamed as server-sent events on request
     GET  /v1/models  /health  /metrics             model list, liveness (503 once the engine died), Prometheus
     POST /tokenize  /detokenize  /generate         vLLM extras, and the simple demo endpoint
+    POST /v1/load_lora_adapter  /v1/unload_lora_adapter    with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true only
 """
 
 import contextlib
@@ -12,7 +13,7 @@ import time
 import uuid
 
 from fastapi import FastAPI, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
@@ -24,8 +25,9 @@ from jax_engine.server.errors import APIError, bad_request, error_response, inst
 from jax_engine.server.limits import BodySizeLimitMiddleware, BodyTimeoutMiddleware
 from jax_engine.server.metrics import ServingMetrics
 from jax_engine.server.json_fields import check_json_fields
+from jax_engine.server.lora_adapters import runtime_updates_allowed
 from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
-                                        TokenizeRequest)
+                                        LoadLoRAAdapterRequest, TokenizeRequest, UnloadLoRAAdapterRequest)
 from jax_engine.server.request_parts import conversation
 from jax_engine.server.state import ServerConfig, ServerState
 from jax_engine.server.streams import add_streams, collect, merge, until_disconnect
@@ -64,6 +66,8 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     _add_service_routes(app, state, ServingMetrics(engine, config.model_name))
     _add_openai_routes(app, state)
     _add_vllm_routes(app, state)
+    if runtime_updates_allowed():
+        _add_lora_routes(app, state)
     return app
 
 
@@ -79,9 +83,10 @@ def _add_service_routes(app: FastAPI, state: ServerState, metrics: ServingMetric
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "jax-engine",
+        created = int(time.time())
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "jax-engine",
                 "root": model_name, "max_model_len": state.max_model_len}
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": [card, *state.adapters.cards(created, state.max_model_len)]}
 
     @app.get("/metrics")
     async def prometheus_metrics():
@@ -132,6 +137,30 @@ def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/generate")
     async def generate(body: GenerateRequest, raw_request: Request):
         return await _demo_generate(state, body, raw_request)
+
+
+def _add_lora_routes(app: FastAPI, state: ServerState) -> None:
+    """vLLM's run-time adapter updates (server/lora_adapters.py), answered as vLLM answers them."""
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest):
+        state.check_fields(body)
+        try:
+            request = state.adapters.new_request(body.lora_name, body.lora_path)
+            await state.off_loop(lambda: state.adapters.check(request))
+        except ValueError as error:
+            raise bad_request(error) from None
+        if body.lora_name in state.adapters.by_name:  # loaded by another request meanwhile
+            raise APIError(400, f"the lora adapter {body.lora_name!r} has already been loaded", "lora_name")
+        state.adapters.by_name[body.lora_name] = request
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest):
+        state.check_fields(body)
+        if state.adapters.remove(body.lora_name) is None:
+            raise APIError(404, f"the lora adapter {body.lora_name!r} cannot be found", "lora_name", "not_found")
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 
 async def _demo_generate(state: ServerState, body: GenerateRequest, raw_request: Request):

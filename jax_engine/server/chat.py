@@ -76,20 +76,20 @@ class ChatCompletions:
         prompt = await state.off_loop(lambda: render_chat_prompt(state, body.conversation(), body.add_generation_prompt,
                                                                  body.add_special_tokens, shown_tools))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await add_streams(state, request_id, [prompt], params, cache_salt, tenant)
+        streams = await add_streams(state, request_id, [prompt], params, cache_salt, tenant, body.model)
         if body.stream:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), num_top)
         [final] = await collect(streams)
         choices = [{"index": d.index, **_message(d, shown_tools, tool_choice), "logprobs": _logprobs(d, num_top)}
                    for d in DeltaTracker.for_params(params).deltas(0, final)]
         answer = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
-                  "model": state.model_name, "choices": choices, "usage": usage([final])}
+                  "model": state.served_name(body.model), "choices": choices, "usage": usage([final])}
         return answer if params.prompt_logprobs is None else {**answer, "prompt_logprobs": prompt_logprobs(final)}
 
     async def _events(self, request_id: str, body: ChatCompletionRequest, streams, tracker: DeltaTracker,
                       num_top: int) -> AsyncIterator[str]:
         head = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                "model": self.state.model_name}
+                "model": self.state.served_name(body.model)}
         final = None
         tools, tool_choice = body.tool_list, body.effective_tool_choice
         tool_streams = {}  # choice index -> its ToolCallStream, when tools were shown

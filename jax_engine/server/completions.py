@@ -65,7 +65,7 @@ class Completions:
         params = await state.sampling_params(body, 1 if scoring_only else body.max_tokens, body.logprobs)
         prompts = _prompts(body.prompt)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        streams = await add_streams(state, request_id, prompts, params, cache_salt, tenant)
+        streams = await add_streams(state, request_id, prompts, params, cache_salt, tenant, body.model)
         echoes = [await state.off_loop(lambda p=p: self._prompt_text(p)) if body.echo else "" for p in prompts]
         if body.stream and not scoring_only:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), echoes)
@@ -76,7 +76,8 @@ class Completions:
         counts = usage(finals)
         if scoring_only:
             counts = {**counts, "completion_tokens": 0, "total_tokens": counts["prompt_tokens"]}
-        head = {"id": request_id, "object": "text_completion", "created": int(time.time()), "model": state.model_name}
+        head = {"id": request_id, "object": "text_completion", "created": int(time.time()),
+                "model": state.served_name(body.model)}
         if body.stream:  # scoring only: the whole answer in one event per choice
             return self._single_events(head, choices, counts if body.include_usage else None)
         return {**head, "choices": choices, "usage": counts}
@@ -111,7 +112,8 @@ class Completions:
     async def _events(self, request_id: str, body: CompletionRequest, streams, tracker: DeltaTracker,
                       echoes: list[str]) -> AsyncIterator[str]:
         created, finals = int(time.time()), {}
-        head = {"id": request_id, "object": "text_completion", "created": created, "model": self.state.model_name}
+        head = {"id": request_id, "object": "text_completion", "created": created,
+                "model": self.state.served_name(body.model)}
         try:
             async for i, output in merge(streams):
                 finals[i] = output

@@ -17,6 +17,7 @@ from jax_engine.beam_search import BeamSearchParams
 from jax_engine.config import EngineArgs
 from jax_engine.llm_engine import LLMEngine, Prompt
 from jax_engine.loader import Checkpoint, load_checkpoint
+from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestOutput
 from jax_engine.sampling_params import SamplingParams
 
@@ -87,16 +88,20 @@ class DataParallelEngine:
 
     # ------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
-                    tenant: str | None = None) -> RequestStream:
+                    tenant: str | None = None, lora_request: LoRARequest | None = None) -> RequestStream:
         """Queue the request on the least loaded replica (see AsyncLLMEngine.add_request)."""
         if request_id in self._replica_of:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.check_accepting(tenant)
         replica = min(self.replicas, key=_unfinished)  # ties: the lowest index
-        stream = replica.add_request(request_id, prompt, params, tenant)
+        stream = replica.add_request(request_id, prompt, params, tenant, lora_request)
         stream._engine = self  # a stream left early aborts through the front, which then forgets the request
         self._replica_of[request_id] = replica
         return stream
+
+    def remove_lora(self, lora_id: int) -> None:
+        for replica in self.replicas:
+            replica.remove_lora(lora_id)
 
     def check_accepting(self, tenant: str | None = None) -> None:
         for replica in self.replicas:

@@ -214,6 +214,16 @@ class DetokenizeRequest(RequestBody):
     model: str | None = None
 
 
+class LoadLoRAAdapterRequest(RequestBody):
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
+
+
+class UnloadLoRAAdapterRequest(RequestBody):
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_int_id: int | None = None  # vLLM's; the name alone picks the adapter
+
+
 class GenerateRequest(BaseModel):
     """The simple demo server's body: a prompt, `stream`, and any SamplingParams field by name."""
 

@@ -14,6 +14,7 @@ import signal
 import sys
 import threading
 
+from jax_engine.server.lora_adapters import parse_lora_module
 from jax_engine.server.state import PREFIX_CACHE_ISOLATION, ServerConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -62,15 +63,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
                         help="after SIGTERM, seconds in-flight requests have to finish before their clients are "
                         "disconnected")
+    parser.add_argument("--lora-modules", nargs="+", type=_lora_module_arg, default=[], metavar="NAME=PATH",
+                        help="LoRA adapters served under their own model names (name=path, or JSON with name and "
+                             "path); needs --enable-lora")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--headless", action="store_true",
                         help="a worker host (--node-rank > 0): no HTTP server, only the driver's device calls")
 
 
+def _lora_module_arg(text: str) -> tuple[str, str]:
+    try:
+        return parse_lora_module(text)
+    except ValueError as error:  # argparse prints an ArgumentTypeError's message (a ValueError's it hides)
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def server_config(ns: argparse.Namespace, model_name: str) -> ServerConfig:
     """ServerConfig from the flags: every field has the flag of its name."""
     fields = {f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(ns, f.name)}
-    return ServerConfig(**{**fields, "model_name": model_name, "api_keys": tuple(ns.api_key)})
+    return ServerConfig(**{**fields, "model_name": model_name, "api_keys": tuple(ns.api_key),
+                           "lora_modules": tuple(ns.lora_modules)})
 
 
 def make_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info"):
@@ -138,6 +150,8 @@ def main(ns: argparse.Namespace) -> None:
         LLMEngine(args).run_worker()
         return
     config = server_config(ns, ns.served_model_name or args.model or DEFAULT_MODEL_NAME)
+    if config.lora_modules and not args.enable_lora:  # before the model loads
+        raise ValueError("--lora-modules needs --enable-lora")
     if args.data_parallel_size > 1:
         from jax_engine.server.data_parallel import DataParallelEngine
 

@@ -12,7 +12,9 @@ from starlette.requests import Request
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.sampling_params import SamplingParams
+from jax_engine.lora.request import LoRARequest
 from jax_engine.server.errors import APIError, bad_request
+from jax_engine.server.lora_adapters import ServedAdapters
 from jax_engine.server.protocol import IGNORED_FIELDS, RequestBody, SamplingRequest
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class ServerConfig:
             with logprobs).
         max_structured_rows: the most sequences (prompts x n) of one request that follow a grammar (each is a
             mask computed on the host every step).
+        lora_modules: (name, path) of each LoRA adapter served under its own model name (needs enable_lora).
     """
 
     model_name: str
@@ -69,6 +72,7 @@ class ServerConfig:
     max_request_tokens: int = 65_536
     max_scored_prompt_tokens: int = 16_384
     max_structured_rows: int = 64
+    lora_modules: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
@@ -94,6 +98,7 @@ class ServerState:
         # Grammars compile on a thread of their own (waiting on the grammar worker process): a costly one never
         # holds up tokenization.
         self._grammar_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self.adapters = ServedAdapters(engine, config.lora_modules, config.model_name)
 
     @property
     def model_name(self) -> str:
@@ -115,9 +120,19 @@ class ServerState:
         return f"{request.state.tenant}:{salt or ''}"
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
-            raise APIError(400, f"model {model!r} does not exist; this server serves {self.model_name!r}", "model",
+        """A 400 unless `model` is None, the served model's name or one of its LoRA adapters'."""
+        if model is not None and model != self.model_name and model not in self.adapters.by_name:
+            served = [self.model_name, *self.adapters.by_name]
+            raise APIError(400, f"model {model!r} does not exist; this server serves {served}", "model",
                            "model_not_found")
+
+    def served_name(self, model: str | None) -> str:
+        """The `model` an answer names: the request's adapter, or the served model."""
+        return model if model in self.adapters.by_name else self.model_name
+
+    def lora_request(self, model: str | None) -> LoRARequest | None:
+        """The adapter a request's `model` names, or None for the base model."""
+        return self.adapters.by_name.get(model)
 
     def check_fields(self, body: RequestBody) -> None:
         """A 400 naming the first field this server does not implement; a warning (once per name) for the fields

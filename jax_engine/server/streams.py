@@ -45,9 +45,11 @@ def refuse_if_busy(engine: AsyncLLMEngine, tenant: str | None = None) -> None:
 
 
 async def add_streams(state: ServerState, request_id: str, prompts: list, params: SamplingParams,
-                      cache_salt: str | None = None, tenant: str | None = None) -> list[RequestStream]:
+                      cache_salt: str | None = None, tenant: str | None = None,
+                      model: str | None = None) -> list[RequestStream]:
     """Queue one engine request per prompt, in `tenant`'s turn (its API key's; see fair_queue.py); all or none
-    (a bad prompt, or a request that would cost more than the server allows one, queues none).
+    (a bad prompt, or a request that would cost more than the server allows one, queues none). `model` may name
+    one of the server's LoRA adapters, which the prompts then run with.
 
     The prompts are tokenized and checked on the server's tokenizer thread: a long prompt never holds up
     the event loop, and so never delays other clients or /health.
@@ -66,7 +68,8 @@ async def add_streams(state: ServerState, request_id: str, prompts: list, params
     try:
         for i, (text, token_ids, engine_params) in enumerate(checked):
             prompt = {"prompt": text, "prompt_token_ids": token_ids, "cache_salt": cache_salt}
-            streams.append(engine.add_request(f"{request_id}-{i}", prompt, engine_params, tenant))
+            streams.append(engine.add_request(f"{request_id}-{i}", prompt, engine_params, tenant,
+                                              state.lora_request(model)))
     except Exception as error:
         for stream in streams:
             engine.abort(stream.request_id)

@@ -1,0 +1,80 @@
+"""LoRA adapters over HTTP (issue 46): `jax-engine serve --enable-lora --lora-modules`, the request's `model` picking
+the adapter, /v1/models listing them, and vLLM's run-time load / unload routes behind its environment switch, through
+the official openai client."""
+
+import subprocess
+import sys
+
+import httpx
+import openai
+import pytest
+
+from tests.server_helpers import TINY_ENGINE_ARGS, cli_flags, start_server_process, stop_server_process
+from tests.test_lora_engine import adapters  # noqa: F401 (the fixture)
+
+LORA_FLAGS = cli_flags(**TINY_ENGINE_ARGS, enable_lora=True, max_loras=2, max_lora_rank=8)
+PROMPT = "ab"
+
+
+@pytest.fixture(scope="module")
+def server(adapters, tmp_path_factory):  # noqa: F811
+    base, requests = adapters
+    log = tmp_path_factory.mktemp("lora-server") / "server.log"
+    modules = [f"{r.lora_name}={r.lora_path}" for r in requests[:2]]
+    process, url = start_server_process(str(base), *LORA_FLAGS, "--lora-modules", *modules, log_path=str(log),
+                                        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"})
+    yield url, str(base)
+    stop_server_process(process)
+
+
+def complete(client, model: str) -> str:
+    return client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0).choices[0].text
+
+
+def test_the_request_model_picks_the_adapter(server, adapters):  # noqa: F811
+    from jax_engine import LLM, SamplingParams
+
+    url, base = server
+    _, requests = adapters
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    listed = client.models.list().data
+    assert [m.id for m in listed] == [base, "a0", "a1"]
+    assert listed[1].model_extra["parent"] == base and listed[1].model_extra["root"] == requests[0].lora_path
+    answers = {model: complete(client, model) for model in (base, "a0", "a1")}
+    llm = LLM(base, enable_lora=True, max_loras=2, max_lora_rank=8, **TINY_ENGINE_ARGS)
+    offline = llm.generate([PROMPT] * 3, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False,
+                           lora_request=[None, *requests[:2]])
+    assert list(answers.values()) == [o.outputs[0].text for o in offline]
+    answer = client.chat.completions.create(model="a1", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert answer.model == "a1"
+    with pytest.raises(openai.BadRequestError, match="model 'a9' does not exist"):
+        complete(client, "a9")
+
+
+def test_adapters_are_loaded_and_unloaded_at_run_time(server, adapters, tmp_path):  # noqa: F811
+    url, _ = server
+    _, requests = adapters
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    load = {"lora_name": "a2", "lora_path": requests[2].lora_path}
+    response = httpx.post(f"{url}/v1/load_lora_adapter", json=load)
+    assert response.status_code == 200 and "added successfully" in response.text
+    assert "a2" in [m.id for m in client.models.list().data] and complete(client, "a2")
+    again = httpx.post(f"{url}/v1/load_lora_adapter", json=load)
+    assert again.status_code == 400 and again.json()["error"]["param"] == "lora_name"
+    missing = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(tmp_path)})
+    assert missing.status_code == 400 and "no adapter_config.json" in missing.json()["error"]["message"]
+    assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "a2"}).status_code == 200
+    with pytest.raises(openai.BadRequestError, match="model 'a2' does not exist"):
+        complete(client, "a2")
+    gone = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "a2"})
+    assert gone.status_code == 404 and gone.json()["error"]["param"] == "lora_name"
+
+
+def test_lora_modules_need_enable_lora(adapters):  # noqa: F811
+    base, requests = adapters
+    result = subprocess.run([sys.executable, "-m", "jax_engine", "serve", str(base), "--lora-modules",
+                             f"a0={requests[0].lora_path}"], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "--lora-modules needs --enable-lora" in result.stderr
+    bad = subprocess.run([sys.executable, "-m", "jax_engine", "serve", str(base), "--lora-modules", "a0"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "expected name=path" in bad.stderr
