@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
     benchmarks = bench.add_subparsers(dest="benchmark", required=True)
     for name in ("throughput", "latency", "quality", "serve", "soak", "sharing", "batching", "kernels", "preemption",
-                 "parallel", "structured", "plot", "simulation"):
+                 "parallel", "structured", "plot", "simulation", "lora"):
         module = importlib.import_module(f"jax_engine.bench.{name}")
         sub = benchmarks.add_parser(name, help=module.__doc__.splitlines()[0])
         module.add_arguments(sub)

@@ -62,12 +62,14 @@ class LlamaModel:
     def _w(self, layer: int, name: str) -> np.ndarray | None:
         return self.weights.get(f"model.layers.{layer}.{name}")
 
+    # --8<-- [start:linear]
     def _linear(self, x: np.ndarray, layer: int, name: str, adapters: list[LoRAAdapter | None] | None) -> np.ndarray:
         """x @ W.T (+ bias), plus each row's LoRA update to this projection (reference/lora.py)."""
         y = x @ self._w(layer, f"{name}.weight").T
         bias = self._w(layer, f"{name}.bias")
         y = y if bias is None else y + bias
         return y + lora_delta(x, f"model.layers.{layer}.{name}", adapters)
+    # --8<-- [end:linear]
 
     def _attention(self, x, layer, positions, cache: KVCache, metadata: AttentionMetadata, adapters=None):
         cfg = self.config

@@ -120,3 +120,20 @@ def test_bad_adapters_are_refused_at_load_naming_the_field(base, tmp_path):
     (renamed / "adapter_config.json").write_text(json.dumps({**config, "modules_to_save": ["lm_head"]}))
     with pytest.raises(ValueError, match="modules_to_save"):
         load_lora_adapter(str(renamed), weights)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_adapters_load_as_float32(base, tmp_path, dtype):
+    """PEFT saves adapters in the model's dtype: a bf16 or fp16 file loads, widened to float32, value for value."""
+    import torch
+    from safetensors.torch import load_file as load_torch, save_file as save_torch
+    from transformers import AutoModelForCausalLM
+
+    write_adapter(AutoModelForCausalLM.from_pretrained(base), tmp_path / "a", seed=6)
+    path = tmp_path / "a" / "adapter_model.safetensors"
+    narrow = {name: t.to(getattr(torch, dtype)) for name, t in load_torch(path).items()}
+    save_torch(narrow, path)
+    adapter = load_lora_adapter(str(tmp_path / "a"), module_shapes(load_checkpoint(str(base)).weights))
+    module = "model.layers.1.mlp.down_proj"
+    expected = narrow[f"base_model.model.{module}.lora_B.weight"].float().numpy()
+    assert adapter.lora_b[module].dtype == np.float32 and np.array_equal(adapter.lora_b[module], expected)

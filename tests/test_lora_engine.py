@@ -81,6 +81,25 @@ def test_engine_logits_with_an_adapter_equal_peft(tmp_path, architecture):
     assert np.abs(expected - base_logits).max() > 1e-2  # the adapter changes the logits
 
 
+def test_the_default_model_with_an_adapter_equals_peft(default_checkpoint, tmp_path):
+    """SmolLM2-135M with a random rank-8 adapter on every projection: the engine's logits at every position
+    against HF + PEFT on the same weights (the default model's checkpoint in HF's Llama class)."""
+    from jax_engine.bench.hf_baseline import hf_model_from_checkpoint
+
+    peft_model = write_adapter(hf_model_from_checkpoint(default_checkpoint), tmp_path / "adapter", seed=4, r=8,
+                               lora_alpha=16)
+    prompt = default_checkpoint.tokenizer.encode("The capital of France is Paris. The capital of Germany is")
+    expected = hf_logits(peft_model, prompt)
+    with peft_model.disable_adapter():
+        base_logits = hf_logits(peft_model, prompt)
+    ours = engine_logits(default_checkpoint, prompt, [len(prompt) - 2, 1, 1], block_size=16,
+                         lora_request=LoRARequest("adapter", 1, str(tmp_path / "adapter")))
+    diff = np.abs(ours - expected).max()
+    print(f"SmolLM2-135M + LoRA: max |logit diff| vs PEFT = {diff:.2e}")
+    assert diff < 1e-3  # as the default model without an adapter (test_engine_model_vs_hf.py): ~1e-4 seen
+    assert np.abs(expected - base_logits).max() > 0.1 and (ours.argmax(-1) == expected.argmax(-1)).all()
+
+
 def test_a_mixed_batch_equals_each_request_alone(llm, adapters):
     """Four adapters and the base model in one batch, each adapter twice: row by row, the same greedy tokens
     as each request alone; and the five differ on one prompt (so each row's own adapter mattered)."""

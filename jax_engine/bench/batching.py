@@ -57,15 +57,19 @@ def _machine() -> str:
             f"Python {platform.python_version()}, jax {jax.__version__}")
 
 
-def time_batch(engine, batch_size: int, prompt_len: int, decode_steps: int, rng: np.random.Generator) -> dict:
-    """Prefill `batch_size` random prompts, then time `decode_steps` full-batch decode steps (compiles apart)."""
+def time_batch(engine, batch_size: int, prompt_len: int, decode_steps: int, rng: np.random.Generator,
+               lora_requests: list | None = None) -> dict:
+    """Prefill `batch_size` random prompts, then time `decode_steps` full-batch decode steps (compiles apart).
+    Request i runs with lora_requests[i mod their count], if given (a None in it: the base model)."""
     from jax_engine import SamplingParams
 
     vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=output_len(batch_size, prompt_len, decode_steps), ignore_eos=True)
     ids = [f"b{batch_size}-{i}" for i in range(batch_size)]
-    for request_id in ids:
-        engine.add_request(request_id, {"prompt_token_ids": rng.integers(100, vocab, prompt_len).tolist()}, params)
+    adapters = lora_requests or [None]
+    for i, request_id in enumerate(ids):
+        engine.add_request(request_id, {"prompt_token_ids": rng.integers(100, vocab, prompt_len).tolist()}, params,
+                           lora_request=adapters[i % len(adapters)])
     trace = engine.enable_trace()
     step_seconds, compile_seconds, contexts = [], 0.0, []
     while len(step_seconds) < decode_steps:

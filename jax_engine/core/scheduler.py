@@ -199,6 +199,7 @@ class Scheduler:
         """Sequences that may still join the batch: max_num_seqs less the running ones and their forks to come."""
         return self.config.max_num_seqs - sum(seq.max_num_running_seqs for seq in self.running)
 
+    # --8<-- [start:adapter_fits]
     def _adapter_fits(self, seq: Sequence) -> bool:
         """Whether `seq` may run beside the running sequences: its LoRA adapter already runs, or a device slot is
         left for it (vLLM's max_loras). A sequence that does not fit waits; the others may go ahead of it."""
@@ -206,6 +207,7 @@ class Scheduler:
             return True
         running = {s.lora_request.lora_int_id for s in self.running if s.lora_request is not None}
         return seq.lora_request.lora_int_id in running or len(running) < self.max_loras
+    # --8<-- [end:adapter_fits]
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:
         kv, used, free_rows = self.kv, 0, self._num_free_rows()

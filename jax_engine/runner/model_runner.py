@@ -187,9 +187,9 @@ class ModelRunner:
     def _lora_slots(self, out: SchedulerOutput, row_of: dict[str, int], padded_tokens: int) -> np.ndarray:
         """Each token's LoRA slot (-1: none), the step's adapters put in slots first (jax_engine/lora/manager.py)."""
         slots = np.full(padded_tokens, -1, np.int32)
-        with_adapter = [s for s in out.scheduled if s.seq.lora_request is not None]
-        if self.lora is None or not with_adapter:
+        if self.lora is None:  # a draft model's runner too: its sequences (DraftView) carry no adapter
             return slots
+        with_adapter = [s for s in out.scheduled if s.seq.lora_request is not None]
         slot_of = self.lora.activate({s.seq.lora_request for s in with_adapter})
         for s in with_adapter:
             row = row_of[s.seq.seq_id]
