@@ -62,18 +62,19 @@ def alone(llm, prompts, requests, params=GREEDY) -> list[list[int]]:
 @pytest.mark.parametrize("architecture", ["llama", "qwen2", "opt", "phi3", "gemma", "gpt_neox"])
 def test_engine_logits_with_an_adapter_equal_peft(tmp_path, architecture):
     """Every adaptable module of the family (gpt_neox: its MLP; its fused, reordered QKV is refused), logits at
-    every position through prefill chunks and decode-sized steps."""
+    every position through steps of few rows (the CPU kernel's) and a chunk of 67 tokens (past KERNEL_ROWS: XLA's
+    masked form)."""
     from transformers import AutoModelForCausalLM
 
     make_tiny_checkpoint(tmp_path / "base", architecture)
     modules = adaptable_modules(tmp_path / "base")
     peft_model = write_adapter(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), tmp_path / "adapter", seed=3,
                                target_modules=modules, r=8)
-    prompt = PROMPTS[0] + PROMPTS[2]
+    prompt = (PROMPTS[0] + PROMPTS[2]) * 4  # 72 tokens
     expected = hf_logits(peft_model, prompt)
     with peft_model.disable_adapter():
         base_logits = hf_logits(peft_model, prompt)
-    ours = engine_logits(load_checkpoint(str(tmp_path / "base")), prompt, [7, 1, 1, 9],
+    ours = engine_logits(load_checkpoint(str(tmp_path / "base")), prompt, [3, 1, 1, 67],
                          lora_request=LoRARequest("adapter", 1, str(tmp_path / "adapter")))
     diff = np.abs(ours - expected).max()
     print(f"{architecture} ({', '.join(modules)}): max |logit diff| vs PEFT = {diff:.2e}")
@@ -226,3 +227,27 @@ def test_adapters_coming_and_going_compile_nothing_after_start_up(adapters):
             assert all(o.finished for o in outputs)
     assert compiles(events) == [] and llm.llm_engine.runner.programs.num_late_compiles == 0
     assert sorted(llm.llm_engine.runner.lora.slots) == [1, 5]  # a0 came back into a3's slot; a0-copy stayed
+
+
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_the_cpu_kernel_equals_the_masked_form(rows):
+    """The C++ BGMV kernel (each row's own slot, read in place) against XLA's masked form (every slot, masked),
+    on random stacks of three unequal pieces, rows of every slot and rows without an adapter."""
+    import jax.numpy as jnp
+
+    from jax_engine.lora.kernel import kernel_unavailable_reason, lora_bgmv
+    from jax_engine.models.lora import LoRABatch
+
+    if kernel_unavailable_reason() is not None:
+        pytest.skip(kernel_unavailable_reason())
+    rng = np.random.default_rng(rows)
+    L, S, r, width, pieces = 3, 4, 8, 48, ((0, 32), (32, 40), (40, 48))
+    a = jnp.asarray(rng.standard_normal((L, S, len(pieces), r, width)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal((L, S, r, 48)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((rows, width)), jnp.float32)
+    slots = jnp.asarray(rng.integers(-1, S, rows), jnp.int32)
+    batch = LoRABatch.of(slots, S, {"qkv": pieces}, jnp.float32)
+    kernel = lora_bgmv(x, a, b, slots, jnp.int32(2), [0, 32, 40, 48])
+    masked = batch._masked("qkv", x, a[2], b[2])
+    np.testing.assert_allclose(np.asarray(kernel), np.asarray(masked), rtol=1e-5, atol=1e-5)
+    assert np.all(np.asarray(kernel)[np.asarray(slots) < 0] == 0)

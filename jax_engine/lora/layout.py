@@ -5,7 +5,7 @@ while PEFT adapts each HF module on its own. Each fused projection therefore get
 a piece per module, and one B stack whose rows line up with the projection's output rows:
 
     lora_a_qkv [L, S, 3, r, H]          the q, k and v pieces' A              (S slots, r = max_lora_rank)
-    lora_b_qkv [L, (N + 2K) D, S, r]    B of q in q's rows, k's in k's, v's in v's, scaled by the adapter's s
+    lora_b_qkv [L, S, r, (N + 2K) D]    B of q in q's columns, k's in k's, v's in v's, scaled by the adapter's s
 
 A shrink x @ A reads the input once for all pieces; each piece's expand writes its own rows, so the update is
 added to the fused output exactly where HF's module would have added it. An adapter that leaves a module alone
@@ -79,24 +79,18 @@ class LoRALayout:
         return shapes
 
     def stack_shapes(self) -> dict[str, tuple[int, ...]]:
-        """The device stacks by name: lora_a_<projection> [L, S, pieces, r, in], lora_b_<projection> [L, out, S, r]."""
+        """The device stacks by name: lora_a_<projection> [L, S, pieces, r, in], lora_b_<projection> [L, S, r, out]."""
         L, S, r = self.num_layers, self.max_loras, self.max_rank
         shapes = {}
         for t in self.targets:
             shapes[f"lora_a_{t.projection}"] = (L, S, len(t.modules), r, t.in_features)
-            shapes[f"lora_b_{t.projection}"] = (L, t.out_features, S, r)
+            shapes[f"lora_b_{t.projection}"] = (L, S, r, t.out_features)
         return shapes
 
-    @staticmethod
-    def slot_axis(name: str) -> int:
-        """The axis of a stack that indexes slots."""
-        return 1 if name.startswith("lora_a_") else 2
-
     def slot_arrays(self, adapter: LoRAAdapter | None, dtype) -> dict[str, np.ndarray]:
-        """One slot's share of every stack ([L, pieces, r, in] and [L, out, r]) holding `adapter`, its scaling
+        """One slot's share of every stack ([L, pieces, r, in] and [L, r, out]) holding `adapter`, its scaling
         folded into B (as vLLM does); zeros for None (an empty slot)."""
-        arrays = {name: np.zeros(np.delete(shape, self.slot_axis(name)), dtype)
-                  for name, shape in self.stack_shapes().items()}
+        arrays = {name: np.zeros(shape[:1] + shape[2:], dtype) for name, shape in self.stack_shapes().items()}
         if adapter is None:
             return arrays
         for i in range(self.num_layers):
@@ -105,8 +99,8 @@ class LoRALayout:
                     full = self.layer_prefix.format(i=i) + module
                     if full in adapter.lora_a:
                         arrays[f"lora_a_{t.projection}"][i, piece, : adapter.rank] = adapter.lora_a[full]
-                        arrays[f"lora_b_{t.projection}"][i, start:stop, : adapter.rank] = (
-                            adapter.lora_b[full] * adapter.scaling)
+                        arrays[f"lora_b_{t.projection}"][i, : adapter.rank, start:stop] = (
+                            adapter.lora_b[full].T * adapter.scaling)
         return arrays
 
     def slot_bytes(self, dtype) -> int:

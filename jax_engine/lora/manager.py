@@ -99,7 +99,7 @@ class LoRAManager:
         adapter = None if request is None else self.load(request)
         for name, values in self.layout.slot_arrays(adapter, self._dtype).items():
             stack = np.array(self.model.lora[name][...])  # a host copy we own
-            np.moveaxis(stack, self.layout.slot_axis(name), 0)[slot] = values
+            stack[:, slot] = values
             self.model.lora[name].set_value(jax.device_put(stack, self.model.lora[name][...].sharding))
         self.slots[slot] = None if request is None else request.lora_int_id
         logger.info("LoRA slot %d now holds %s", slot, "nothing" if request is None else request.lora_name)

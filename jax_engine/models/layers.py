@@ -74,7 +74,7 @@ def project(x: jax.Array, w: dict, name: str, layer: jax.Array, ctx: "StepContex
     """
     y = linear(x, w[f"w_{name}"], w.get(f"w_{name}_scale"), layer=layer)
     if ctx.lora is not None and f"lora_a_{name}" in w:
-        y = y + ctx.lora.delta(name, x, w[f"lora_a_{name}"][layer], w[f"lora_b_{name}"][layer]).astype(y.dtype)
+        y = y + ctx.lora.delta(name, x, w[f"lora_a_{name}"], w[f"lora_b_{name}"], layer).astype(y.dtype)
     y = ctx.all_reduce(y) if row_parallel and ctx.all_reduce is not None else y
     bias = w.get(f"b_{name}")
     return y if bias is None else y + bias[layer].astype(y.dtype)
