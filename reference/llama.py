@@ -63,8 +63,8 @@ class LlamaModel:
         return self.weights.get(f"model.layers.{layer}.{name}")
 
     # --8<-- [start:linear]
-    def _linear(self, x: np.ndarray, layer: int, name: str, adapters: list[LoRAAdapter | None] | None) -> np.ndarray:
-        """x @ W.T (+ bias), plus each row's LoRA update to this projection (reference/lora.py)."""
+    def _linear(self, x: np.ndarray, layer: int, name: str, adapters) -> np.ndarray:
+        """x @ W.T (+ bias), plus each row's LoRA update (reference/lora.py)."""
         y = x @ self._w(layer, f"{name}.weight").T
         bias = self._w(layer, f"{name}.bias")
         y = y if bias is None else y + bias

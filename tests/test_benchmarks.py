@@ -1,5 +1,6 @@
 """The benchmark scripts run (tiny settings), so the commands in docs/benchmarks.md keep working."""
 
+import json
 import re
 import subprocess
 import sys
@@ -173,3 +174,18 @@ def test_structured_benchmark_times_masks_and_constrained_steps(tiny_checkpoint_
                      r"+([\d.]+) ms", result.stdout)
     assert step and all(float(ms) > 0 for ms in step.groups()), result.stdout
     assert re.search(r"json schema: +[\d.]+ output tok/s", result.stdout) and "free text:" in result.stdout
+
+
+def test_lora_benchmark_prints_each_adapter_count_beside_the_base_model(tiny_checkpoint_dir, tmp_path):
+    out = tmp_path / "lora.json"
+    command = [sys.executable, "-m", "jax_engine", "bench", "lora", "--model", tiny_checkpoint_dir, "--adapters", "0",
+               "1", "3", "--batch-size", "4", "--rank", "4", "--prompt-len", "8", "--decode-steps", "2", "--rounds",
+               "2", "--enforce-eager", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    table = result.stdout.splitlines()[-3:]
+    assert [line.split()[0] for line in table] == ["0", "1", "3"] and table[0].split()[2] == "100%"
+    rows = json.loads(out.read_text())["rows"]
+    assert all(0 < r["tokens_per_s"] < r["bound_tokens_per_s"] and r["batch_1_ms"] > r["batch_1_bound_ms"] > 0
+               for r in rows)
+    assert [r["adapter_bytes"] > 0 for r in rows] == [False, True, True]

@@ -82,6 +82,31 @@ def test_engine_logits_with_an_adapter_equal_peft(tmp_path, architecture):
     assert np.abs(expected - base_logits).max() > 1e-2  # the adapter changes the logits
 
 
+def test_engine_logits_with_an_adapter_equal_the_oracles(adapters):
+    """The engine against the NumPy oracle's forward pass with the same adapter (reference/lora.py), at every
+    position: each adapter of the fixture, q/v-only and rsLoRA ones included."""
+    from jax_engine.loader.lora import load_lora_adapter, module_shapes
+    from reference.kv_cache import KVCache
+    from reference.llama import LlamaModel
+    from reference.paged_attention import AttentionMetadata
+
+    base, requests = adapters
+    checkpoint = load_checkpoint(str(base))
+    cfg, oracle = checkpoint.config, LlamaModel(checkpoint.config, checkpoint.weights)
+    prompt = PROMPTS[0] + PROMPTS[2]
+    for request in requests:
+        adapter = load_lora_adapter(request.lora_path, module_shapes(checkpoint.weights), request.lora_name)
+        cache = KVCache(cfg.num_layers, 2, 16, cfg.num_kv_heads, cfg.head_dim)
+        metadata = AttentionMetadata(np.arange(len(prompt)), np.array([0, len(prompt)]), np.array([len(prompt)]),
+                                     [[0, 1]])
+        expected = oracle.forward(np.array(prompt), np.arange(len(prompt)), cache, metadata,
+                                  adapters=[adapter] * len(prompt))
+        ours = engine_logits(checkpoint, prompt, [5, 1, 12], lora_request=request)
+        diff = np.abs(ours - expected).max()
+        print(f"{request.lora_name}: max |logit diff| vs the oracle = {diff:.2e}")
+        assert diff < 1e-5  # float32 both sides, sums in another order: ~5e-7 seen
+
+
 def test_the_default_model_with_an_adapter_equals_peft(default_checkpoint, tmp_path):
     """SmolLM2-135M with a random rank-8 adapter on every projection: the engine's logits at every position
     against HF + PEFT on the same weights (the default model's checkpoint in HF's Llama class)."""
@@ -235,7 +260,7 @@ def test_the_cpu_kernel_equals_the_masked_form(rows):
     on random stacks of three unequal pieces, rows of every slot and rows without an adapter."""
     import jax.numpy as jnp
 
-    from jax_engine.lora.kernel import kernel_unavailable_reason, lora_bgmv
+    from jax_engine.linear.lora_bgmv import kernel_unavailable_reason, lora_bgmv
     from jax_engine.models.lora import LoRABatch
 
     if kernel_unavailable_reason() is not None:

@@ -12,7 +12,7 @@ Every engine is built first, then they take turns, --rounds times, and each keep
 
 Beside each row, the bound of that step: every weight and the A and B of every adapter the batch uses read
 once per step, and the matmul peak for 2 x (params + one adapter's A and B) FLOPs per token (each row's own
-adapter: what the CPU kernel computes, jax_engine/lora/kernel.py), from the better of two probes of this
+adapter: what the CPU kernel computes, jax_engine/linear/lora_bgmv.py), from the better of two probes of this
 machine.
 """
 

@@ -201,12 +201,14 @@ class Scheduler:
 
     # --8<-- [start:adapter_fits]
     def _adapter_fits(self, seq: Sequence) -> bool:
-        """Whether `seq` may run beside the running sequences: its LoRA adapter already runs, or a device slot is
-        left for it (vLLM's max_loras). A sequence that does not fit waits; the others may go ahead of it."""
+        """Whether `seq` may run beside the running sequences: its LoRA adapter runs
+        already, or a device slot is left for it (max_loras). One that does not fit
+        waits; the others may go ahead of it."""
         if seq.lora_request is None:
             return True
-        running = {s.lora_request.lora_int_id for s in self.running if s.lora_request is not None}
-        return seq.lora_request.lora_int_id in running or len(running) < self.max_loras
+        running = {s.lora_request.lora_int_id for s in self.running if s.lora_request}
+        adapter = seq.lora_request.lora_int_id
+        return adapter in running or len(running) < self.max_loras
     # --8<-- [end:adapter_fits]
 
     def _schedule_swapped(self, out: SchedulerOutput, budget: int) -> int:

@@ -2,13 +2,13 @@
 
 The engine fuses projections that read the same input (w_qkv holds q, k and v; w_gate_up holds gate and up),
 while PEFT adapts each HF module on its own. Each fused projection therefore gets one stack of A matrices with
-a piece per module, and one B stack whose rows line up with the projection's output rows:
+a piece per module, and one B stack whose columns line up with the projection's output features:
 
     lora_a_qkv [L, S, 3, r, H]          the q, k and v pieces' A              (S slots, r = max_lora_rank)
     lora_b_qkv [L, S, r, (N + 2K) D]    B of q in q's columns, k's in k's, v's in v's, scaled by the adapter's s
 
-A shrink x @ A reads the input once for all pieces; each piece's expand writes its own rows, so the update is
-added to the fused output exactly where HF's module would have added it. An adapter that leaves a module alone
+A shrink x @ A reads the input once for all pieces; each piece's expand writes its own output features, so the
+update is added to the fused output exactly where HF's module would have added it. An adapter that leaves a module alone
 (q and v only, say) holds zeros in that module's piece. Ranks below r are zero-padded: the padding adds nothing.
 
 Only projections whose weight is its HF tensors' rows as they are (`hf(...)` sources) can be adapted: Llama,

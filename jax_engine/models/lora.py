@@ -6,7 +6,7 @@ rows are as many as the slots the gather is written as a mask instead: every row
 slot's A at once (S x r numbers a row, a few percent of the projection's work), the numbers of the slots that
 are not the row's own are zeroed, and the expand contracts over slots and rank together. Each slot's weights
 are read once a step, whatever the batch, and a row without an adapter (an all-zero mask) gets exactly zero.
-Decode batches on a CPU (up to KERNEL_ROWS rows) take a C++ kernel instead (jax_engine/lora/cpu_kernel/),
+Decode batches on a CPU (up to KERNEL_ROWS rows) take a C++ kernel instead (jax_engine/linear/lora_bgmv.py),
 which does what BGMV does: each row reads its own slot's A and B in place, so a batch over four adapters does
 a quarter of the masked work, and batch 1 reads one adapter, not S.
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from jax_engine.lora.kernel import lora_bgmv, uses_lora_kernel
+from jax_engine.linear.lora_bgmv import lora_bgmv, uses_lora_kernel
 
 
 @dataclass(frozen=True)
@@ -53,12 +53,12 @@ class LoRABatch:
         return self._masked(projection, x, a[layer], b[layer])
 
     # --8<-- [start:delta]
-    def _masked(self, projection: str, x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
-        """x [T, in], a [S, pieces, r, in], b [S, r, out] (one layer's) -> the update [T, out]."""
+    def _masked(self, name: str, x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+        """x [T, in], a [S, pieces, r, in], b [S, r, out] (one layer's) -> [T, out]."""
         S, P, r, width = a.shape
-        xa = x @ a.reshape(S * P * r, width).T  # shrink: every slot, every piece at once
-        xa = xa.reshape(-1, S, P, r) * self.slot_mask[:, :, None, None]  # only the row's own slot is left
-        pieces = [xa[:, :, p].reshape(-1, S * r) @ b[:, :, start:stop].reshape(S * r, stop - start)  # expand
-                  for p, (start, stop) in enumerate(self.rows[projection])]
+        xa = x @ a.reshape(S * P * r, width).T  # shrink: every slot and piece at once
+        xa = xa.reshape(-1, S, P, r) * self.slot_mask[:, :, None, None]  # own slot only
+        pieces = [xa[:, :, p].reshape(-1, S * r) @ b[:, :, first:end].reshape(S * r, -1)
+                  for p, (first, end) in enumerate(self.rows[name])]  # expand
         return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=-1)
     # --8<-- [end:delta]

@@ -2,7 +2,7 @@
 
 XLA's masked form (jax_engine/models/lora.py) computes every slot for every row; the kernel computes the row's
 own, reading A and B in place from the stacks. Past KERNEL_ROWS rows (prefill chunks) the masked form's one
-large matmul per piece is faster again, and it is exact for one slot.
+large matmul per piece is faster again.
 """
 
 import functools
