@@ -1,14 +1,13 @@
 """Each row's adapter update inside the jitted step: a shrink to r numbers, then an expand, per row's own slot.
 
-Punica's BGMV kernel gathers each row's A and B on a GPU without copying them. XLA on a CPU copies a
-gathered B per row ([T, out, r]: more bytes than the weights themselves at a decode batch of 32), so once the
-rows are as many as the slots the gather is written as a mask instead: every row is shrunk against every
-slot's A at once (S x r numbers a row, a few percent of the projection's work), the numbers of the slots that
-are not the row's own are zeroed, and the expand contracts over slots and rank together. Each slot's weights
-are read once a step, whatever the batch, and a row without an adapter (an all-zero mask) gets exactly zero.
-Decode batches on a CPU (up to KERNEL_ROWS rows) take a C++ kernel instead (jax_engine/linear/lora_bgmv.py),
-which does what BGMV does: each row reads its own slot's A and B in place, so a batch over four adapters does
-a quarter of the masked work, and batch 1 reads one adapter, not S.
+Punica's BGMV kernel gathers each row's A and B on a GPU without copying them. In XLA a gather copies them, row
+by row ([T, out, r] for B: more bytes than the weights themselves at a decode batch of 32), so XLA's form here
+is a mask: every row is shrunk against every slot's A at once (S x r numbers a row), the numbers of the slots
+that are not the row's own are zeroed, and the expand contracts over slots and rank together. Two plain
+matmuls a piece, each slot's weights read once a step, and a row without an adapter (an all-zero mask) gets
+exactly zero; but every row pays for every slot. Steps of up to KERNEL_ROWS rows on a CPU take a C++ kernel
+instead (jax_engine/linear/lora_bgmv.py), which does what BGMV does: each row reads its own slot's A and B in
+place, so a batch over four adapters does a quarter of the masked work, and batch 1 reads one adapter, not S.
 
     xa[t, s, p, :] = x[t] @ A[s, p].T * (slot[t] == s)          shrink, all pieces p of a fused projection
     y[t, rows_p]  += sum over s of xa[t, s, p, :] @ B[s, :, rows_p]  expand, each piece into its own rows

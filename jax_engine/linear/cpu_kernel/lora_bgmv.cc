@@ -108,7 +108,9 @@ ffi::Error LoRABgmvImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buff
   };
   std::vector<Chunk> chunks;  // output features in ranges of up to 256, none across a piece's end
   for (int64_t p = 0; p < P; ++p) {
-    for (int64_t o = start[p]; o < start[p + 1]; o += 256) chunks.push_back({p, o, std::min<int64_t>(o + 256, start[p + 1])});
+    for (int64_t o = start[p]; o < start[p + 1]; o += 256) {
+      chunks.push_back({p, o, std::min<int64_t>(o + 256, start[p + 1])});
+    }
   }
   parallel_for(pool, chunks.size(), [&](int64_t item) {
     const Chunk c = chunks[item];
