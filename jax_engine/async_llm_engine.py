@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.config import EngineArgs
 from jax_engine.fair_queue import FairQueue, Tenant
-from jax_engine.llm_engine import LLMEngine, Prompt
+from jax_engine.llm_engine import LORA_DISABLED, LLMEngine, Prompt
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestOutput
 from jax_engine.sampling_params import SamplingParams
@@ -145,7 +145,7 @@ class AsyncLLMEngine:
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if lora_request is not None and self.engine.runner.lora is None:
-            raise ValueError("lora_request needs an engine started with enable_lora=True (--enable-lora)")
+            raise ValueError(LORA_DISABLED)
         self.check_accepting(tenant)
         text, token_ids, params = self.engine.validate_request(prompt, params)  # the engine's copy: checked once
         self.start()

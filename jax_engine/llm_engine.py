@@ -41,6 +41,7 @@ from jax_engine.worker import init_devices, load_model
 from reference.request import RequestStatus
 
 logger = logging.getLogger(__name__)
+LORA_DISABLED = "lora_request needs an engine started with enable_lora=True (--enable-lora)"
 
 
 class LLMEngine:
@@ -138,7 +139,7 @@ class LLMEngine:
     def add_lora(self, lora_request: LoRARequest) -> bool:
         """Read and check an adapter now, so that requests for it start without the wait (ValueError if bad)."""
         if self.runner.lora is None:
-            raise ValueError("lora_request needs an engine started with enable_lora=True (--enable-lora)")
+            raise ValueError(LORA_DISABLED)
         self.runner.lora.load(lora_request)
         return True
 

@@ -64,30 +64,34 @@ def load_lora_adapter(path: str, base_shapes: Mapping[str, tuple[int, int]], nam
     weights_path = os.path.join(path, WEIGHTS_FILE)
     if not os.path.isfile(weights_path):
         raise ValueError(f"LoRA adapter {path!r}: no {WEIGHTS_FILE} (adapters are read from safetensors only)")
-    lora_a, lora_b = {}, {}
-    for tensor_name, tensor in SafetensorsWeights([weights_path]).items():
+    tensors = SafetensorsWeights([weights_path])
+    names_a, names_b = {}, {}  # module -> tensor name
+    for tensor_name in tensors:
         match = TENSOR_NAME.fullmatch(tensor_name.removeprefix(PREFIX))
         if match is None:
             raise ValueError(f"LoRA adapter {path!r}: tensor {tensor_name!r} is not a lora_A or lora_B weight")
-        (lora_a if match["which"] == "A" else lora_b)[match["module"]] = tensor
-    if not lora_a or lora_a.keys() != lora_b.keys():
+        (names_a if match["which"] == "A" else names_b)[match["module"]] = tensor_name
+    if not names_a or names_a.keys() != names_b.keys():
         raise ValueError(f"LoRA adapter {path!r}: lora_A and lora_B must come in pairs, one pair a module; got A for "
-                         f"{sorted(lora_a)[:4]}, B for {sorted(lora_b)[:4]}")
-    for module in lora_a:
-        _check_shapes(path, module, lora_a[module], lora_b[module], rank, base_shapes)
+                         f"{sorted(names_a)[:4]}, B for {sorted(names_b)[:4]}")
+    # Every shape is checked from the header before any tensor is read: a file of other shapes costs no memory.
+    for module in names_a:
+        _check_shapes(path, module, tensors.shape(names_a[module]), tensors.shape(names_b[module]), rank, base_shapes)
+    lora_a = {module: tensors[name] for module, name in names_a.items()}
+    lora_b = {module: tensors[name] for module, name in names_b.items()}
     alpha = float(config["lora_alpha"])
     scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     return LoRAAdapter(name or os.path.basename(os.path.normpath(path)), rank, scaling, lora_a, lora_b)
 
 
-def _check_shapes(path: str, module: str, a: np.ndarray, b: np.ndarray, rank: int,
+def _check_shapes(path: str, module: str, a: tuple[int, ...], b: tuple[int, ...], rank: int,
                   base_shapes: Mapping[str, tuple[int, int]]) -> None:
     if module not in base_shapes:
         kinds = sorted({m.rsplit(".", 1)[-1] for m in base_shapes})
         raise ValueError(f"LoRA adapter {path!r}: target module {module!r} is not in the base model, or not one an "
                          f"adapter may change there (those are {kinds})")
     out_features, in_features = base_shapes[module]
-    if a.shape != (rank, in_features) or b.shape != (out_features, rank):
-        raise ValueError(f"LoRA adapter {path!r}: {module} has lora_A {a.shape} and lora_B {b.shape}, but the base "
+    if a != (rank, in_features) or b != (out_features, rank):
+        raise ValueError(f"LoRA adapter {path!r}: {module} has lora_A {a} and lora_B {b}, but the base "
                          f"model's {module} is [{out_features}, {in_features}] at rank r={rank}: an adapter for "
                          "another model?")

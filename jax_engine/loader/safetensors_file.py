@@ -44,6 +44,10 @@ class SafetensorsWeights(Mapping):
         raw, dtype, _ = self._tensors[name]
         return bfloat16_to_float32(raw) if dtype == "BF16" else raw.astype(np.float32)
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape, from the file's header: nothing read or widened."""
+        return self._tensors[name][0].shape
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
 
