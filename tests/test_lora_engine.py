@@ -259,6 +259,7 @@ def test_adapters_coming_and_going_compile_nothing_after_start_up(adapters):
 def test_the_cpu_kernel_equals_the_masked_form(rows):
     """The C++ BGMV kernel (each row's own slot, read in place) against XLA's masked form (every slot, masked),
     on random stacks of three unequal pieces, rows of every slot and rows without an adapter."""
+    import jax
     import jax.numpy as jnp
 
     from jax_engine.linear.lora_bgmv import kernel_unavailable_reason, lora_bgmv
@@ -266,14 +267,15 @@ def test_the_cpu_kernel_equals_the_masked_form(rows):
 
     if kernel_unavailable_reason() is not None:
         pytest.skip(kernel_unavailable_reason())
-    rng = np.random.default_rng(rows)
-    L, S, r, width, pieces = 3, 4, 8, 48, ((0, 32), (32, 40), (40, 48))
-    a = jnp.asarray(rng.standard_normal((L, S, len(pieces), r, width)), jnp.float32)
-    b = jnp.asarray(rng.standard_normal((L, S, r, 48)), jnp.float32)
-    x = jnp.asarray(rng.standard_normal((rows, width)), jnp.float32)
-    slots = jnp.asarray(rng.integers(-1, S, rows), jnp.int32)
-    batch = LoRABatch.of(slots, S, {"qkv": pieces}, jnp.float32)
-    kernel = lora_bgmv(x, a, b, slots, jnp.int32(2), [0, 32, 40, 48])
-    masked = batch._masked("qkv", x, a[2], b[2])
-    np.testing.assert_allclose(np.asarray(kernel), np.asarray(masked), rtol=1e-5, atol=1e-5)
+    with jax.default_device(jax.devices("cpu")[0]):  # a host kernel: on a GPU machine too it runs on the CPU
+        rng = np.random.default_rng(rows)
+        L, S, r, width, pieces = 3, 4, 8, 48, ((0, 32), (32, 40), (40, 48))
+        a = jnp.asarray(rng.standard_normal((L, S, len(pieces), r, width)), jnp.float32)
+        b = jnp.asarray(rng.standard_normal((L, S, r, 48)), jnp.float32)
+        x = jnp.asarray(rng.standard_normal((rows, width)), jnp.float32)
+        slots = jnp.asarray(rng.integers(-1, S, rows), jnp.int32)
+        batch = LoRABatch.of(slots, S, {"qkv": pieces}, jnp.float32)
+        kernel = lora_bgmv(x, a, b, slots, jnp.int32(2), [0, 32, 40, 48])
+        masked = batch._masked("qkv", x, a[2], b[2])
+        np.testing.assert_allclose(np.asarray(kernel), np.asarray(masked), rtol=1e-5, atol=1e-5)
     assert np.all(np.asarray(kernel)[np.asarray(slots) < 0] == 0)
