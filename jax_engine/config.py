@@ -155,11 +155,11 @@ class EngineArgs:
               "max_cpu_loras", f"None or >= max_loras ({self.max_loras})")
         speculative = SpeculativeConfig.from_dict(self.speculative_config)  # raises naming the bad key
         if self.enable_lora:
-            for name, ok in (("tensor_parallel_size", self.tensor_parallel_size == 1), ("nnodes", self.nnodes == 1),
+            for name, ok in (("nnodes", self.nnodes == 1),
                              ("speculative_config", speculative is None or speculative.method != "draft_model")):
                 if not ok:
                     raise ValueError(f"enable_lora is not supported yet with {name}={getattr(self, name)!r}: LoRA "
-                                     "adapters are served on one device, without a draft model")
+                                     "adapters are served on one host, without a draft model")
         if speculative is not None and speculative.method == "draft_model" and self.nnodes > 1:
             raise ValueError("speculative_config with a draft model runs on one host: nnodes must be 1, got "
                              f"{self.nnodes}")

@@ -58,6 +58,7 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
     lora_bytes = 0
     if args.enable_lora:
         model.add_lora_slots(LoRALayout.of(cfg, checkpoint.weights, args.max_loras, args.max_lora_rank))
+        # Counted whole on each device: under tensor parallelism the split stacks take less (the safe side).
         lora_bytes = args.max_loras * model.lora_layout.slot_bytes(dtype)
     draft = load_draft_model(args.speculative, checkpoint, dtype, mesh, scheduler_config.max_model_len)
     backend = get_attention_backend(args.attention_backend, platform())

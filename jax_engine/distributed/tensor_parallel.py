@@ -12,6 +12,10 @@ device's arrays:
                                      (the other devices contribute zeros), the logits an all-gather
     norms, other biases, positions   replicated
     KV cache [L, blocks, bs, K, D]   split on K: each device keeps the K/V of its own KV heads
+    LoRA stacks (jax_engine/lora/)   as their projection: B of w_qkv / w_gate_up / w_up split on its output
+                                     features like the weight's rows, A of w_o / w_down on its input features
+                                     like the weight's columns (a partial shrink, summed by the same psum);
+                                     the other A and B replicated
 
 The scheduler, the block manager and the sampler stay single: a block id means the same tokens on every
 device, so one block table serves them all.
@@ -42,6 +46,9 @@ _ROW_SPLIT = ("w_qkv", "b_qkv", "w_qkv_scale", "w_gate_up", "b_gate_up", "w_gate
               "w_up_scale")
 _COLUMN_SPLIT = ("w_o", "w_down")
 _VOCAB_SPLIT = ("embed", "embed_scale", "lm_head", "lm_head_scale", "lm_head_bias")
+# LoRA stacks ([L, S, r, out] B, [L, S, pieces, r, in] A) split on their last axis as the weight named.
+_LORA_SPLIT = {"lora_b_qkv": "w_qkv", "lora_b_gate_up": "w_gate_up", "lora_b_up": "w_up", "lora_a_o": "w_o",
+               "lora_a_down": "w_down"}
 
 
 @dataclass(frozen=True)
@@ -146,8 +153,25 @@ class TensorParallel:
                 order += features
         return order
 
+    def lora_rows(self, cfg: ModelConfig, projection: str, pieces: tuple) -> tuple[tuple[int, int], ...]:
+        """Where the pieces of a LoRA projection's output (`pieces`: the whole model's rows) lie on one device:
+        q, k and v's shares of w_qkv, gate's and up's of w_gate_up; a projection of one piece is wholly local."""
+        local = self.local_config(cfg)
+        if projection == "qkv" and len(pieces) == 3:
+            sizes = [local.num_heads * cfg.head_dim] + [local.num_kv_heads * cfg.head_dim] * 2
+        elif projection == "gate_up" and len(pieces) == 2:
+            sizes = [local.intermediate_size] * 2
+        elif f"lora_b_{projection}" in _LORA_SPLIT:  # one piece split with its weight's rows
+            sizes = [len(self._rows(_LORA_SPLIT[f"lora_b_{projection}"], cfg)) // self.size]
+        else:  # w_o, w_down: the output is not split
+            return tuple(pieces)
+        stops = np.cumsum(sizes).tolist()
+        return tuple(zip([0, *stops[:-1]], stops))
+
     def spec(self, name: str, stacked: bool) -> P:
         lead = (None,) if stacked else ()
+        if name in _LORA_SPLIT:  # always layer stacks
+            return P(*[None] * (3 if name.startswith("lora_b") else 4), AXIS)
         if name in _ROW_SPLIT or name in _VOCAB_SPLIT:
             return P(*lead, AXIS)
         if name in _COLUMN_SPLIT:
@@ -166,8 +190,8 @@ class TensorParallel:
                                  "split by input columns; use quantization=None, 'bf16' or 'int8'")
             spec = self.spec(name, stacked)
             if spec != P():
-                axis = (1 if stacked else 0) + (name in _COLUMN_SPLIT)
-                order = self._rows(name, cfg)
+                axis = len(spec) - 1
+                order = self._rows(_LORA_SPLIT.get(name, name), cfg)
                 if array.shape[axis] != len(set(order) - {EMPTY}):  # the config does not describe this weight
                     raise ValueError(f"{name} {array.shape} does not match the model config's head counts, "
                                      f"MLP width or vocabulary: it cannot be split over {self.size} devices")

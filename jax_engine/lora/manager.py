@@ -14,7 +14,6 @@ vLLM's LRUCacheWorkerLoRAManager, in one class. Writing a slot replaces its stac
 import collections
 import logging
 
-import jax
 import numpy as np
 
 from jax_engine.loader.lora import load_lora_adapter
@@ -38,6 +37,11 @@ class LoRAManager:
         self.slots: list[int | None] = [None] * self.layout.max_loras  # the adapter id in each device slot
         self._last_used = [0] * self.layout.max_loras  # the activation count at each slot's last use
         self._activations = 0
+        # The stacks' host copy, in the whole model's layout: a slot is written here, then every stack is placed
+        # (split over the devices under tensor parallelism). A scatter on the device would be a program to
+        # compile per stack shape.
+        dtype = model.lora[next(iter(model.lora.keys()))][...].dtype
+        self._stacks = {name: np.zeros(shape, dtype) for name, shape in self.layout.stack_shapes().items()}
 
     def load(self, request: LoRARequest) -> LoRAAdapter:
         """The adapter of `request`, from the host cache or read from its directory (then checked against the
@@ -94,16 +98,10 @@ class LoRAManager:
         return slot_of
 
     def _write(self, slot: int, request: LoRARequest | None) -> None:
-        """Slot `slot` of every stack holds `request`'s adapter (zeros for None). The stacks are rebuilt on the host
-        and placed whole: a scatter on the device would be a program to compile per stack shape."""
+        """Slot `slot` of every stack holds `request`'s adapter (zeros for None)."""
         adapter = None if request is None else self.load(request)
-        for name, values in self.layout.slot_arrays(adapter, self._dtype).items():
-            stack = np.array(self.model.lora[name][...])  # a host copy we own
-            stack[:, slot] = values
-            self.model.lora[name].set_value(jax.device_put(stack, self.model.lora[name][...].sharding))
+        for name, values in self.layout.slot_arrays(adapter, next(iter(self._stacks.values())).dtype).items():
+            self._stacks[name][:, slot] = values
+        self.model.write_lora_stacks(self._stacks)
         self.slots[slot] = None if request is None else request.lora_int_id
         logger.info("LoRA slot %d now holds %s", slot, "nothing" if request is None else request.lora_name)
-
-    @property
-    def _dtype(self):
-        return self.model.lora[next(iter(self.model.lora.keys()))][...].dtype

@@ -56,13 +56,28 @@ class CausalLM(nnx.Module):
 
     def add_lora_slots(self, layout: "LoRALayout") -> None:
         """Make room for layout.max_loras adapters (all slots empty: zeros), in the activations' dtype. A slot is
-        filled by assigning its stacks' new values (jax_engine/lora/manager.py): same shapes, no compile."""
-        if self.parallel is not None:
-            raise ValueError("enable_lora with tensor_parallel_size > 1 is not supported yet: serve adapters on one "
-                             "device")
-        dtype = self.layers["attn_norm"][...].dtype
+        filled by placing its stacks' new values (write_lora_stacks): same shapes, no compile."""
         self.lora_layout = layout
-        self.lora = nnx.Dict({name: nnx.Param(jnp.zeros(shape, dtype)) for name, shape in layout.stack_shapes().items()})
+        dtype = self.layers["attn_norm"][...].dtype
+        zeros = {name: np.zeros(shape, dtype) for name, shape in layout.stack_shapes().items()}
+        self.lora = nnx.Dict({name: nnx.Param(a) for name, a in self._placed(zeros).items()})
+
+    def write_lora_stacks(self, stacks: dict[str, np.ndarray]) -> None:
+        """Replace the adapter slots' stacks with these host arrays (the whole model's layout, split here)."""
+        for name, array in self._placed(stacks).items():
+            self.lora[name].set_value(array)
+
+    def _placed(self, stacks: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        if self.parallel is None:
+            return {name: jnp.asarray(a) for name, a in stacks.items()}
+        return self.parallel.shard(self.cfg, stacks, stacked=True)
+
+    def _lora_rows(self) -> dict[str, tuple[tuple[int, int], ...]]:
+        """Each adapted projection's pieces' output rows, as one device's step sees them."""
+        rows = {t.projection: t.rows for t in self.lora_layout.targets}
+        if self.parallel is None:
+            return rows
+        return {name: self.parallel.lora_rows(self.cfg, name, pieces) for name, pieces in rows.items()}
 
     @classmethod
     def from_hf_weights(cls, cfg: ModelConfig, weights, dtype=jnp.float32, quantization: str | None = None,
@@ -119,19 +134,20 @@ class CausalLM(nnx.Module):
         """
         layers = {name: p[...] for name, p in self.layers.items()}  # [L, ...] each
         top = {name: p[...] for name, p in self.top.items()}
+        lora_rows = None
+        if self.lora_layout is not None and lora_slots is not None:
+            layers |= {name: p[...] for name, p in self.lora.items()}
+            lora_rows = self._lora_rows()
         if self.parallel is None:
-            lora = None
-            if self.lora_layout is not None and lora_slots is not None:
-                layers |= {name: p[...] for name, p in self.lora.items()}
-                lora = LoRABatch.of(lora_slots, self.lora_layout.max_loras,
-                                    {t.projection: t.rows for t in self.lora_layout.targets}, layers["attn_norm"].dtype)
-            return _step(self.cfg, None, attention, layers, top, token_ids, k_cache, v_cache, metadata, lora)
+            return _step(self.cfg, None, attention, lora_rows, layers, top, token_ids, k_cache, v_cache, metadata,
+                         lora_slots)
         parallel, cache = self.parallel, self.parallel.cache_sharding().spec
-        step = functools.partial(_step, parallel.local_config(self.cfg), self.parallel, attention)
+        step = functools.partial(_step, parallel.local_config(self.cfg), self.parallel, attention, lora_rows)
         return jax.shard_map(step, mesh=parallel.mesh, check_vma=False,
                              in_specs=(parallel.specs(layers, stacked=True), parallel.specs(top, stacked=False),
-                                       P(), cache, cache, P()),
-                             out_specs=(P(), cache, cache))(layers, top, token_ids, k_cache, v_cache, metadata)
+                                       P(), cache, cache, P(), P()),
+                             out_specs=(P(), cache, cache))(layers, top, token_ids, k_cache, v_cache, metadata,
+                                                            lora_slots)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """[S, H] -> [S, V] float32 logits (under tensor parallelism, every device's vocabulary rows gathered)."""
@@ -153,10 +169,11 @@ def _logits(name: str, head: dict, hidden: jax.Array) -> jax.Array:
     return logits if "lm_head_bias" not in head else logits + head["lm_head_bias"].astype(jnp.float32)
 
 
-def _step(cfg: ModelConfig, parallel: TensorParallel | None, attention: AttentionFn, layers: dict, top: dict,
-          token_ids: jax.Array, k_cache: jax.Array, v_cache: jax.Array, metadata: AttentionMetadata,
-          lora: LoRABatch | None = None):
-    """CausalLM.__call__ on whole arrays, or on one device's slices (`cfg` then has its head counts)."""
+def _step(cfg: ModelConfig, parallel: TensorParallel | None, attention: AttentionFn, lora_rows: dict | None,
+          layers: dict, top: dict, token_ids: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
+          metadata: AttentionMetadata, lora_slots: jax.Array | None):
+    """CausalLM.__call__ on whole arrays, or on one device's slices (`cfg` then has its head counts; `lora_rows`
+    the pieces of its share of each adapted projection). lora_rows None: no adapter updates."""
     L, num_blocks, block_size = k_cache.shape[:3]
     k_flat = k_cache.reshape(L, num_blocks * block_size, *k_cache.shape[3:])  # [L, S, K, D]
     rope = None
@@ -170,6 +187,10 @@ def _step(cfg: ModelConfig, parallel: TensorParallel | None, attention: Attentio
         slopes = jnp.asarray(slopes, jnp.float32)
         slopes = slopes if parallel is None else slopes[jax.lax.axis_index(AXIS)]
     layer_fn = architecture(cfg.architecture).layer
+    lora = None
+    if lora_rows is not None:
+        num_slots = layers[f"lora_a_{next(iter(lora_rows))}"].shape[1]
+        lora = LoRABatch.of(lora_slots, num_slots, lora_rows, layers["attn_norm"].dtype)
 
     def layer_step(carry, layer):
         x, k_flat, v_flat = carry

@@ -1,6 +1,7 @@
 """Tensor parallelism (jax_engine/distributed/tensor_parallel.py) against the unsplit model: tp = 2, 3 and 4
-over SmolLM2's 9 query / 3 KV heads (3 divides them; 2 and 4 pad with empty heads), and tp = 3 and 4 over tiny
-random checkpoints of every family (vocabularies and MLP widths they do not divide, MQA, ALiBi, biases)."""
+over SmolLM2's 9 query / 3 KV heads (3 divides them; 2 and 4 pad with empty heads), tp = 3 and 4 over tiny
+random checkpoints of every family (vocabularies and MLP widths they do not divide, MQA, ALiBi, biases), and
+LoRA adapters split with their base weights."""
 
 import re
 
@@ -8,12 +9,14 @@ import jax
 import numpy as np
 import pytest
 
-from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
+from jax_engine import LLM, EngineArgs, LLMEngine, LoRARequest, SamplingParams
 from jax_engine.runner.compile_shapes import startup_programs
 from jax_engine.distributed.tensor_parallel import head_layout, make_mesh
 from jax_engine.loader import load_checkpoint
 from tests.engine_helpers import engine_logits
 from tests.test_llama_vs_hf import PROMPT
+from tests.test_lora import write_adapter
+from tests.test_lora_engine import PROMPTS as LORA_PROMPTS, adaptable_modules
 from tests.test_model_families import ATTENTION_VARIANTS, VARIANTS
 from tests.tiny_checkpoints import make_tiny_checkpoint
 
@@ -125,7 +128,10 @@ def test_every_family_splits(tmp_path, variant):
 def test_step_has_one_all_reduce_after_attention_and_one_after_the_mlp(make_llm):
     """The compiled step's collectives: in the layer loop's body exactly two all-reduces (o and down), one
     more for the embedding lookup, nothing that gathers or moves weights; the logits one all-gather."""
-    runner = make_llm(3).llm_engine.runner
+    assert_collectives(make_llm(3).llm_engine.runner)
+
+
+def assert_collectives(runner) -> None:
     programs = startup_programs(runner, 64)
     step = next(p for p in programs if p.key[0] == "step").lower().compile().as_text()
     logits = next(p for p in programs if p.key[0] == "logits").lower().compile().as_text()
@@ -150,6 +156,51 @@ def test_head_layout(heads, kv_heads, tp, per_device):
         for j, head in enumerate(q):
             if head >= 0:
                 assert kv[j // group] == head // (heads // kv_heads)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "phi3", "gpt_neox"])  # q/k/v + gate/up, one-piece fused, MLP only
+def test_lora_adapters_split_with_their_weights(tmp_path, architecture):
+    """An adapter on every module the family can adapt, tp = 3 (padded heads and MLP) and 4 (repeated KV heads):
+    every position's logits equal unsplit's, through steps of few rows (the CPU kernel, run on each device's
+    slices) and a chunk of 67 (XLA's masked form). Unsplit equals PEFT (tests/test_lora_engine.py)."""
+    from transformers import AutoModelForCausalLM
+
+    make_tiny_checkpoint(tmp_path / "base", architecture)
+    write_adapter(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), tmp_path / "adapter", seed=3,
+                  target_modules=adaptable_modules(tmp_path / "base"), r=8)
+    checkpoint, request = load_checkpoint(str(tmp_path / "base")), LoRARequest("a", 1, str(tmp_path / "adapter"))
+    prompt, chunks = (LORA_PROMPTS[0] + LORA_PROMPTS[2]) * 4, [3, 1, 1, 67]
+    expected = engine_logits(checkpoint, prompt, chunks, backend="cpu", lora_request=request)
+    assert np.abs(expected - engine_logits(checkpoint, prompt, chunks, backend="cpu")).max() > 0.1  # it matters
+    for tp in FAMILY_SIZES:
+        split = engine_logits(checkpoint, prompt, chunks, backend="cpu", lora_request=request, mesh=make_mesh(tp))
+        assert np.abs(split - expected).max() < 1e-5, tp  # as the families' splits: ~4e-7 seen
+
+
+def test_mixed_adapters_under_tensor_parallelism(tmp_path):
+    """Three adapters and the base model in one batch over two slots under tp = 3: slots are rewritten while
+    requests wait for one, and every request's tokens equal unsplit's; the step gains no collective."""
+    from transformers import AutoModelForCausalLM
+
+    make_tiny_checkpoint(tmp_path / "base", "llama")
+    requests = [None]
+    for i, modules in enumerate((None, ["q_proj", "v_proj"], ["gate_proj", "down_proj", "o_proj"])):
+        write_adapter(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), tmp_path / f"a{i}", seed=30 + i,
+                      r=4, **({} if modules is None else {"target_modules": modules}))
+        requests.append(LoRARequest(f"a{i}", i + 1, str(tmp_path / f"a{i}")))
+    prompts, chosen = LORA_PROMPTS[:4] * 2, requests * 2
+    params = SamplingParams(temperature=0, max_tokens=8)
+    tokens = []
+    for tp in (1, 3):
+        llm = LLM(str(tmp_path / "base"), tensor_parallel_size=tp, enable_lora=True, max_loras=2, max_lora_rank=8,
+                  num_gpu_blocks_override=64, block_size=4, max_model_len=64, max_num_seqs=8, enforce_eager=True)
+        tokens.append([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False,
+                                                                     lora_request=chosen)])
+        if tp == 1:
+            base = [o.outputs[0].token_ids for o in llm.generate(prompts[1:4], params, use_tqdm=False)]
+    assert tokens[1] == tokens[0]
+    assert all(ours != theirs for ours, theirs in zip(tokens[0][1:4], base))  # each adapter mattered
+    assert_collectives(llm.llm_engine.runner)
 
 
 def test_more_devices_than_exist_is_an_error():
