@@ -40,8 +40,8 @@ class LoRAManager:
         # The stacks' host copy, in the whole model's layout: a slot is written here, then every stack is placed
         # (split over the devices under tensor parallelism). A scatter on the device would be a program to
         # compile per stack shape.
-        dtype = model.lora[next(iter(model.lora.keys()))][...].dtype
-        self._stacks = {name: np.zeros(shape, dtype) for name, shape in self.layout.stack_shapes().items()}
+        self._dtype = model.lora[next(iter(model.lora.keys()))][...].dtype
+        self._stacks = {name: np.zeros(shape, self._dtype) for name, shape in self.layout.stack_shapes().items()}
 
     def load(self, request: LoRARequest) -> LoRAAdapter:
         """The adapter of `request`, from the host cache or read from its directory (then checked against the
@@ -100,7 +100,7 @@ class LoRAManager:
     def _write(self, slot: int, request: LoRARequest | None) -> None:
         """Slot `slot` of every stack holds `request`'s adapter (zeros for None)."""
         adapter = None if request is None else self.load(request)
-        for name, values in self.layout.slot_arrays(adapter, next(iter(self._stacks.values())).dtype).items():
+        for name, values in self.layout.slot_arrays(adapter, self._dtype).items():
             self._stacks[name][:, slot] = values
         self.model.write_lora_stacks(self._stacks)
         self.slots[slot] = None if request is None else request.lora_int_id
