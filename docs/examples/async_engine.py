@@ -19,7 +19,9 @@ async def ask(engine: AsyncLLMEngine, request_id: str, prompt: str,
 
 
 async def main() -> None:
-    engine = AsyncLLMEngine.from_engine_args(EngineArgs(max_model_len=1024))
+    # Two short requests: compile the shapes they meet on first use.
+    engine = AsyncLLMEngine.from_engine_args(EngineArgs(max_model_len=1024,
+                                                        enforce_eager=True))
     await asyncio.gather(ask(engine, "short", "The capital of France is", 4),
                          ask(engine, "long", "Once upon a time", 24))
     num_steps = engine.engine.num_steps

@@ -23,7 +23,9 @@ async def answer(engine: DataParallelEngine, request_id: str, prompt: str) -> st
 
 async def main() -> None:
     # What `jax-engine serve --data-parallel-size 2` builds (the checkpoint loads once).
-    args = EngineArgs(data_parallel_size=2, max_model_len=256, max_num_seqs=4)
+    # enforce_eager: a few short requests, so compile on first use.
+    args = EngineArgs(data_parallel_size=2, max_model_len=256, max_num_seqs=4,
+                      enforce_eager=True)
     engine = DataParallelEngine.from_engine_args(args)
     engine.start()
     texts = await asyncio.gather(*(answer(engine, f"request-{i}", prompt)

@@ -10,8 +10,9 @@ passage = ("The train to the coast leaves from platform four every hour, on the 
 messages = [{"role": "user", "content": f"Repeat this passage:\n\n{passage}"}]
 params = SamplingParams(temperature=0, max_tokens=64)
 
-plain = LLM(max_model_len=512)
-drafting = LLM(max_model_len=512, speculative_config={
+# enforce_eager: compile the shapes this request meets, not every batch size.
+plain = LLM(max_model_len=512, enforce_eager=True)
+drafting = LLM(max_model_len=512, enforce_eager=True, speculative_config={
     "method": "ngram", "num_speculative_tokens": 4,
     "prompt_lookup_min": 2, "prompt_lookup_max": 5})
 [ours] = plain.chat(messages, params, use_tqdm=False)
