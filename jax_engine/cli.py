@@ -5,7 +5,7 @@ import importlib
 import sys
 
 from jax_engine.config import EngineArgs
-from jax_engine.server import serve as serve_command
+from jax_engine.server import run_batch as run_batch_command, serve as serve_command
 
 
 def _llm(ns: argparse.Namespace):
@@ -74,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve_command.add_arguments(serve)
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(run=serve_command.main)
+    batch = commands.add_parser("run-batch", help="run an OpenAI batch file (JSON lines) offline, as vLLM's run-batch")
+    run_batch_command.add_arguments(batch)
+    EngineArgs.add_cli_args(batch)
+    batch.set_defaults(run=run_batch_command.main)
     for name, module_name, help_text in (("simulate", "simulator.cli", "the paper's systems at GPU scale, simulated"),
                                          ("plan", "simulator.plan", "KV cache, sequences and request rate a device "
                                                                     "serves")):

@@ -88,6 +88,7 @@ class EngineArgs:
         max_loras: adapters that can run in one batch: the device slots, each max_lora_rank wide.
         max_lora_rank: the highest adapter rank r accepted; slots are this wide, so it sets their memory.
         max_cpu_loras: adapters kept in host memory, ready for a slot; None means max_loras.
+        skip_tokenizer_init: load no tokenizer: prompts and outputs are token ids (the outputs' text is empty).
     """
 
     model: str | None = None
@@ -121,6 +122,7 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    skip_tokenizer_init: bool = False
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, limit: str) -> None:
@@ -154,12 +156,9 @@ class EngineArgs:
         check(self.max_cpu_loras is None or (isinstance(self.max_cpu_loras, int) and self.max_cpu_loras >= self.max_loras),
               "max_cpu_loras", f"None or >= max_loras ({self.max_loras})")
         speculative = SpeculativeConfig.from_dict(self.speculative_config)  # raises naming the bad key
-        if self.enable_lora:
-            for name, ok in (("nnodes", self.nnodes == 1),
-                             ("speculative_config", speculative is None or speculative.method != "draft_model")):
-                if not ok:
-                    raise ValueError(f"enable_lora is not supported yet with {name}={getattr(self, name)!r}: LoRA "
-                                     "adapters are served on one host, without a draft model")
+        if self.enable_lora and (self.nnodes > 1 or (speculative is not None and speculative.method == "draft_model")):
+            raise ValueError("enable_lora is not supported yet with nnodes > 1 or a draft model (speculative_config): "
+                             "LoRA adapters are served on one host, without a draft model")
         if speculative is not None and speculative.method == "draft_model" and self.nnodes > 1:
             raise ValueError("speculative_config with a draft model runs on one host: nnodes must be 1, got "
                              f"{self.nnodes}")

@@ -12,6 +12,15 @@ from transformers import PreTrainedTokenizerBase
 _PROMPT_WINDOW = 5
 
 
+class NoDetokenizer:
+    """The detokenizer of an engine without a tokenizer (skip_tokenizer_init): no text, only token ids."""
+
+    text = ""
+
+    def add_token(self, token_id: int) -> str:
+        return ""
+
+
 class IncrementalDetokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int],
                  skip_special_tokens: bool = True) -> None:

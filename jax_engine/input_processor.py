@@ -34,16 +34,52 @@ def cache_salt(prompt: Prompt) -> str | None:
     return salt
 
 
+# apply_chat_template's own arguments: chat_template_kwargs may not change how the template is chosen, what it is
+# given or how the text is tokenized, only set variables the template reads (enable_thinking, say).
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """chat_template_kwargs as given (None: {}), or a ValueError naming the field and the key it may not set."""
+    kwargs = {} if kwargs is None else kwargs
+    check(isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs), "chat_template_kwargs",
+          "a dict with string keys", type(kwargs).__name__)
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
+    if reserved:
+        raise ValueError(f"chat_template_kwargs may not set {reserved[0]!r}: it is an argument of the chat "
+                         "template's rendering, not a template variable")
+    return kwargs
+
+
 def chat_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                add_special_tokens: bool = False, tools: list[dict] | None = None) -> dict:
+                add_special_tokens: bool = False, tools: list[dict] | None = None,
+                chat_template_kwargs: dict | None = None) -> dict:
     """A conversation through the tokenizer's chat template, tokenized once: vLLM's TokensPrompt with its text.
+    `chat_template_kwargs` are extra template variables (Qwen3's enable_thinking, say).
 
     The template writes the special tokens it wants (a BOS among them), so the text is encoded without the
     tokenizer's own (vLLM's rule): encoding it as a plain prompt would give BOS-adding tokenizers two.
     """
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
-                                         **({"tools": tools} if tools else {}))
+                                         **({"tools": tools} if tools else {}),
+                                         **check_template_kwargs(chat_template_kwargs))
     return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=add_special_tokens)}
+
+
+def _check_needs_no_tokenizer(params: SamplingParams | BeamSearchParams) -> None:
+    """Without a tokenizer (skip_tokenizer_init) there is no text: a ValueError naming the first field that
+    needs one."""
+    if isinstance(params, BeamSearchParams):
+        return
+    needs = (("stop", "stop strings are found in the text; use stop_token_ids"),
+             ("bad_words", "words are tokenized by it"),
+             ("structured_outputs", "grammars are matched against its tokens"))
+    for name, why in needs:
+        if getattr(params, name):
+            raise ValueError(f"{name} needs the tokenizer, which skip_tokenizer_init=True does not load: {why}")
 
 
 class InputProcessor:
@@ -76,6 +112,8 @@ class InputProcessor:
             raise ValueError(f"max_tokens ({params.max_tokens}) + prompt ({len(token_ids)} tokens) exceeds "
                              f"max_model_len={limit}")
         self._check_params_fit(params, room)
+        if self.tokenizer is None:
+            _check_needs_no_tokenizer(params)
         return ProcessedRequest(text, token_ids, self._engine_params(params))
 
     def _prompt_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
@@ -85,6 +123,9 @@ class InputProcessor:
             prompt = prompt.get("prompt")
         if isinstance(prompt, str):
             check(is_unicode(prompt), "prompt", "valid Unicode (no lone surrogates)", prompt)
+            if self.tokenizer is None:
+                raise ValueError("prompt must be token ids with skip_tokenizer_init=True (no tokenizer is loaded): a "
+                                 "list of ints, or {'prompt_token_ids': [...]}")
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, (list, tuple)) and all(is_int(t) for t in prompt):
             return None, [int(t) for t in prompt]

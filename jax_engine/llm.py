@@ -103,10 +103,17 @@ class LLM:
                                                      c.finish_reason) for c in o.outputs]) for o in outputs]
 
     def chat(self, messages: Conversation | Sequence[Conversation], sampling_params=None, use_tqdm: bool = True,
-             add_generation_prompt: bool = True, lora_request: LoRARequest | None = None) -> list[RequestOutput]:
-        """Apply the model's chat template to one conversation or a list of them, then generate."""
+             add_generation_prompt: bool = True, lora_request: LoRARequest | None = None,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Apply the model's chat template to one conversation or a list of them, then generate.
+        `chat_template_kwargs`: extra variables for the template (Qwen3's enable_thinking=False, say)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
-        prompts = [chat_prompt(self.get_tokenizer(), c, add_generation_prompt) for c in conversations]
+        tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat needs the model's chat template and tokenizer, which skip_tokenizer_init=True "
+                             "does not load: give token ids to generate instead")
+        prompts = [chat_prompt(tokenizer, c, add_generation_prompt, chat_template_kwargs=chat_template_kwargs)
+                   for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -68,9 +68,9 @@ class LLMEngine:
         started = time.perf_counter()
         self.args = args
         mesh = init_devices(args, devices)  # checked before anything loads
-        checkpoint = checkpoint or load_checkpoint(args.model)
+        checkpoint = checkpoint or load_checkpoint(args.model, args.skip_tokenizer_init)
         self.model_config = cfg = checkpoint.config
-        self.tokenizer = checkpoint.tokenizer
+        self.tokenizer = None if args.skip_tokenizer_init else checkpoint.tokenizer
         self.scheduler_config = resolve_scheduler_config(args, cfg)
         loaded = load_model(args, checkpoint, mesh, self.scheduler_config)
         self.runner, self.attention_backend, self.dtype = loaded.runner, loaded.attention_backend, loaded.dtype

@@ -62,10 +62,17 @@ class OutputProcessor:
 
     def logprob_entry(self, token: int, logprob: float, rank: int, top_ids, top_logprobs, k: int) -> PositionLogprobs:
         """vLLM's per-position logprobs: the chosen token, then the top k (ranks 1..k)."""
-        entry = {int(token): Logprob(float(logprob), int(rank), self.tokenizer.decode([int(token)]))}
+        entry = {int(token): Logprob(float(logprob), int(rank), self._decoded(token))}
         for i, (tid, lp) in enumerate(zip(top_ids[:k], top_logprobs[:k])):
-            entry.setdefault(int(tid), Logprob(float(lp), i + 1, self.tokenizer.decode([int(tid)])))
+            entry.setdefault(int(tid), Logprob(float(lp), i + 1, self._decoded(tid)))
         return entry
+
+    def _text(self, token_ids: list[int]) -> str:
+        return "" if self.tokenizer is None else self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def _decoded(self, token: int) -> str | None:
+        """A token's text in logprobs (None without a tokenizer, as vLLM's decoded_token)."""
+        return None if self.tokenizer is None else self.tokenizer.decode([int(token)])
 
     @staticmethod
     def _check_stop_strings(seq: Sequence, delta_len: int) -> RequestStatus | None:
@@ -99,7 +106,7 @@ class OutputProcessor:
         beams += group.completed_beams
         beams.sort(key=lambda b: beam_score(b.tokens, b.cum_logprob, self.eos_token_ids, params.length_penalty),
                    reverse=True)
-        return [CompletionOutput(i, self.tokenizer.decode(b.tokens[n:], skip_special_tokens=True), b.tokens[n:],
+        return [CompletionOutput(i, self._text(b.tokens[n:]), b.tokens[n:],
                                  b.cum_logprob, None, b.finish_reason if group.finished else None)
                 for i, b in enumerate(beams[: params.beam_width])]
 

@@ -156,6 +156,12 @@ class SamplingParams(_ReferenceSamplingParams):
             params._set(name, value)
         return params
 
+    def clone(self) -> "SamplingParams":
+        """A deep copy, as vLLM's clone: its lists, dicts and structured_outputs are its own (what an engine
+        derived, a compiled grammar or a mask, is shared: it is never changed)."""
+        derived = {id(v): v for v in (self.compiled_grammar, self.allowed_mask) if v is not None}
+        return copy.deepcopy(self, derived)
+
     @property
     def uses_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1

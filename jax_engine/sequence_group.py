@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from jax_engine.beam_search import BeamSearchParams, BeamSearchSequence, BeamUpdate, select_candidates
-from jax_engine.detokenizer import IncrementalDetokenizer
+from jax_engine.detokenizer import IncrementalDetokenizer, NoDetokenizer
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestMetrics
 from jax_engine.sample.sampler import SampledToken
@@ -33,7 +33,8 @@ class SequenceFactory:
                  metrics: RequestMetrics) -> Sequence:
         seq_id = group.request_id if index == 0 else f"{group.request_id}#{index}"
         seed = params.seed + index if params.seed is not None else int(self._rng.integers(2**31))
-        detokenizer = IncrementalDetokenizer(self.tokenizer, group.prompt_token_ids, params.skip_special_tokens)
+        detokenizer = NoDetokenizer() if self.tokenizer is None else IncrementalDetokenizer(
+            self.tokenizer, group.prompt_token_ids, params.skip_special_tokens)
         seq = Sequence(seq_id, group.request_id, index, group.prompt_token_ids, params, group.arrival,
                        seed & 0xFFFFFFFF, params.max_tokens or max_tokens, self.eos_token_ids, detokenizer, metrics)
         seq.lora_request = group.lora_request

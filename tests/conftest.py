@@ -1,6 +1,7 @@
 """Shared fixtures: Hypothesis profiles, the default model (loaded once), tiny random checkpoints."""
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -32,6 +33,21 @@ def tiny_checkpoint_dir(tmp_path_factory) -> str:
 
     directory = tmp_path_factory.mktemp("tiny-llama")
     make_tiny_checkpoint(directory, "llama")
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def bare_checkpoint_dir(tiny_checkpoint_dir, tmp_path_factory) -> str:
+    """The tiny checkpoint without its tokenizer files (for skip_tokenizer_init)."""
+    import shutil
+
+    from jax_engine.loader.hf_loader import TOKENIZER_FILES
+
+    directory = tmp_path_factory.mktemp("no-tokenizer")
+    for path in Path(tiny_checkpoint_dir).iterdir():
+        if "token" not in path.name and path.suffix != ".jinja":
+            shutil.copy(path, directory / path.name)
+    assert not any((directory / name).exists() for name in TOKENIZER_FILES)
     return str(directory)
 
 

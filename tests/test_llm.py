@@ -32,6 +32,32 @@ def test_chat_knows_the_capital_of_france(llm):
     assert "Paris" in output.outputs[0].text and output.outputs[0].finish_reason == "stop"
 
 
+def test_chat_template_kwargs_are_template_variables(llm, tiny_checkpoint):
+    """Qwen3's enable_thinking switch (the tiny template has it) through chat_prompt, which LLM.chat and the server
+    call; apply_chat_template's own arguments are refused naming the field, before anything runs."""
+    from jax_engine.input_processor import chat_prompt
+
+    conversation = [{"role": "user", "content": "Hi"}]
+    default, off = (chat_prompt(tiny_checkpoint.tokenizer, conversation, chat_template_kwargs=kwargs)["prompt"]
+                    for kwargs in (None, {"enable_thinking": False}))
+    assert off == default + "<think>\n\n</think>\n\n"
+    for kwargs, message in (({"tokenize": True}, "may not set 'tokenize'"), ([1], "a dict with string keys")):
+        with pytest.raises(ValueError, match=f"chat_template_kwargs.*{message}"):
+            llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_kwargs=kwargs)
+    [output] = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_kwargs={"enable_thinking": False})
+    assert output.prompt.endswith("<|im_start|>assistant\n")  # SmolLM2's template reads no such variable
+
+
+def test_sampling_params_clone_is_deep():
+    """vLLM's clone: an equal copy whose dicts are its own (the other fields are stored as tuples already)."""
+    params = SamplingParams(temperature=0.5, stop=["x"], logit_bias={3: 1.0}, allowed_token_ids=[1, 2, 3],
+                            structured_outputs={"choice": ["a", "b"]})
+    copy = params.clone()
+    assert copy == params and copy is not params and copy.logit_bias is not params.logit_bias
+    copy.logit_bias[4] = 2.0
+    assert params.logit_bias == {3: 1.0}
+
+
 def test_outputs_do_not_depend_on_the_rest_of_the_batch(llm):
     params = [GREEDY, SamplingParams(temperature=0.9, top_p=0.9, seed=11, max_tokens=12, ignore_eos=True),
               SamplingParams(temperature=1.2, top_k=20, seed=5, max_tokens=12, ignore_eos=True)]
@@ -198,6 +224,9 @@ def test_bad_sampling_params(kwargs, message):
     (dict(dtype="int4"), "dtype must be"),
     (dict(max_num_seqs=0), "max_num_seqs must be >= 1"),
     (dict(gpu_memory_utilization=1.5), r"gpu_memory_utilization must be in \(0, 1\]"),
+    (dict(enable_lora=True, nnodes=2), r"enable_lora is not supported yet with nnodes > 1"),
+    (dict(enable_lora=True, speculative_config={"model": "self", "num_speculative_tokens": 2}),
+     r"enable_lora is not supported yet with .* a draft model"),
 ])
 def test_bad_engine_args(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -38,7 +38,8 @@ def client(tmp_path_factory):
 
 
 def chat(client, messages=QUESTION, **fields):
-    standard = {k: fields.pop(k) for k in ("response_format", "tools", "tool_choice", "seed", "stream", "n")
+    standard = {k: fields.pop(k) for k in ("response_format", "tools", "tool_choice", "parallel_tool_calls", "seed",
+                                          "stream", "n")
                 if k in fields}
     return client.chat.completions.create(model=MODEL, messages=messages, temperature=fields.pop("temperature", 0),
                                           max_tokens=fields.pop("max_tokens", 200), **standard, extra_body=fields)
@@ -143,6 +144,19 @@ def test_auto_tool_calls_are_parsed_from_the_models_text(client):
                                                                         {"city": "Paris", "unit": "celsius"})
     free = chat(client, tools=[WEATHER], tool_choice="none", max_tokens=20).choices[0]
     assert free.message.content and not free.message.tool_calls
+
+
+def test_parallel_tool_calls_false_allows_one_call(client):
+    """vLLM's rule: the first call only under "auto" (a regex makes the model write two here), and a grammar of
+    one call under "required"."""
+    two = (r'<tool_call>\[\{"name": "get_weather", "arguments": \{"city": "Paris", "unit": "celsius"\}\}, '
+           r'\{"name": "get_time", "arguments": \{"city": "Rome"\}\}\]</tool_call>')
+    for parallel, names in ((True, ["get_weather", "get_time"]), (False, ["get_weather"])):
+        answer = chat(client, tools=[WEATHER, TIME], guided_regex=two, parallel_tool_calls=parallel).choices[0]
+        assert [call.function.name for call in answer.message.tool_calls] == names
+    question = [{"role": "user", "content": "What are the weather and the time in Paris, Rome and Oslo?"}]
+    answer = chat(client, question, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False)
+    assert len(answer.choices[0].message.tool_calls) == 1
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])

@@ -9,9 +9,11 @@ import pathlib
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>"]
+# Qwen3's switch: enable_thinking=false (chat_template_kwargs) writes an empty thinking part into the prompt.
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 
 

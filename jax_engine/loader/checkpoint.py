@@ -15,7 +15,7 @@ class Checkpoint:
 
     config: ModelConfig
     weights: Mapping[str, np.ndarray]  # a dict, or SafetensorsWeights reading each tensor when asked for it
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | None  # None: loaded with skip_tokenizer_init
     # A GGUF file's Q8_0 / Q4_0 / Q4_1 matrices as the file stores them (uint8 [out, row bytes], views of the
     # mapped file), under the same names: what quantization="gguf" keeps instead of the float32 weights.
     blocks: dict[str, np.ndarray] = field(default_factory=dict)
@@ -25,5 +25,5 @@ class Checkpoint:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """The config's EOS ids (generation_config may list several), else the tokenizer's."""
-        eos = self.tokenizer.eos_token_id
+        eos = None if self.tokenizer is None else self.tokenizer.eos_token_id
         return tuple(self.config.eos_token_ids) or ((eos,) if eos is not None else ())

@@ -144,8 +144,9 @@ class _Reader(GGUFReader):
         self._data = np.asarray(value)  # a base-class view; it keeps the memmap (and so the mapping) alive
 
 
-def load_gguf(path: str) -> Checkpoint:
-    """Load a GGUF file into float32 NumPy weights under HF names, its tokenizer, and its Q8_0/Q4 blocks raw."""
+def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
+    """Load a GGUF file into float32 NumPy weights under HF names, its tokenizer (unless not `tokenizer`), and
+    its Q8_0/Q4 blocks raw."""
     reader = _Reader(path)
     config = _read_config(reader)
     # Only llama.cpp's llama-family converter permutes q/k rows; qwen2/qwen3 files keep HF order.
@@ -164,4 +165,4 @@ def load_gguf(path: str) -> Checkpoint:
         weights[name] = arrays[0]
         if kept:
             blocks[name] = arrays[1]
-    return Checkpoint(config, weights, tokenizer_from_gguf(reader), blocks)
+    return Checkpoint(config, weights, tokenizer_from_gguf(reader) if tokenizer else None, blocks)

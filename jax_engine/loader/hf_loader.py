@@ -15,9 +15,14 @@ def config_from_hf(hf: dict) -> ModelConfig:
     return architecture(hf.get("model_type")).config(hf)
 
 
-def load_hf_directory(path: str) -> Checkpoint:
-    """Load config.json, the safetensors weights (one file or the shards of an index), the tokenizer and
-    generation_config.json from `path`. Weights are float32 when read, whatever the files store."""
+# The files one of which a directory's tokenizer is read from (fast, SentencePiece, GPT-2's BPE, tiktoken).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer.tiktoken", "spiece.model")
+
+
+def load_hf_directory(path: str, tokenizer: bool = True) -> Checkpoint:
+    """Load config.json, the safetensors weights (one file or the shards of an index), the tokenizer (unless not
+    `tokenizer`) and generation_config.json from `path`. Weights are float32 when read, whatever the files store.
+    A directory without tokenizer files is refused unless `tokenizer` is False (skip_tokenizer_init)."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{path!r} has no config.json")
@@ -30,6 +35,10 @@ def load_hf_directory(path: str) -> Checkpoint:
 
     config = config_from_hf(AutoConfig.from_pretrained(path, local_files_only=True).to_dict())
     weights = SafetensorsWeights(checkpoint_files(path))
+    if tokenizer and not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        raise ValueError(f"{path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): add the model's "
+                         "tokenizer files, or pass skip_tokenizer_init=True (--skip-tokenizer-init) to send token "
+                         "ids and get token ids back")
     # AutoTokenizer reads the chat template from chat_template.jinja or tokenizer_config.json.
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    return Checkpoint(config, weights, tokenizer, generation_config=read_generation_config(path))
+    hf_tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True) if tokenizer else None
+    return Checkpoint(config, weights, hf_tokenizer, generation_config=read_generation_config(path))

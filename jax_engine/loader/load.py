@@ -26,21 +26,22 @@ def default_model_path() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL_FILE)
 
 
-def load_checkpoint(model: str | None = None) -> Checkpoint:
+def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False) -> Checkpoint:
     """Load a GGUF file or an HF checkpoint directory; `None` loads the default model.
 
     Args:
         model: path to a `.gguf` file, or to a directory holding config.json, *.safetensors and
             tokenizer files. Hub names are not downloaded: this engine never fetches weights.
+        skip_tokenizer_init: load no tokenizer (Checkpoint.tokenizer is None).
 
     Returns:
         The checkpoint with float32 weights under Hugging Face parameter names.
     """
     path = default_model_path() if model is None else os.path.expanduser(model)
     if os.path.isfile(path) and path.endswith(".gguf"):
-        return load_gguf(path)
+        return load_gguf(path, tokenizer=not skip_tokenizer_init)
     if os.path.isdir(path):
-        return load_hf_directory(path)
+        return load_hf_directory(path, tokenizer=not skip_tokenizer_init)
     raise FileNotFoundError(
         f"model={model!r} is neither a .gguf file nor a checkpoint directory "
         "(weights are never downloaded from a hub)"

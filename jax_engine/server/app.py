@@ -11,6 +11,7 @@ import dataclasses
 import json
 import time
 import uuid
+from importlib import metadata
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
@@ -72,7 +73,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
 
 
 def _add_service_routes(app: FastAPI, state: ServerState, metrics: ServingMetrics) -> None:
-    """/health, /v1/models and /metrics: what load balancers, clients and Prometheus poll."""
+    """/health, /version, /v1/models and /metrics: what load balancers, clients and Prometheus poll."""
     model_name = state.config.model_name
 
     @app.get("/health")
@@ -80,6 +81,10 @@ def _add_service_routes(app: FastAPI, state: ServerState, metrics: ServingMetric
         if state.engine.dead_error is not None:
             return error_response(503, "the engine loop died", code="engine_dead")
         return Response(status_code=200)
+
+    @app.get("/version")
+    async def version():  # vLLM's: the serving package's version
+        return {"version": metadata.version("paged-llm")}
 
     @app.get("/v1/models")
     async def models():
@@ -114,6 +119,7 @@ def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:
     async def tokenize(body: TokenizeRequest):
         state.check_fields(body)
         state.check_model(body.model)
+        state.require_tokenizer("prompt", "tokenizing")
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", "prompt")
 
@@ -131,6 +137,7 @@ def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:
     async def detokenize(body: DetokenizeRequest):
         state.check_fields(body)
         state.check_model(body.model)
+        state.require_tokenizer("tokens", "detokenizing")
         state.check_token_ids(body.tokens, "tokens")
         return {"prompt": await state.off_loop(lambda: state.tokenizer.decode(body.tokens))}
 

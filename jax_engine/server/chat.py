@@ -3,11 +3,13 @@
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
-from jax_engine.input_processor import chat_prompt
+from jax_engine.input_processor import chat_prompt, check_template_kwargs
 from jax_engine.outputs import Logprob
 from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import ChatCompletionRequest
+from jax_engine.server.reasoning import ReasoningStream
 from jax_engine.server.state import ServerState
 from jax_engine.server.tools import ToolCallStream, with_tools
 from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, collect, finite, merge, prompt_logprobs,
@@ -31,27 +33,52 @@ def _logprobs(delta: Delta, num_top: int) -> dict | None:
 
 
 def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_prompt: bool,
-                       add_special_tokens: bool = False, tools: list[dict] | None = None) -> dict:
+                       add_special_tokens: bool = False, tools: list[dict] | None = None,
+                       template_kwargs: dict | None = None) -> dict:
     """The conversation through the model's chat template, tokenized once (input_processor.chat_prompt), with
     the tools shown to the model (server/tools.py); a template error is the client's (400)."""
     renders_tools = "tools" in (state.tokenizer.chat_template or "")
     if tools:
         messages = with_tools(messages, tools, renders_tools)
     try:
+        template_kwargs = check_template_kwargs(template_kwargs)
+    except ValueError as error:
+        raise APIError(400, str(error), "chat_template_kwargs") from None
+    try:
         return chat_prompt(state.tokenizer, messages, add_generation_prompt, add_special_tokens,
-                           tools if tools and renders_tools else None)
+                           tools if tools and renders_tools else None, template_kwargs)
     except Exception as error:  # jinja's TemplateError, or the template's own raise_exception
         raise APIError(400, f"messages could not be rendered with the chat template: {error}", "messages") from None
 
 
-def _message(d: Delta, tools: list[dict] | None, tool_choice: str | dict) -> dict:
-    """A finished choice's message and finish_reason, its tool calls parsed out when tools were shown."""
-    if not tools:
-        return {"message": {"role": "assistant", "content": d.text}, "finish_reason": d.finish_reason}
-    content, calls = ToolCallStream(tools, tool_choice).delta(d.text, finished=True)
-    message = {"role": "assistant", "content": content or None,
-               "tool_calls": [{k: v for k, v in call.items() if k != "index"} for call in calls]}
-    return {"message": message, "finish_reason": finish_reason(d.finish_reason, calls, tool_choice)}
+@dataclass
+class ChoiceText:
+    """One choice's text, delta by delta: its reasoning split off (--reasoning-parser), then its tool calls
+    parsed out of the rest (when tools were shown)."""
+
+    reasoning: ReasoningStream | None
+    tools: ToolCallStream | None
+
+    def delta(self, text: str, finished: bool) -> tuple[str, str, list[dict]]:
+        """(reasoning, content, tool_call deltas) to send for this much more text."""
+        reasoning = ""
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.delta(text, finished)
+        if self.tools is None:
+            return reasoning, text, []
+        return reasoning, *self.tools.delta(text, finished)
+
+
+def _message(d: Delta, choice: ChoiceText, tool_choice: str | dict) -> dict:
+    """A finished choice's message and finish_reason: its reasoning, content and tool calls."""
+    reasoning, content, calls = choice.delta(d.text, finished=True)
+    message = {"role": "assistant", "content": content if choice.tools is None else content or None}
+    if choice.reasoning is not None:
+        message["reasoning_content"] = reasoning or None
+    if choice.tools is not None:
+        message["tool_calls"] = [{k: v for k, v in call.items() if k != "index"} for call in calls]
+    return {"message": message, "finish_reason": finish_reason(d.finish_reason, calls, tool_choice),
+            "stop_reason": d.stop_reason}
 
 
 def finish_reason(reason: str | None, calls: list, tool_choice: str | dict) -> str | None:
@@ -65,6 +92,7 @@ class ChatCompletions:
 
     async def create(self, body: ChatCompletionRequest, cache_salt: str | None = None, tenant: str | None = None):
         state = self.state
+        state.require_tokenizer("messages", "the chat template")
         if body.top_logprobs is not None and not body.logprobs:
             raise APIError(400, "top_logprobs needs logprobs set to true", "top_logprobs")
         num_top = body.top_logprobs or 0
@@ -74,43 +102,50 @@ class ChatCompletions:
         tools, tool_choice = body.tool_list, body.effective_tool_choice
         shown_tools = tools if tool_choice != "none" else None
         prompt = await state.off_loop(lambda: render_chat_prompt(state, body.conversation(), body.add_generation_prompt,
-                                                                 body.add_special_tokens, shown_tools))
+                                                                 body.add_special_tokens, shown_tools,
+                                                                 body.chat_template_kwargs))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await add_streams(state, request_id, [prompt], params, cache_salt, tenant, body.model)
         if body.stream:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), num_top)
         [final] = await collect(streams)
-        choices = [{"index": d.index, **_message(d, shown_tools, tool_choice), "logprobs": _logprobs(d, num_top)}
+        choices = [{"index": d.index, **_message(d, self._choice_text(body), tool_choice),
+                    "logprobs": _logprobs(d, num_top)}
                    for d in DeltaTracker.for_params(params).deltas(0, final)]
         answer = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
-                  "model": state.served_name(body.model), "choices": choices, "usage": usage([final])}
+                  "model": state.served_name(body.model), "choices": choices,
+                  "usage": usage([final], state.config.enable_prompt_tokens_details)}
         return answer if params.prompt_logprobs is None else {**answer, "prompt_logprobs": prompt_logprobs(final)}
+
+    def _choice_text(self, body: ChatCompletionRequest) -> ChoiceText:
+        parser, tool_choice = self.state.config.reasoning_parser, body.effective_tool_choice
+        tools = ToolCallStream(body.tool_list, tool_choice, body.parallel_tool_calls) if (
+            body.tools and tool_choice != "none") else None
+        return ChoiceText(None if parser is None else ReasoningStream(parser), tools)
 
     async def _events(self, request_id: str, body: ChatCompletionRequest, streams, tracker: DeltaTracker,
                       num_top: int) -> AsyncIterator[str]:
         head = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.state.served_name(body.model)}
         final = None
-        tools, tool_choice = body.tool_list, body.effective_tool_choice
-        tool_streams = {}  # choice index -> its ToolCallStream, when tools were shown
+        choices = {}  # choice index -> its ChoiceText
         try:
             async for _, final in merge(streams):
                 for d in tracker.deltas(0, final):
                     if d.first:  # OpenAI opens each choice with the role alone
                         yield sse({**head, "choices": [{"index": d.index, "delta": {"role": "assistant", "content": ""},
                                                         "logprobs": None, "finish_reason": None}]})
-                    delta, reason = {"content": d.text} if d.text else {}, d.finish_reason
-                    if tools and tool_choice != "none":
-                        stream = tool_streams.setdefault(d.index, ToolCallStream(tools, tool_choice))
-                        content, calls = stream.delta(d.text, finished=d.finish_reason is not None)
-                        delta = {"content": content} if content else {}
-                        delta |= {"tool_calls": calls} if calls else {}
-                        reason = finish_reason(reason, calls, tool_choice)
-                    choice = {"index": d.index, "delta": delta, "logprobs": _logprobs(d, num_top),
-                              "finish_reason": reason}
-                    yield sse({**head, "choices": [choice]})
+                    choice = choices.setdefault(d.index, self._choice_text(body))
+                    reasoning, content, calls = choice.delta(d.text, finished=d.finish_reason is not None)
+                    delta = {"reasoning_content": reasoning} if reasoning else {}
+                    delta |= {"content": content} if content else {}
+                    delta |= {"tool_calls": calls} if calls else {}
+                    reason = finish_reason(d.finish_reason, calls, body.effective_tool_choice)
+                    yield sse({**head, "choices": [{"index": d.index, "delta": delta, "logprobs": _logprobs(d, num_top),
+                                                    "finish_reason": reason, "stop_reason": d.stop_reason}]})
             if body.include_usage:
-                yield sse({**head, "choices": [], "usage": usage([final])})
+                yield sse({**head, "choices": [],
+                           "usage": usage([final], self.state.config.enable_prompt_tokens_details)})
         except Exception as error:
             yield sse_error(error)
         yield sse("[DONE]")

@@ -60,6 +60,9 @@ class Completions:
         if scoring_only and not body.echo:
             raise APIError(400, "max_tokens must be >= 1 unless echo is true (which then returns the prompt alone)",
                            "max_tokens")
+        for field, asked in (("echo", body.echo), ("logprobs", body.logprobs is not None)):
+            if asked:
+                state.require_tokenizer(field, "the text of tokens")
         if body.echo and body.logprobs is not None:
             body = body.model_copy(update={"prompt_logprobs": body.logprobs})
         params = await state.sampling_params(body, 1 if scoring_only else body.max_tokens, body.logprobs)
@@ -71,9 +74,10 @@ class Completions:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), echoes)
         finals = await collect(streams)
         tracker = DeltaTracker.for_params(params)
-        choices = sorted((self._choice(d, echoes[i], o, scoring_only) for i, o in enumerate(finals)
+        choices = sorted((self._choice(d, echoes[i], o, scoring_only, body.return_token_ids)
+                          for i, o in enumerate(finals)
                           for d in tracker.deltas(i, o)), key=lambda c: c["index"])
-        counts = usage(finals)
+        counts = usage(finals, state.config.enable_prompt_tokens_details)
         if scoring_only:
             counts = {**counts, "completion_tokens": 0, "total_tokens": counts["prompt_tokens"]}
         head = {"id": request_id, "object": "text_completion", "created": int(time.time()),
@@ -83,22 +87,29 @@ class Completions:
         return {**head, "choices": choices, "usage": counts}
 
     def _prompt_text(self, prompt: str | list[int]) -> str:
-        return prompt if isinstance(prompt, str) else self.state.tokenizer.decode(prompt)
+        return prompt if isinstance(prompt, str) else self._decode(prompt)
 
-    def _choice(self, delta: Delta, echo: str, output: RequestOutput | None = None, scoring_only: bool = False) -> dict:
+    def _decode(self, token_ids: list[int]) -> str:
+        return self.state.tokenizer.decode(token_ids)
+
+    def _choice(self, delta: Delta, echo: str, output: RequestOutput, scoring_only: bool = False,
+                return_token_ids: bool = False) -> dict:
         prefix = echo if delta.first else ""
-        decode = self.state.tokenizer.decode
+        decode = self._decode  # only with echo or logprobs, which need a tokenizer
         prompt = None
         if prefix and output is not None and output.prompt_logprobs is not None:
             prompt = _logprobs(output.prompt_token_ids, output.prompt_logprobs, 0, decode)
         if scoring_only:
             return {"index": delta.index, "text": prefix, "logprobs": prompt, "finish_reason": "length",
-                    "prompt_logprobs": prompt_logprobs(output)}
+                    "stop_reason": None, "prompt_logprobs": prompt_logprobs(output)}
         generated = _logprobs(delta.token_ids, delta.logprobs, len(prefix), decode)
         choice = {"index": delta.index, "text": prefix + delta.text, "logprobs": _joined(prompt, generated),
-                  "finish_reason": delta.finish_reason}
+                  "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason}
         if delta.first and output is not None and output.prompt_logprobs is not None:  # vLLM's field, as well
             choice["prompt_logprobs"] = prompt_logprobs(output)
+        if return_token_ids:  # vLLM's: the prompt's ids with a choice's first event, then each event's new ones
+            choice |= {"prompt_token_ids": output.prompt_token_ids if delta.first else None,
+                       "token_ids": delta.token_ids}
         return choice
 
     @staticmethod
@@ -118,9 +129,12 @@ class Completions:
             async for i, output in merge(streams):
                 finals[i] = output
                 for delta in tracker.deltas(i, output):
-                    yield sse({**head, "choices": [self._choice(delta, echoes[i], output)]})
+                    choice = self._choice(delta, echoes[i], output, return_token_ids=body.return_token_ids)
+                    yield sse({**head, "choices": [choice]})
             if body.include_usage:
-                yield sse({**head, "choices": [], "usage": usage([finals[i] for i in range(len(streams))])})
+                finished = [finals[i] for i in range(len(streams))]
+                yield sse({**head, "choices": [],
+                           "usage": usage(finished, self.state.config.enable_prompt_tokens_details)})
         except Exception as error:  # the engine died mid-stream: say so in the stream, then end it
             yield sse_error(error)
         yield sse("[DONE]")

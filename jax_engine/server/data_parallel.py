@@ -37,7 +37,7 @@ class DataParallelEngine:
     """AsyncLLMEngine's API over several replicas (see the module docstring); a drop-in for the server.
 
     `.engine` is replica 0's LLMEngine: the replicas share the model, so its tokenizer, configs and request
-    validation hold for all; its `stats()` (the server's engine metrics) are replica 0's alone.
+    validation hold for all; /metrics reads every replica (server/metrics.py).
     `max_waiting_requests` limits the requests waiting in all replicas together. When one replica's loop dies,
     the server is told (`on_dead`) and refuses new requests, as with a single engine.
     """
@@ -61,7 +61,7 @@ class DataParallelEngine:
                          **kwargs) -> "DataParallelEngine":
         """Load the checkpoint once and build args.data_parallel_size replicas of it."""
         devices = replica_devices(args)  # before the slow part
-        checkpoint = checkpoint or load_checkpoint(args.model)
+        checkpoint = checkpoint or load_checkpoint(args.model, args.skip_tokenizer_init)
         return cls([AsyncLLMEngine(LLMEngine(args, checkpoint, devices=d)) for d in devices], **kwargs)
 
     # ------------------------------------------------------------------------------ lifecycle

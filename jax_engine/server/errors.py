@@ -78,7 +78,8 @@ async def send_error(send: Send, status: int, message: str, code: str | None = N
     await send({"type": "http.response.body", "body": body})
 
 
-def _validation_message(error: RequestValidationError) -> tuple[str, str | None]:
+def validation_message(error: RequestValidationError) -> tuple[str, str | None]:
+    """(message, param) of a body that does not fit its pydantic model (pydantic's ValidationError too)."""
     details = error.errors()
     if not details:
         return "invalid request body", None
@@ -98,7 +99,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, error: RequestValidationError) -> JSONResponse:
-        return error_response(400, *_validation_message(error))
+        return error_response(400, *validation_message(error))
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, error: HTTPException) -> JSONResponse:

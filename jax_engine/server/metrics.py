@@ -1,7 +1,8 @@
 """Prometheus metrics for /metrics, under vLLM's names (vllm:...), so existing dashboards work.
 
-Gauges and engine counters are read from the engine when scraped; latencies are observed as outputs
-arrive (AsyncLLMEngine.on_output). Speculative decoding's counters appear only when it is configured, as in vLLM.
+Gauges and engine counters are read from the engine when scraped, from each data-parallel replica with the label
+engine="r" (vLLM's); latencies and token counts are observed as outputs arrive from any replica
+(AsyncLLMEngine.on_output). Speculative decoding's counters appear only when it is configured, as in vLLM.
 """
 
 import time
@@ -25,75 +26,73 @@ def _memory_maps() -> int:
 
 
 class _EngineCollector:
-    """Reads the engine's state at scrape time."""
+    """Reads the engines' state at scrape time: one sample per data-parallel replica, labelled engine="r" as vLLM
+    labels its engine cores (one replica: engine="0"), so that sum by (model_name) gives the server's totals."""
 
     def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
-        self.engine, self.labels = engine, {"model_name": model_name}
+        self.replicas = getattr(engine, "replicas", [engine])  # DataParallelEngine, or one AsyncLLMEngine
+        self.model_name = model_name
 
     def collect(self):
-        stats = self.engine.engine.stats()
-        values = [
-            (GaugeMetricFamily, "vllm:num_requests_running", "Requests in the running batch.",
-             self.engine.num_running_requests()),
-            (GaugeMetricFamily, "vllm:num_requests_waiting", "Requests waiting to start.",
-             self.engine.num_waiting_requests()),
-            (GaugeMetricFamily, "vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
-             stats["kv_cache_usage"]),
-            (GaugeMetricFamily, "vllm:num_free_kv_blocks", "Free KV-cache blocks (cached ones count as free).",
-             stats["num_free_blocks"]),
-            (GaugeMetricFamily, "vllm:num_kv_blocks", "KV-cache blocks in all.", stats["num_blocks"]),
-            (CounterMetricFamily, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-             stats["prefix_cache_queries"]),
-            (CounterMetricFamily, "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-             stats["prefix_cache_hits"]),
-            (CounterMetricFamily, "vllm:num_preemptions", "Sequences preempted for lack of KV blocks.",
-             stats["num_preemptions"]),
-            (GaugeMetricFamily, "jax_engine:num_programs", "Compiled device programs held (start-up's and later "
-             "ones).", stats["num_programs"]),
-            (CounterMetricFamily, "jax_engine:compilations", "Programs compiled after start-up (each is logged with "
-             "its cause).", stats["num_compilations"]),
-            (CounterMetricFamily, "jax_engine:compile_seconds", "Seconds spent compiling after start-up.",
-             stats["compile_seconds"]),
-            (GaugeMetricFamily, "jax_engine:num_memory_maps", "Memory maps of the server process (each compiled "
-             "program adds some; the kernel caps them at vm.max_map_count).", _memory_maps()),
-            (CounterMetricFamily, "jax_engine:program_evictions", "Programs compiled after start-up and freed again "
-             "(at most MAX_LATE_PROGRAMS are kept).", stats["num_program_evictions"]),
-        ]
-        for family, name, doc, value in values:
-            metric = family(name, doc, labels=list(self.labels))
-            metric.add_metric(list(self.labels.values()), value)
-            yield metric
-        spec_decode = _spec_decode_counters(self.engine)
-        if spec_decode is not None:
-            yield from self._spec_decode_metrics(spec_decode)
+        families = {}
 
-    def _spec_decode_metrics(self, counters: dict):
-        """vLLM's spec-decode counters; the acceptance rate and mean acceptance length are left to PromQL, as
-        vLLM leaves them (rate(accepted) / rate(draft tokens), 1 + rate(accepted) / rate(drafts))."""
-        for key, doc in (("num_drafts", "Verification steps of drafted tokens (one per sequence and step)."),
+        def add(family, name: str, doc: str, labels: dict, value) -> None:
+            families.setdefault(name, family(name, doc, labels=list(labels))).add_metric(list(labels.values()), value)
+
+        for r, replica in enumerate(self.replicas):
+            labels = {"model_name": self.model_name, "engine": str(r)}
+            for family, name, doc, value in _replica_values(replica):
+                add(family, name, doc, labels, value)
+            if replica.engine.speculator is not None:  # vLLM's spec-decode counters, only when it is configured
+                counters = replica.engine.speculator.stats()
+                for key, doc in _SPEC_DECODE_COUNTERS:
+                    add(CounterMetricFamily, f"vllm:spec_decode_{key}", doc, labels, counters[key])
+                for position, count in enumerate(counters["num_accepted_tokens_per_pos"]):
+                    add(CounterMetricFamily, "vllm:spec_decode_num_accepted_tokens_per_pos", "Drafted tokens "
+                        "accepted, by position in the draft (0 = the first).", labels | {"position": str(position)},
+                        count)
+        yield from families.values()
+        maps = GaugeMetricFamily("jax_engine:num_memory_maps", "Memory maps of the server process (each compiled "
+                                 "program adds some; the kernel caps them at vm.max_map_count).",
+                                 labels=["model_name"])
+        maps.add_metric([self.model_name], _memory_maps())
+        yield maps
+
+
+# The acceptance rate and mean acceptance length are left to PromQL, as vLLM leaves them (rate(accepted) /
+# rate(draft tokens), 1 + rate(accepted) / rate(drafts)).
+_SPEC_DECODE_COUNTERS = (("num_drafts", "Verification steps of drafted tokens (one per sequence and step)."),
                          ("num_draft_tokens", "Drafted tokens verified."),
-                         ("num_accepted_tokens", "Drafted tokens accepted.")):
-            metric = CounterMetricFamily(f"vllm:spec_decode_{key}", doc, labels=list(self.labels))
-            metric.add_metric(list(self.labels.values()), counters[key])
-            yield metric
-        per_position = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                           "Drafted tokens accepted, by position in the draft (0 = the first).",
-                                           labels=[*self.labels, "position"])
-        for position, count in enumerate(counters["num_accepted_tokens_per_pos"]):
-            per_position.add_metric([*self.labels.values(), str(position)], count)
-        yield per_position
+                         ("num_accepted_tokens", "Drafted tokens accepted."))
 
 
-def _spec_decode_counters(engine) -> dict | None:
-    """The speculators' counters, summed over data-parallel replicas (the gauges above are replica 0's, but these
-    are totals a dashboard would add up anyway); None when speculation is off."""
-    replicas = getattr(engine, "replicas", [engine])  # DataParallelEngine, or one AsyncLLMEngine
-    counters = [r.engine.speculator.stats() for r in replicas if r.engine.speculator is not None]
-    if not counters:
-        return None
-    totals = {key: sum(c[key] for c in counters) for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
-    per_pos = [sum(pos) for pos in zip(*(c["num_accepted_tokens_per_pos"] for c in counters))]
-    return totals | {"num_accepted_tokens_per_pos": per_pos}
+def _replica_values(replica: AsyncLLMEngine) -> list[tuple]:
+    """(family, name, help, value) of one replica's gauges and counters."""
+    stats = replica.engine.stats()
+    return [
+        (GaugeMetricFamily, "vllm:num_requests_running", "Requests in the running batch.",
+         replica.num_running_requests()),
+        (GaugeMetricFamily, "vllm:num_requests_waiting", "Requests waiting to start.", replica.num_waiting_requests()),
+        (GaugeMetricFamily, "vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).",
+         stats["kv_cache_usage"]),
+        (GaugeMetricFamily, "vllm:num_free_kv_blocks", "Free KV-cache blocks (cached ones count as free).",
+         stats["num_free_blocks"]),
+        (GaugeMetricFamily, "vllm:num_kv_blocks", "KV-cache blocks in all.", stats["num_blocks"]),
+        (CounterMetricFamily, "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+         stats["prefix_cache_queries"]),
+        (CounterMetricFamily, "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+         stats["prefix_cache_hits"]),
+        (CounterMetricFamily, "vllm:num_preemptions", "Sequences preempted for lack of KV blocks.",
+         stats["num_preemptions"]),
+        (GaugeMetricFamily, "jax_engine:num_programs", "Compiled device programs held (start-up's and later "
+         "ones).", stats["num_programs"]),
+        (CounterMetricFamily, "jax_engine:compilations", "Programs compiled after start-up (each is logged with "
+         "its cause).", stats["num_compilations"]),
+        (CounterMetricFamily, "jax_engine:compile_seconds", "Seconds spent compiling after start-up.",
+         stats["compile_seconds"]),
+        (CounterMetricFamily, "jax_engine:program_evictions", "Programs compiled after start-up and freed again "
+         "(at most MAX_LATE_PROGRAMS are kept).", stats["num_program_evictions"]),
+    ]
 
 
 class ServingMetrics:

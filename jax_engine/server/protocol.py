@@ -6,7 +6,7 @@ The parts of a body (messages, tools, formats) are in request_parts.py, the chec
 json_fields.py.
 """
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,7 +24,7 @@ Finite = Annotated[float, Field(allow_inf_nan=False)]
 # accepted, with a warning logged once per field name, as vLLM accepts them. Any other field this server does
 # not implement is refused with a 400 that names it (ServerState.check_fields), never silently dropped.
 IGNORED_FIELDS = frozenset({"store", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_options",
-                            "prompt_cache_retention", "safety_identifier", "moderation", "parallel_tool_calls"})
+                            "prompt_cache_retention", "safety_identifier", "moderation"})
 
 
 class RequestBody(APIModel):
@@ -165,6 +165,8 @@ class CompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(16, ge=0, description="0 with echo: score the prompt, generate nothing")
     echo: bool = False
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    return_token_ids: bool = Field(False, description="vLLM's: each choice also gives its token ids (token_ids), "
+                                   "and its first event the prompt's (prompt_token_ids)")
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -178,6 +180,9 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="default: auto when tools are given, else none")
+    parallel_tool_calls: bool = Field(True, description="false: at most one tool call in an answer")
+    chat_template_kwargs: Annotated[dict[str, Any], Shallow] | None = Field(
+        None, description="vLLM's: extra variables for the chat template (Qwen3's enable_thinking, say)")
 
     def conversation(self) -> list[dict[str, str]]:
         return conversation(self.messages)
@@ -197,7 +202,7 @@ class ChatCompletionRequest(SamplingRequest):
 
     def _structured_outputs(self) -> dict[str, StructuredOutputsParams]:
         given, tool_choice = super()._structured_outputs(), self.effective_tool_choice  # checks tool_choice
-        constraint = tool_constraint(self.tool_list, tool_choice) if self.tools else None
+        constraint = tool_constraint(self.tool_list, tool_choice, self.parallel_tool_calls) if self.tools else None
         return given if constraint is None else {**given, "tools": constraint}
 
 

@@ -15,6 +15,7 @@ import sys
 import threading
 
 from jax_engine.server.lora_adapters import parse_lora_module
+from jax_engine.server.reasoning import REASONING_PARSERS
 from jax_engine.server.state import PREFIX_CACHE_ISOLATION, ServerConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -63,12 +64,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
                         help="after SIGTERM, seconds in-flight requests have to finish before their clients are "
                         "disconnected")
-    parser.add_argument("--lora-modules", nargs="+", type=_lora_module_arg, default=[], metavar="NAME=PATH",
-                        help="LoRA adapters served under their own model names (name=path, or JSON with name and "
-                             "path); needs --enable-lora")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--headless", action="store_true",
                         help="a worker host (--node-rank > 0): no HTTP server, only the driver's device calls")
+    _add_answer_arguments(parser)
+
+
+def _add_answer_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the server serves and says beyond the base model's text: adapters, cached tokens, reasoning."""
+    parser.add_argument("--lora-modules", nargs="+", type=_lora_module_arg, default=[], metavar="NAME=PATH",
+                        help="LoRA adapters served under their own model names (name=path, or JSON with name and "
+                             "path); needs --enable-lora")
+    parser.add_argument("--enable-prompt-tokens-details", action="store_true",
+                        help="answers' usage also gives prompt_tokens_details.cached_tokens: the prompt tokens "
+                             "found in the prefix cache")
+    parser.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None,
+                        help="give a thinking model's <think> part as reasoning_content in chat answers")
 
 
 def _lora_module_arg(text: str) -> tuple[str, str]:

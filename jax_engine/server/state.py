@@ -16,6 +16,7 @@ from jax_engine.lora.request import LoRARequest
 from jax_engine.server.errors import APIError, bad_request
 from jax_engine.server.lora_adapters import ServedAdapters
 from jax_engine.server.protocol import IGNORED_FIELDS, RequestBody, SamplingRequest
+from jax_engine.server.reasoning import REASONING_PARSERS
 
 logger = logging.getLogger(__name__)
 _warned_fields: set[str] = set()  # the ignored fields already logged, once per process
@@ -54,6 +55,10 @@ class ServerConfig:
         max_structured_rows: the most sequences (prompts x n) of one request that follow a grammar (each is a
             mask computed on the host every step).
         lora_modules: (name, path) of each LoRA adapter served under its own model name (needs enable_lora).
+        enable_prompt_tokens_details: answers' usage also says how many prompt tokens the prefix cache held
+            (prompt_tokens_details.cached_tokens), as vLLM's flag of that name.
+        reasoning_parser: "deepseek_r1" or "qwen3": chat answers give a thinking model's <think> part as
+            reasoning_content (server/reasoning.py); None: all of the text is content.
     """
 
     model_name: str
@@ -73,11 +78,16 @@ class ServerConfig:
     max_scored_prompt_tokens: int = 16_384
     max_structured_rows: int = 64
     lora_modules: tuple[tuple[str, str], ...] = ()
+    enable_prompt_tokens_details: bool = False
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
             raise ValueError(f"prefix_cache_isolation must be one of {PREFIX_CACHE_ISOLATION}, got "
                              f"{self.prefix_cache_isolation!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be None or one of {list(REASONING_PARSERS)}, got "
+                             f"{self.reasoning_parser!r}")
         if self.prefix_cache_isolation == "api-key" and not self.api_keys:
             raise ValueError("prefix_cache_isolation 'api-key' needs at least one API key")
 
@@ -184,6 +194,12 @@ class ServerState:
         if rows > config.max_structured_rows:
             raise APIError(400, f"n: {len(prompt_lengths)} prompts x n={n} is {rows} sequences under a grammar, "
                            f"more than this server's limit of {config.max_structured_rows} per request", "n")
+
+    def require_tokenizer(self, field: str, what: str) -> None:
+        """A 400 naming `field` when the server runs without a tokenizer (--skip-tokenizer-init)."""
+        if self.tokenizer is None:
+            raise APIError(400, f"{field}: {what} needs the model's tokenizer, and this server was started with "
+                           "--skip-tokenizer-init: send token ids (return_token_ids gives them back)", field)
 
     def check_n(self, n: int) -> None:
         if n > self.config.max_n:

@@ -159,10 +159,15 @@ def sse_error(error: Exception) -> str:
     return sse(error_body(reported.status, reported.message, reported.param, reported.code))
 
 
-def usage(finals: list[RequestOutput]) -> dict:
+def usage(finals: list[RequestOutput], prompt_tokens_details: bool = False) -> dict:
+    """OpenAI's usage object; with `prompt_tokens_details` (vLLM's --enable-prompt-tokens-details) also how many
+    prompt tokens were found in the prefix cache."""
     prompt = sum(len(o.prompt_token_ids) for o in finals)
     completion = sum(len(c.token_ids) for o in finals for c in o.outputs)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    counts = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if prompt_tokens_details:
+        counts["prompt_tokens_details"] = {"cached_tokens": sum(o.num_cached_tokens for o in finals)}
+    return counts
 
 
 def prompt_logprobs(output: RequestOutput) -> list[dict | None] | None:
@@ -188,6 +193,7 @@ class Delta:
     token_ids: list[int]
     logprobs: list[PositionLogprobs] | None
     finish_reason: str | None
+    stop_reason: int | str | None  # the stop token id or stop string that ended it (vLLM's field)
     first: bool  # the first event of this choice
 
 
@@ -225,4 +231,5 @@ class DeltaTracker:
         if c.finish_reason:
             self._finished.add(index)
         logprobs = c.logprobs[token_start:] if c.logprobs is not None else None
-        return Delta(index, c.text[text_start:text_end], c.token_ids[token_start:], logprobs, c.finish_reason, first)
+        return Delta(index, c.text[text_start:text_end], c.token_ids[token_start:], logprobs, c.finish_reason,
+                     c.stop_reason if c.finish_reason else None, first)

@@ -64,16 +64,19 @@ def with_tools(messages: list[dict], tools: list[dict], template_renders_tools: 
     return [{"role": "system", "content": prompt}, *messages]
 
 
-def tool_constraint(tools: list[dict], tool_choice: str | dict) -> StructuredOutputsParams | None:
+def tool_constraint(tools: list[dict], tool_choice: str | dict,
+                    parallel: bool = True) -> StructuredOutputsParams | None:
     """The grammar that enforces tool_choice: a named function's parameters, or (required) a non-empty list
-    of calls of the given functions; None where the model chooses freely."""
+    of calls of the given functions, one call only unless `parallel` (parallel_tool_calls); None where the model
+    chooses freely."""
     if isinstance(tool_choice, dict):
         return StructuredOutputsParams(json=_parameters(_named(tools, tool_choice)))
     if tool_choice == "required":
         calls = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
                                                    "arguments": _parameters(t)},
                   "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
-        return StructuredOutputsParams(json={"type": "array", "minItems": 1, "items": {"anyOf": calls}})
+        one = {} if parallel else {"maxItems": 1}
+        return StructuredOutputsParams(json={"type": "array", "minItems": 1, **one, "items": {"anyOf": calls}})
     return None
 
 
@@ -128,11 +131,12 @@ class ToolCallStream:
 
     A named function's arguments stream as they come. Under "auto", text streams as content until a
     <tool_call> tag may be starting; from there it is held and parsed when the choice finishes. Under
-    "required" the calls are sent when the choice finishes (the grammar makes them one JSON list).
+    "required" the calls are sent when the choice finishes (the grammar makes them one JSON list). Without
+    `parallel` (parallel_tool_calls false) only the first call is sent, as vLLM does.
     """
 
-    def __init__(self, tools: list[dict], tool_choice: str | dict) -> None:
-        self.tools, self.tool_choice = tools, tool_choice
+    def __init__(self, tools: list[dict], tool_choice: str | dict, parallel: bool = True) -> None:
+        self.tools, self.tool_choice, self.parallel = tools, tool_choice, parallel
         self._held = ""  # text not yet sent
         self._named: ToolCall | None = None
 
@@ -152,6 +156,7 @@ class ToolCallStream:
         except NOT_CALLS:  # a list cut short by max_tokens: the text as it is
             content, calls = self._held, []
         self._held = ""
+        calls = calls if self.parallel else calls[:1]
         return content or "", [{"index": i, **call.as_dict()} for i, call in enumerate(calls)]
 
     def _named_delta(self, text: str) -> list[dict]:

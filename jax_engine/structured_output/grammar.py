@@ -82,6 +82,9 @@ class GrammarCompiler:
         """The compiled grammar for `params`; ValueError naming `field` (default: structured_outputs.<kind>)
         if it passes a limit or does not compile."""
         field = field or f"structured_outputs.{params.kind}"
+        if self._hf_tokenizer is None:
+            raise ValueError(f"{field} needs the tokenizer, which skip_tokenizer_init=True does not load: grammars "
+                             "are matched against its tokens")
         spec = _spec_text(params)
         try:
             check_spec(params.kind, spec, field)

@@ -1,6 +1,7 @@
 """Data parallelism (jax_engine.server.data_parallel.py): two replicas of the default model behind one real
 HTTP server, driven by the official openai client, against one engine; each replica on its own devices."""
 
+import re
 import subprocess
 import sys
 import threading
@@ -60,6 +61,12 @@ def test_concurrent_requests_spread_over_the_replicas_each_on_its_device(served,
     assert all(replica.engine.num_steps > 0 for replica in engine.replicas)
     # The KV cache is each step's output: it stays on device r only if replica r's steps ran there.
     assert [devices_of(replica) for replica in engine.replicas] == [{jax.devices()[0]}, {jax.devices()[1]}]
+    # /metrics: each replica's counters, under its engine label.
+    metrics = httpx.get(str(client.base_url).removesuffix("v1/") + "metrics").text
+    queries = {re.search(r'engine="(\d+)"', labels).group(1): float(value) for labels, value in re.findall(
+        r'^vllm:prefix_cache_queries_total\{(.*model_name="smol".*)\} (\S+)$', metrics, re.MULTILINE)}
+    assert queries == {str(r): replica.engine.stats()["prefix_cache_queries"] for r, replica in enumerate(engine.replicas)}
+    assert all(queries.values())  # both replicas served prompts
 
 
 def test_an_abandoned_stream_frees_its_replica_and_spares_the_other(served, expected):

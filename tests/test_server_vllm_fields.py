@@ -1,0 +1,112 @@
+"""vLLM's answer fields and switches over HTTP, with the official openai client, on a tiny random model whose output
+a regex (structured_outputs) makes known: chat_template_kwargs, --reasoning-parser's reasoning_content (streamed
+and not), stop_reason, usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details), /version."""
+
+import httpx
+import openai
+import pytest
+
+from tests.server_helpers import cli_flags, start_server_process, stop_server_process
+
+ENGINE = {"num_gpu_blocks_override": 64, "block_size": 8, "max_model_len": 128, "max_num_seqs": 4,
+          "max_num_batched_tokens": 64, "enforce_eager": True}
+THINKING = "<think>" + "abc de" + "</think>" + "the answer"
+HELLO = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    process, url = start_server_process(tiny_checkpoint_dir, *cli_flags(**ENGINE), "--reasoning-parser", "qwen3",
+                                        "--enable-prompt-tokens-details", "--served-model-name", "tiny",
+                                        log_path=str(log))
+    yield url
+    stop_server_process(process)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
+
+
+def forced_chat(client, text: str, **fields):
+    """A chat answer the tiny model is made to write: exactly `text` (a regex of it), then the end token."""
+    stream = fields.pop("stream", False)
+    return client.chat.completions.create(model="tiny", messages=HELLO, temperature=0, max_tokens=40, stream=stream,
+                                          extra_body={"structured_outputs": {"regex": text}, **fields})
+
+
+def test_reasoning_content_is_split_from_the_answer(client):
+    answer = forced_chat(client, THINKING).choices[0].message
+    assert answer.model_extra["reasoning_content"] == "abc de" and answer.content == "the answer"
+    chunks = list(forced_chat(client, THINKING, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "abc de"
+    assert "".join(d.content or "" for d in deltas) == "the answer"
+    plain = forced_chat(client, "no thinking here").choices[0].message  # qwen3: no <think>, all content
+    assert plain.content == "no thinking here" and plain.model_extra["reasoning_content"] is None
+
+
+def test_chat_template_kwargs_reach_the_template(client):
+    """The tiny template writes Qwen3's empty thinking part when enable_thinking is false: 17 more prompt tokens
+    (one a byte); apply_chat_template's own arguments are refused, naming the field."""
+    counts = [forced_chat(client, "ok", **extra).usage.prompt_tokens
+              for extra in ({}, {"chat_template_kwargs": {"enable_thinking": False}})]
+    assert counts[1] - counts[0] == len("<think>\n\n</think>\n\n")
+    with pytest.raises(openai.BadRequestError, match="chat_template_kwargs may not set 'tokenize'") as error:
+        forced_chat(client, "ok", chat_template_kwargs={"tokenize": True})
+    assert error.value.body["param"] == "chat_template_kwargs"
+
+
+def test_stop_reason_names_what_stopped_the_answer(client, tiny_checkpoint):
+    """A stop string, a stop token id, and the end-of-sequence token (None, as vLLM)."""
+    e = tiny_checkpoint.tokenizer.convert_tokens_to_ids("e")
+    cut = client.completions.create(model="tiny", prompt="x", max_tokens=20, temperature=0, stop=["ef"],
+                                    extra_body={"structured_outputs": {"regex": "abcdefgh"}})
+    assert cut.choices[0].text == "abcd" and cut.choices[0].model_extra["stop_reason"] == "ef"
+    by_token = forced_chat(client, "abcdefgh", stop_token_ids=[e]).choices[0]
+    assert by_token.finish_reason == "stop" and by_token.model_extra["stop_reason"] == e
+    ended = forced_chat(client, "abc").choices[0]
+    assert ended.finish_reason == "stop" and ended.model_extra["stop_reason"] is None
+    streamed = [c.choices[0] for c in forced_chat(client, "abcdefgh", stream=True, stop=["ef"]) if c.choices]
+    assert streamed[-1].finish_reason == "stop" and streamed[-1].model_extra["stop_reason"] == "ef"
+
+
+def test_usage_reports_prompt_tokens_found_in_the_prefix_cache(client):
+    prompt = "a prompt long enough to fill a few blocks of eight tokens"
+    first, second = (client.completions.create(model="tiny", prompt=prompt, max_tokens=2, temperature=0).usage
+                     for _ in range(2))
+    assert first.prompt_tokens_details.cached_tokens == 0
+    assert second.prompt_tokens_details.cached_tokens == (first.prompt_tokens - 1) // 8 * 8  # whole blocks
+
+
+def test_version(server):
+    assert httpx.get(f"{server}/version").json() == {"version": "0.1.0"}
+
+
+def test_a_server_without_a_tokenizer_answers_in_token_ids(bare_checkpoint_dir, client, tmp_path):
+    """--skip-tokenizer-init over a checkpoint without tokenizer files: token-id prompts get the same token ids as
+    the server with the tokenizer (return_token_ids); what needs text is a 400 naming its field."""
+    prompt, greedy = [5, 17, 42, 99, 3], {"max_tokens": 5, "temperature": 0, "extra_body": {"return_token_ids": True,
+                                                                                           "ignore_eos": True}}
+    expected = client.completions.create(model="tiny", prompt=prompt, **greedy).choices[0]
+    process, url = start_server_process(bare_checkpoint_dir, *cli_flags(**ENGINE), "--skip-tokenizer-init",
+                                        "--served-model-name", "tiny", log_path=str(tmp_path / "server.log"))
+    try:
+        bare = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        answer = bare.completions.create(model="tiny", prompt=prompt, **greedy).choices[0]
+        assert answer.text == "" and answer.model_extra["token_ids"] == expected.model_extra["token_ids"]
+        assert answer.model_extra["prompt_token_ids"] == prompt and len(answer.model_extra["token_ids"]) == 5
+        streamed = bare.completions.create(model="tiny", prompt=prompt, stream=True, **greedy)
+        assert [t for c in streamed for t in c.choices[0].model_extra["token_ids"]] == answer.model_extra["token_ids"]
+        for call, field in ((lambda: bare.completions.create(model="tiny", prompt="text", max_tokens=2), "prompt"),
+                            (lambda: bare.completions.create(model="tiny", prompt=prompt, max_tokens=2, echo=True),
+                             "echo"),
+                            (lambda: bare.chat.completions.create(model="tiny", messages=HELLO), "messages")):
+            with pytest.raises(openai.BadRequestError) as error:
+                call()
+            assert error.value.body["param"] == field, error.value.body
+    finally:
+        stop_server_process(process)
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
