@@ -31,13 +31,12 @@ class ReasoningStream:
     """One choice's text, delta by delta, split into (reasoning, content) deltas."""
 
     parser: str
-    _phase: str = ""  # "opening" (a leading <think> may come), "reasoning", "content"
-    _held: str = ""
+    _phase: str = "opening"  # "opening" (a leading <think> may come), "reasoning", "content"
+    _held: str = ""  # text that may be the start of a tag
 
     def __post_init__(self) -> None:
         if self.parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {list(REASONING_PARSERS)}, got {self.parser!r}")
-        self._phase = "opening"
 
     def delta(self, text: str, finished: bool) -> tuple[str, str]:
         """(reasoning, content) to send for this much more text; everything held is sent once `finished`."""
