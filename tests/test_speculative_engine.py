@@ -258,10 +258,16 @@ def served_engine(checkpoint, *flags: str) -> AsyncLLMEngine:
 
 
 def spec_decode_samples(url: str) -> dict:
-    """{(sample name, position label or None): value} of every vllm:spec_decode_ sample on /metrics."""
+    """{engine label: {(sample name, position label or None): value}} of every vllm:spec_decode_ sample on
+    /metrics (one engine label per data-parallel replica)."""
     families = text_string_to_metric_families(httpx.get(f"{url}/metrics").text)
-    return {(s.name, s.labels.get("position")): s.value for f in families if f.name.startswith("vllm:spec_decode_")
-            for s in f.samples if s.name.endswith("_total") and s.labels["model_name"] == "tiny"}
+    samples = {}
+    for family in families:
+        for s in family.samples:
+            if family.name.startswith("vllm:spec_decode_") and s.name.endswith("_total"):
+                assert s.labels["model_name"] == "tiny"
+                samples.setdefault(s.labels["engine"], {})[s.name, s.labels.get("position")] = s.value
+    return samples
 
 
 SERVED_NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
@@ -289,10 +295,10 @@ def test_metrics_report_what_the_speculator_counted_and_only_when_speculating(ti
         assert "spec_decode" not in httpx.get(f"{plain.url}/metrics").text  # vLLM registers them only when on
     engine = served_engine(tiny_checkpoint, "--speculative-config", json.dumps(SERVED_NGRAM))
     with ThreadedServer(engine, ServerConfig("tiny")) as server:
-        assert spec_decode_samples(server.url) == dict.fromkeys(SPEC_DECODE_SAMPLES, 0)  # every position at once
+        assert spec_decode_samples(server.url) == {"0": dict.fromkeys(SPEC_DECODE_SAMPLES, 0)}  # every position
         complete_greedily(server.url, PROMPTS)
         counted = engine.engine.stats()["spec_decode"]
-        assert spec_decode_samples(server.url) == expected_samples(counted)
+        assert spec_decode_samples(server.url) == {"0": expected_samples(counted)}
     assert counted["num_drafts"] > 0 and 0 < counted["num_accepted_tokens"] <= counted["num_draft_tokens"]
     assert sum(counted["num_accepted_tokens_per_pos"]) == counted["num_accepted_tokens"]
 
@@ -311,15 +317,11 @@ def test_the_server_drafts_with_a_draft_model_named_on_the_command_line(tiny_che
     assert engine.engine.stats()["spec_decode"]["num_accepted_tokens"] > 0
 
 
-def test_data_parallel_replicas_spec_decode_counters_add_up(tiny_checkpoint):
-    """Unlike the gauges (replica 0's), the spec-decode counters are the replicas' totals."""
+def test_data_parallel_replicas_spec_decode_counters_are_labelled_per_replica(tiny_checkpoint):
+    """Each replica's spec-decode counters under its engine label, as the other engine metrics."""
     replicas = [served_engine(tiny_checkpoint, "--speculative-config", json.dumps(SERVED_NGRAM)) for _ in range(2)]
     with ThreadedServer(DataParallelEngine(replicas), ServerConfig("tiny")) as server:
         complete_greedily(server.url, PROMPTS[:2])  # one on each replica
         counted = [replica.engine.stats()["spec_decode"] for replica in replicas]
         assert all(c["num_drafts"] > 0 for c in counted)
-        totals = {key: sum(c[key] for c in counted)
-                  for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
-        totals["num_accepted_tokens_per_pos"] = [sum(pos) for pos in zip(*(c["num_accepted_tokens_per_pos"]
-                                                                           for c in counted))]
-        assert spec_decode_samples(server.url) == expected_samples(totals)
+        assert spec_decode_samples(server.url) == {str(r): expected_samples(c) for r, c in enumerate(counted)}
