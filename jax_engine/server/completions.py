@@ -90,19 +90,19 @@ class Completions:
         return prompt if isinstance(prompt, str) else self._decode(prompt)
 
     def _decode(self, token_ids: list[int]) -> str:
+        """Text of tokens: only for echo and logprobs, which a server without a tokenizer refuses."""
         return self.state.tokenizer.decode(token_ids)
 
     def _choice(self, delta: Delta, echo: str, output: RequestOutput, scoring_only: bool = False,
                 return_token_ids: bool = False) -> dict:
         prefix = echo if delta.first else ""
-        decode = self._decode  # only with echo or logprobs, which need a tokenizer
         prompt = None
         if prefix and output is not None and output.prompt_logprobs is not None:
-            prompt = _logprobs(output.prompt_token_ids, output.prompt_logprobs, 0, decode)
+            prompt = _logprobs(output.prompt_token_ids, output.prompt_logprobs, 0, self._decode)
         if scoring_only:
             return {"index": delta.index, "text": prefix, "logprobs": prompt, "finish_reason": "length",
                     "stop_reason": None, "prompt_logprobs": prompt_logprobs(output)}
-        generated = _logprobs(delta.token_ids, delta.logprobs, len(prefix), decode)
+        generated = _logprobs(delta.token_ids, delta.logprobs, len(prefix), self._decode)
         choice = {"index": delta.index, "text": prefix + delta.text, "logprobs": _joined(prompt, generated),
                   "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason}
         if delta.first and output is not None and output.prompt_logprobs is not None:  # vLLM's field, as well
