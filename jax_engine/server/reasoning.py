@@ -14,16 +14,10 @@ back until the next delta shows whether it is one.
 
 from dataclasses import dataclass
 
+from jax_engine.server.tools import partial_tag_length
+
 THINK_START, THINK_END = "<think>", "</think>"
 REASONING_PARSERS = ("deepseek_r1", "qwen3")
-
-
-def _held_suffix(text: str, tag: str) -> int:
-    """How many trailing characters of `text` could be the beginning of `tag`."""
-    for keep in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-keep:]):
-            return keep
-    return 0
 
 
 @dataclass
@@ -54,7 +48,7 @@ class ReasoningStream:
         if self._phase == "reasoning":
             end = text.find(THINK_END)
             if end < 0:
-                keep = 0 if finished else _held_suffix(text, THINK_END)
+                keep = 0 if finished else partial_tag_length(text, THINK_END)
                 self._held = text[len(text) - keep:]
                 return text[: len(text) - keep], ""
             reasoning, text, self._phase = text[:end], text[end + len(THINK_END):], "content"

@@ -171,9 +171,12 @@ class ToolCallStream:
 def _safe_prefix(text: str) -> int:
     """How much of `text` can be sent as content: up to a <tool_call> tag, or to a suffix that may begin one."""
     start = text.find(TOOL_CALL_START)
-    if start >= 0:
-        return start
-    for keep in range(min(len(TOOL_CALL_START) - 1, len(text)), 0, -1):
-        if TOOL_CALL_START.startswith(text[-keep:]):
-            return len(text) - keep
-    return len(text)
+    return start if start >= 0 else len(text) - partial_tag_length(text, TOOL_CALL_START)
+
+
+def partial_tag_length(text: str, tag: str) -> int:
+    """How many trailing characters of `text` could be the beginning of `tag` (held back while streaming)."""
+    for keep in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-keep:]):
+            return keep
+    return 0
