@@ -206,9 +206,9 @@ class Scheduler:
         as many drafts as the token budget holds, and none when the free blocks cannot hold
         them: a draft never preempts its own request."""
         del request.spec_token_ids[max(0, budget - n):]
-        if not self.block_manager.can_append_slots(request.request_id,
-                                                   request.num_computed_tokens,
-                                                   n + len(request.spec_token_ids)):
+        wanted = n + len(request.spec_token_ids)
+        if request.spec_token_ids and not self.block_manager.can_append_slots(
+                request.request_id, request.num_computed_tokens, wanted):
             request.spec_token_ids = []
         return n + len(request.spec_token_ids)
     # --8<-- [end:with_drafts]
