@@ -20,6 +20,10 @@ _EXPORTS = {
     "BeamSearchParams": "jax_engine.beam_search",
     "BeamSearchOutput": "jax_engine.beam_search",
     "LoRARequest": "jax_engine.lora.request",
+    "PoolingParams": "jax_engine.pooling_params",
+    "PoolerConfig": "jax_engine.pooling_params",
+    "PoolingRequestOutput": "jax_engine.outputs",
+    "EmbeddingRequestOutput": "jax_engine.outputs",
 }
 
 __all__ = list(_EXPORTS)

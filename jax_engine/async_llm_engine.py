@@ -21,6 +21,7 @@ from jax_engine.fair_queue import FairQueue, Tenant
 from jax_engine.llm_engine import LORA_DISABLED, LLMEngine, Prompt
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestOutput
+from jax_engine.pooling_params import PoolingParams
 from jax_engine.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -256,11 +257,14 @@ class AsyncLLMEngine:
             stream = self._streams.get(output.request_id)
             if stream is None:
                 continue  # aborted meanwhile
-            failed = output.finished and any(c.finish_reason == "error" for c in output.outputs)
+            failed = (output.finished and isinstance(output, RequestOutput)  # a pooled output cannot fail
+                      and any(c.finish_reason == "error" for c in output.outputs))
             stream.put(RequestFailedError(output.request_id) if failed else output)
             if output.finished:
                 del self._streams[output.request_id]
 
 
-def _num_sequences(params: SamplingParams | BeamSearchParams) -> int:
+def _num_sequences(params: SamplingParams | BeamSearchParams | PoolingParams) -> int:
+    if isinstance(params, PoolingParams):
+        return 1
     return params.beam_width if isinstance(params, BeamSearchParams) else params.n

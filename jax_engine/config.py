@@ -15,6 +15,7 @@ import numpy as np
 from jax_engine.attention import ATTENTION_BACKENDS, AttentionBackend
 from jax_engine.linear import QUANTIZATIONS
 from jax_engine.model_config import ModelConfig
+from jax_engine.pooling_params import check_task_args
 from jax_engine.models.rope import max_len_with_rope_scaling
 from jax_engine.spec_decode import SpeculativeConfig
 from jax_engine.target_platform import platform
@@ -89,6 +90,9 @@ class EngineArgs:
         max_lora_rank: the highest adapter rank r accepted; slots are this wide, so it sets their memory.
         max_cpu_loras: adapters kept in host memory, ready for a slot; None means max_loras.
         skip_tokenizer_init: load no tokenizer: prompts and outputs are token ids (the outputs' text is empty).
+        task: "generate" (text) or "embed" (one vector per prompt: LLM.embed, /v1/embeddings; jax_engine/pooler.py).
+        pooler_config: how task "embed" pools, a PoolerConfig or its dict (a JSON object on the command line),
+            e.g. {"pooling_type": "MEAN", "normalize": true}; None: the last token's hidden state, normalized.
     """
 
     model: str | None = None
@@ -123,6 +127,8 @@ class EngineArgs:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
     skip_tokenizer_init: bool = False
+    task: str = "generate"
+    pooler_config: dict | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, name: str, limit: str) -> None:
@@ -156,6 +162,7 @@ class EngineArgs:
         check(self.max_cpu_loras is None or (isinstance(self.max_cpu_loras, int) and self.max_cpu_loras >= self.max_loras),
               "max_cpu_loras", f"None or >= max_loras ({self.max_loras})")
         speculative = SpeculativeConfig.from_dict(self.speculative_config)  # raises naming the bad key
+        check_task_args(self.task, self.pooler_config, speculative)
         if self.enable_lora and (self.nnodes > 1 or (speculative is not None and speculative.method == "draft_model")):
             raise ValueError("enable_lora is not supported yet with nnodes > 1 or a draft model (speculative_config): "
                              "LoRA adapters are served on one host, without a draft model")
@@ -287,13 +294,3 @@ def resolve_scheduler_config(args: EngineArgs, cfg: ModelConfig) -> SchedulerCon
     return SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=budget,
                            max_model_len=max_model_len, enable_chunked_prefill=args.enable_chunked_prefill,
                            preemption_mode=args.preemption_mode)
-
-
-def max_sampled_rows(args: EngineArgs, config: SchedulerConfig) -> int:
-    """The most logits rows one step samples: a row per sequence, plus one per draft while speculation is on
-    (below disable_by_batch_size sequences), never more than the step's tokens."""
-    spec = args.speculative
-    if spec is None:
-        return config.max_num_seqs
-    speculating = min(config.max_num_seqs, (spec.disable_by_batch_size or config.max_num_seqs + 1) - 1)
-    return max(config.max_num_seqs, min(speculating * (1 + spec.num_speculative_tokens), config.max_num_batched_tokens))

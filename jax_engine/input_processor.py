@@ -9,12 +9,14 @@ from typing import NamedTuple
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.input_checks import check, is_int, is_unicode
 from jax_engine.model_config import ModelConfig
+from jax_engine.pooling_params import PoolingParams
 from jax_engine.sample.sampling_batch import allowed_token_mask
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.structured_output.grammar import GrammarCompiler
 from reference.scheduler import SchedulerConfig
 
 Prompt = str | list[int] | dict
+RequestParams = SamplingParams | BeamSearchParams | PoolingParams
 
 
 class ProcessedRequest(NamedTuple):
@@ -24,7 +26,7 @@ class ProcessedRequest(NamedTuple):
 
     prompt: str | None
     prompt_token_ids: list[int]
-    params: SamplingParams | BeamSearchParams
+    params: RequestParams
 
 
 def cache_salt(prompt: Prompt) -> str | None:
@@ -88,10 +90,11 @@ class InputProcessor:
         self.tokenizer = tokenizer
         self.grammar_compiler = grammar_compiler
         self.vocab_size = model_config.vocab_size
+        self.hidden_size = model_config.hidden_size
         self.max_model_len = scheduler_config.max_model_len
         self.max_num_seqs = scheduler_config.max_num_seqs
 
-    def process(self, prompt: Prompt, params: SamplingParams | BeamSearchParams) -> ProcessedRequest:
+    def process(self, prompt: Prompt, params: RequestParams) -> ProcessedRequest:
         """Tokenize and check a request; returns its prompt text (or None), token ids and the engine's params."""
         cache_salt(prompt)
         text, token_ids = self._prompt_token_ids(prompt)
@@ -104,6 +107,11 @@ class InputProcessor:
         if bad:
             raise ValueError(f"prompt token ids must be in [0, vocab_size={self.vocab_size}), got {bad[:5]}")
         limit = self.max_model_len
+        if isinstance(params, PoolingParams):  # no output: the prompt may fill max_model_len
+            check(len(token_ids) <= limit, "prompt", f"at most max_model_len={limit} tokens", len(token_ids))
+            check(params.dimensions is None or params.dimensions <= self.hidden_size, "dimensions",
+                  f"at most the model's hidden size ({self.hidden_size})", params.dimensions)
+            return ProcessedRequest(text, token_ids, params)
         room = limit - len(token_ids)
         if room < 1:
             raise ValueError(f"prompt ({len(token_ids)} tokens) leaves no room for output: it exceeds "

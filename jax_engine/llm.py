@@ -10,7 +10,8 @@ from jax_engine.config import EngineArgs
 from jax_engine.input_processor import chat_prompt
 from jax_engine.llm_engine import LLMEngine, Prompt
 from jax_engine.lora.request import LoRARequest
-from jax_engine.outputs import RequestOutput
+from jax_engine.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
+from jax_engine.pooling_params import PoolingParams
 from jax_engine.sampling_params import SamplingParams
 
 Conversation = list[dict[str, str]]
@@ -78,8 +79,27 @@ class LLM:
             lora_request: the LoRA adapter of all prompts, or one per prompt (None: the base model); the
                 engine needs enable_lora=True.
         """
+        sampling_params = self.get_default_sampling_params() if sampling_params is None else sampling_params
+        return self._add_and_run(prompts, sampling_params, "sampling_params", use_tqdm, lora_request)
+
+    def encode(self, prompts: Prompt | Sequence[Prompt], pooling_params: PoolingParams | Sequence[PoolingParams] | None
+               = None, use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+               ) -> list[PoolingRequestOutput]:
+        """Each prompt's vector (vLLM's LLM.encode) from an engine started with task="embed", in input order: the
+        pooled hidden states of its tokens (EngineArgs.pooler_config). Arguments as generate's."""
+        pooling_params = PoolingParams() if pooling_params is None else pooling_params
+        return self._add_and_run(prompts, pooling_params, "pooling_params", use_tqdm, lora_request)
+
+    def embed(self, prompts: Prompt | Sequence[Prompt], pooling_params: PoolingParams | Sequence[PoolingParams] | None
+              = None, use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+              ) -> list[EmbeddingRequestOutput]:
+        """encode's vectors as lists of floats (vLLM's LLM.embed): `outputs[i].outputs.embedding`."""
+        return [EmbeddingRequestOutput.from_base(o) for o in self.encode(prompts, pooling_params, use_tqdm,
+                                                                         lora_request)]
+
+    def _add_and_run(self, prompts, params, name: str, use_tqdm: bool, lora_request) -> list:
         prompts = _as_prompt_list(prompts)
-        params = _per_prompt(sampling_params, len(prompts), "sampling_params")
+        params = _per_prompt(params, len(prompts), name)
         adapters = _per_prompt(lora_request, len(prompts), "lora_request")
         ids = [str(next(self._counter)) for _ in prompts]
         try:
@@ -116,7 +136,7 @@ class LLM:
                    for c in conversations]
         return self.generate(prompts, sampling_params, use_tqdm, lora_request)
 
-    def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput | PoolingRequestOutput]:
         engine, finished = self.llm_engine, {}
         bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
         input_tokens = output_tokens = 0
@@ -125,8 +145,9 @@ class LLM:
                 if not output.finished:
                     continue
                 finished[output.request_id] = output
-                input_tokens += len(output.prompt_token_ids) * len(output.outputs)
-                output_tokens += sum(len(c.token_ids) for c in output.outputs)
+                completions = output.outputs if isinstance(output, RequestOutput) else []  # none when pooled
+                input_tokens += len(output.prompt_token_ids) * max(len(completions), 1)
+                output_tokens += sum(len(c.token_ids) for c in completions)
                 elapsed = bar.format_dict["elapsed"] or 1e-9
                 bar.set_postfix_str(f"est. speed input: {input_tokens / elapsed:.2f} toks/s, "
                                     f"output: {output_tokens / elapsed:.2f} toks/s", refresh=False)

@@ -16,20 +16,21 @@ from collections.abc import Iterator
 
 import jax
 
-from jax_engine.beam_search import BeamSearchParams
 from jax_engine.runner.compile_shapes import compile_step_shapes
 from jax_engine.config import EngineArgs, resolve_scheduler_config
 from jax_engine.distributed import multihost
 from jax_engine.core.scheduler import Scheduler
 from jax_engine.core.scheduler_output import SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
-from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, cache_salt
+from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, RequestParams, cache_salt
 from jax_engine.loader import Checkpoint, load_checkpoint
 from jax_engine.lora.request import LoRARequest
 from jax_engine.loader.generation_config import default_sampling_fields, resolve_generation_config
 from jax_engine.model_config import token_ids
 from jax_engine.output_processor import OutputProcessor
 from jax_engine.outputs import RequestMetrics, RequestOutput
+from jax_engine.pooler import Pooler, check_task
+from jax_engine.pooling_params import PoolingParams
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
 from jax_engine.sequence_group import SequenceFactory, SequenceGroup
@@ -66,6 +67,7 @@ class LLMEngine:
 
     def _build(self, args: EngineArgs, checkpoint: Checkpoint | None, devices: list | None) -> None:
         started = time.perf_counter()
+        self.pooler, args = Pooler.for_engine(args)  # task="embed": vectors instead of tokens (pooler.py)
         self.args = args
         mesh = init_devices(args, devices)  # checked before anything loads
         checkpoint = checkpoint or load_checkpoint(args.model, args.skip_tokenizer_init)
@@ -114,23 +116,28 @@ class LLMEngine:
             self.runner.shutdown()
 
     # ------------------------------------------------------------------------------ requests
-    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
+    def add_request(self, request_id: str, prompt: Prompt, params: RequestParams | None = None,
                     arrival_time: float | None = None, lora_request: LoRARequest | None = None) -> None:
         """Validate and queue a request. Raises ValueError naming the bad field and its limit.
 
         With SamplingParams(n=k) the prompt is computed once and forked into k sequences; with
         BeamSearchParams the request runs beam search (see jax_engine/beam_search.py). With a LoRARequest it runs
-        with that adapter, read and checked here (the engine must have enable_lora).
+        with that adapter, read and checked here (the engine must have enable_lora). An engine started with
+        task="embed" takes PoolingParams (the default there) and reports the prompt's vector.
         """
-        params = params or self.get_default_sampling_params()
+        params = params or (PoolingParams() if self.pooler else self.get_default_sampling_params())
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         text, token_ids, params = self.validate_request(prompt, params)  # params: the engine's copy
         if lora_request is not None:
             self.add_lora(lora_request)
         room = self.scheduler_config.max_model_len - len(token_ids)
-        group = SequenceGroup.create(request_id, text, token_ids, params, self._arrivals, room,
-                                     RequestMetrics(arrival_time or time.time()), self._new_sequence, lora_request)
+        pooling = isinstance(params, PoolingParams)  # its sequence computes the prompt and then stops
+        group = SequenceGroup.create(request_id, text, token_ids, SamplingParams(max_tokens=1) if pooling else params,
+                                     self._arrivals, room, RequestMetrics(arrival_time or time.time()),
+                                     self._new_sequence, lora_request)
+        if pooling:
+            self.pooler.add(group.seqs[0].seq_id, params)
         self.scheduler.add_request(group.seqs, cache_salt(prompt))
         self._groups[request_id] = group
         self._arrivals += 1
@@ -159,8 +166,9 @@ class LLMEngine:
         EngineArgs.generation_config)."""
         return SamplingParams(**self.default_sampling_fields)
 
-    def validate_request(self, prompt: Prompt, params: SamplingParams | BeamSearchParams) -> ProcessedRequest:
+    def validate_request(self, prompt: Prompt, params: RequestParams) -> ProcessedRequest:
         """Tokenize and check a request without queuing it (see InputProcessor); safe while a step runs."""
+        check_task(self.pooler, params)
         return self.input_processor.process(prompt, params)
 
     def abort_request(self, request_id: str | list[str]) -> None:
@@ -169,7 +177,8 @@ class LLMEngine:
             group = self._groups.pop(rid, None)
             if group is not None:
                 self._finish_group(group, RequestStatus.FINISHED_ABORTED)
-                self._pending_outputs.append(self.output_processor.request_output(group))
+                self._pending_outputs.append(self.output_processor.request_output(group) if self.pooler is None
+                                             else self.pooler.output(group, None))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._pending_outputs)
@@ -203,6 +212,9 @@ class LLMEngine:
         self.runner.apply_block_moves(out)
         inputs = self.runner.prepare(out)
         sampling_hidden, hidden = self.runner.execute(inputs)
+        if self.pooler is not None:  # an embedding engine samples nothing: finished prompts get their vector
+            pooled = self.pooler.step(out, inputs.row_of, hidden, self.scheduler)
+            return outputs + [self.pooler.output(self._groups.pop(seq_id), v) for seq_id, v in pooled.items()]
         self.output_processor.score_prompts(out, inputs.row_of, hidden, self.runner.token_logprobs,
                                             self._failing_alone)
         samplers = [(row, sampler) for seq, row in zip(inputs.sampling_seqs, inputs.sampling_rows)

@@ -1,6 +1,8 @@
-"""What generate() returns: vLLM's RequestOutput and CompletionOutput."""
+"""What generate() returns: vLLM's RequestOutput and CompletionOutput; and what embed() returns."""
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 
 @dataclass
@@ -55,3 +57,47 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = field(default=None, repr=False)
+
+
+@dataclass
+class PoolingOutput:
+    """A pooling request's vector (vLLM's PoolingOutput; a NumPy array here, a tensor there)."""
+
+    data: np.ndarray
+
+
+@dataclass
+class PoolingRequestOutput:
+    """What an embedding engine returns for a prompt (vLLM's PoolingRequestOutput): reported once, finished. An
+    aborted request's data is empty."""
+
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@dataclass
+class EmbeddingOutput:
+    """An embedding as a list of floats (vLLM's EmbeddingOutput)."""
+
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What LLM.embed returns for a prompt (vLLM's EmbeddingRequestOutput)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+    @classmethod
+    def from_base(cls, output: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+        return cls(output.request_id, EmbeddingOutput(output.outputs.data.tolist()), output.prompt_token_ids,
+                   output.finished)

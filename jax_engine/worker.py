@@ -13,7 +13,7 @@ from jax.sharding import Mesh
 
 from jax_engine.attention import AttentionBackend, get_attention_backend
 from jax_engine.runner.compile_shapes import use_compilation_cache
-from jax_engine.config import EngineArgs, max_sampled_rows, plan_kv_cache, platform, resolve_block_size, resolve_dtype
+from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_block_size, resolve_dtype
 from jax_engine.core.kv_cache_manager import CacheConfig
 from jax_engine.distributed import multihost
 from jax_engine.distributed.tensor_parallel import make_mesh
@@ -80,3 +80,13 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
         device_programs=DRAFT_PROGRAMS)
     cache_config = CacheConfig(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
     return LoadedModel(runner, cache_config, backend, dtype, draft_runner)
+
+
+def max_sampled_rows(args: EngineArgs, config: SchedulerConfig) -> int:
+    """The most logits rows one step samples: a row per sequence, plus one per draft while speculation is on
+    (below disable_by_batch_size sequences), never more than the step's tokens."""
+    spec = args.speculative
+    if spec is None:
+        return config.max_num_seqs
+    speculating = min(config.max_num_seqs, (spec.disable_by_batch_size or config.max_num_seqs + 1) - 1)
+    return max(config.max_num_seqs, min(speculating * (1 + spec.num_speculative_tokens), config.max_num_batched_tokens))

@@ -21,8 +21,9 @@ MAX_CORE_LINES = 1300 + 300 + 50
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 50
 # The engine loop in 200 lines, plus issue 46's four LoRA methods vLLM's LLMEngine has (add_lora, remove_lora,
-# list_loras and the users an adapter has: 20 lines that delegate to jax_engine/lora/manager.py).
-MAX_LLM_ENGINE_LINES = 200 + 25
+# list_loras and the users an adapter has: 20 lines that delegate to jax_engine/lora/manager.py), plus issue 47's
+# embeddings: the hooks of an engine started with task="embed" (about 10 lines; the rest is jax_engine/pooler.py).
+MAX_LLM_ENGINE_LINES = 200 + 25 + 10
 
 
 def _lines(path: pathlib.Path) -> int:

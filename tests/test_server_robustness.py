@@ -222,7 +222,7 @@ def test_no_generated_request_gets_a_server_error(shared_tiny_server):
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.label for op in operations} == {
         "GET /health", "GET /version", "GET /v1/models", "GET /metrics", "POST /v1/completions",
-        "POST /v1/chat/completions", "POST /tokenize", "POST /detokenize", "POST /generate"}
+        "POST /v1/chat/completions", "POST /v1/embeddings", "POST /tokenize", "POST /detokenize", "POST /generate"}
     for operation in operations:
         has_body = operation.method.upper() == "POST"  # GETs take nothing that could be made invalid
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE) if has_body else (GenerationMode.POSITIVE,):

@@ -110,3 +110,9 @@ def test_a_server_without_a_tokenizer_answers_in_token_ids(bare_checkpoint_dir, 
     finally:
         stop_server_process(process)
     assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+def test_a_server_started_for_text_refuses_embeddings_naming_the_task(client):
+    with pytest.raises(openai.BadRequestError, match="--task embed") as error:
+        client.embeddings.create(model="tiny", input="Hello")
+    assert error.value.body["param"] == "task"

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server (vLLM's `vllm serve`): FastAPI routes over an AsyncLLMEngine.
 
     POST /v1/completions  /v1/chat/completions    OpenAI API, streamed as server-sent events on request
+    POST /v1/embeddings                           OpenAI API, on a server started with --task embed
     GET  /v1/models  /health  /metrics             model list, liveness (503 once the engine died), Prometheus
     POST /tokenize  /detokenize  /generate         vLLM extras, and the simple demo endpoint
     POST /v1/load_lora_adapter  /v1/unload_lora_adapter    with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true only
@@ -22,13 +23,15 @@ from jax_engine.sampling_params import SamplingParams
 from jax_engine.server.auth import APIKeyMiddleware
 from jax_engine.server.chat import ChatCompletions, render_chat_prompt
 from jax_engine.server.completions import Completions
+from jax_engine.server.embeddings import Embeddings
 from jax_engine.server.errors import APIError, bad_request, error_response, install_error_handlers
 from jax_engine.server.limits import BodySizeLimitMiddleware, BodyTimeoutMiddleware
 from jax_engine.server.metrics import ServingMetrics
 from jax_engine.server.json_fields import check_json_fields
 from jax_engine.server.lora_adapters import runtime_updates_allowed
-from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest,
-                                        LoadLoRAAdapterRequest, TokenizeRequest, UnloadLoRAAdapterRequest)
+from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
+                                        GenerateRequest, LoadLoRAAdapterRequest, TokenizeRequest,
+                                        UnloadLoRAAdapterRequest)
 from jax_engine.server.request_parts import conversation
 from jax_engine.server.state import ServerConfig, ServerState
 from jax_engine.server.streams import add_streams, collect, merge, until_disconnect
@@ -99,7 +102,7 @@ def _add_service_routes(app: FastAPI, state: ServerState, metrics: ServingMetric
 
 
 def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
-    completions, chat = Completions(state), ChatCompletions(state)
+    completions, chat, embeddings = Completions(state), ChatCompletions(state), Embeddings(state)
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, raw_request: Request):
@@ -110,6 +113,11 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
     async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request):
         salt = state.cache_salt(raw_request, body.cache_salt)
         return _respond(await until_disconnect(raw_request, chat.create(body, salt, state.tenant(raw_request))))
+
+    @app.post("/v1/embeddings")
+    async def create_embedding(body: EmbeddingRequest, raw_request: Request):
+        salt = state.cache_salt(raw_request, None)
+        return await until_disconnect(raw_request, embeddings.create(body, salt, state.tenant(raw_request)))
 
 
 def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:

@@ -12,12 +12,13 @@ from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, collect
                                        sse_error, usage)
 
 
-def _prompts(prompt: str | list) -> list[str | list[int]]:
-    """OpenAI's four prompt shapes -> a list of strings or token-id lists."""
+def prompt_list(prompt: str | list, field: str = "prompt") -> list[str | list[int]]:
+    """OpenAI's four prompt shapes (of a completion's prompt, an embedding's input) -> a list of strings or
+    token-id lists."""
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
     if not prompt:
-        raise APIError(400, "prompt must not be empty", "prompt")
+        raise APIError(400, f"{field} must not be empty", field)
     return list(prompt)
 
 
@@ -66,7 +67,7 @@ class Completions:
         if body.echo and body.logprobs is not None:
             body = body.model_copy(update={"prompt_logprobs": body.logprobs})
         params = await state.sampling_params(body, 1 if scoring_only else body.max_tokens, body.logprobs)
-        prompts = _prompts(body.prompt)
+        prompts = prompt_list(body.prompt)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         streams = await add_streams(state, request_id, prompts, params, cache_salt, tenant, body.model)
         echoes = [await state.off_loop(lambda p=p: self._prompt_text(p)) if body.echo else "" for p in prompts]

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
-from jax_engine.outputs import RequestOutput
+from jax_engine.outputs import PoolingRequestOutput, RequestOutput
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -114,7 +114,10 @@ class ServingMetrics:
         self._seen: dict[str, tuple[int, float]] = {}  # request id -> (tokens reported, time of the last)
         engine.on_output = self.observe
 
-    def observe(self, output: RequestOutput) -> None:
+    def observe(self, output: RequestOutput | PoolingRequestOutput) -> None:
+        if isinstance(output, PoolingRequestOutput):  # one output, when its prompt is done: no tokens generated
+            self.prompt_tokens.inc(len(output.prompt_token_ids))
+            return
         now = time.time()
         num_tokens = sum(len(c.token_ids) for c in output.outputs)
         previous = self._seen.get(output.request_id)

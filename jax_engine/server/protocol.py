@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jax_engine.pooling_params import PoolingParams
 from jax_engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
 from jax_engine.server.json_fields import Shallow, Text
 from jax_engine.server.request_parts import (APIModel, ChatMessage, NamedToolChoice, ResponseFormat, StreamOptions,
@@ -204,6 +205,20 @@ class ChatCompletionRequest(SamplingRequest):
         given, tool_choice = super()._structured_outputs(), self.effective_tool_choice  # checks tool_choice
         constraint = tool_constraint(self.tool_list, tool_choice, self.parallel_tool_calls) if self.tools else None
         return given if constraint is None else {**given, "tools": constraint}
+
+
+class EmbeddingRequest(RequestBody):
+    model: str | None = None
+    input: Text | list[Text] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 bytes")
+    dimensions: int | None = Field(None, ge=1, description="keep the first this many values (before normalizing)")
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, description="vLLM's: keep the input's last k tokens")
+    normalize: bool | None = Field(None, description="vLLM's: unit length or not; default: the server's "
+                                   "--pooler-config")
+
+    def pooling_params(self) -> PoolingParams:
+        return PoolingParams(self.normalize, self.dimensions, self.truncate_prompt_tokens)
 
 
 class TokenizeRequest(RequestBody):

@@ -11,6 +11,7 @@ from typing import TypeVar
 from starlette.requests import Request
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
+from jax_engine.pooling_params import PoolingParams
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.lora.request import LoRARequest
 from jax_engine.server.errors import APIError, bad_request
@@ -175,10 +176,17 @@ class ServerState:
                 raise APIError(400, str(error), field) from None
         return params
 
-    def check_cost(self, params: SamplingParams, prompt_lengths: list[int]) -> None:
+    def check_cost(self, params: SamplingParams | PoolingParams, prompt_lengths: list[int]) -> None:
         """A 400 naming the field to lower when a request (its prompts, of these token counts) would cost more
-        than the server allows one request: tokens generated, prompt tokens scored, grammar rows."""
-        config, n = self.config, params.n
+        than the server allows one request: tokens generated (or embedded), prompt tokens scored, grammar rows."""
+        config = self.config
+        if isinstance(params, PoolingParams):  # all the work is the inputs' tokens
+            if sum(prompt_lengths) > config.max_request_tokens:
+                raise APIError(400, f"input: {len(prompt_lengths)} inputs of {sum(prompt_lengths)} tokens in all are "
+                               f"more than this server's limit of {config.max_request_tokens} tokens per request; "
+                               "send fewer or shorter inputs", "input")
+            return
+        n = params.n
         generated = n * sum(min(params.max_tokens or self.max_model_len, self.max_model_len - length)
                             for length in prompt_lengths)
         if generated > config.max_request_tokens:
