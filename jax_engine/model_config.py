@@ -49,6 +49,9 @@ class ModelConfig:
     parallel_residual: bool = False  # x + attn(norm(x)) + mlp(norm'(x)): GPT-NeoX, GPT-J, Falcon
     norm_before: bool = True  # pre-norm; False: OPT-350m's post-norm layers (norm after each residual add)
     sliding_window: int | None = None  # Mistral: a token attends to the last sliding_window tokens only
+    # Gemma 3: which layers have the sliding window (the others see every token); None: all of them, as Mistral
+    sliding_window_layers: tuple[bool, ...] | None = None
+    rope_local_theta: float | None = None  # Gemma 3: the RoPE base of the sliding-window layers (no scaling)
     alibi_slopes: tuple[float, ...] | None = None  # BLOOM, MPT: one slope per query head (models/alibi.py)
     softmax_scale: float | None = None  # None: 1 / sqrt(head_dim)
 
@@ -59,6 +62,10 @@ class ModelConfig:
             )
         if self.rotary_dim is not None and not (0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
             raise ValueError(f"rotary_dim={self.rotary_dim} must be even and in 1..head_dim={self.head_dim}")
+        layers = self.sliding_window_layers
+        if layers is not None and (len(layers) != self.num_layers or self.sliding_window is None):
+            raise ValueError(f"sliding_window_layers needs sliding_window and one entry per layer ({self.num_layers}), "
+                             f"got {len(layers)} with sliding_window={self.sliding_window}")
         pairs = (self.rotary_dim or self.head_dim) // 2
         if self.rope_freq_factors is not None and len(self.rope_freq_factors) != pairs:
             raise ValueError(f"rope_freq_factors has {len(self.rope_freq_factors)} factors; the heads rotate {pairs} "

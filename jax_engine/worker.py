@@ -62,6 +62,11 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
         lora_bytes = args.max_loras * model.lora_layout.slot_bytes(dtype)
     draft = load_draft_model(args.speculative, checkpoint, dtype, mesh, scheduler_config.max_model_len)
     backend = get_attention_backend(args.attention_backend, platform())
+    if cfg.sliding_window_layers is not None and backend.name == "pallas":  # its kernels take one static window
+        if args.attention_backend == "pallas":
+            raise ValueError("attention_backend 'pallas' takes one sliding window for every layer, and this model's "
+                             "layers differ (Gemma 3): use 'auto', 'xla' or 'cpu'")
+        backend = get_attention_backend("xla", platform())
     # The block size the cache will have (xla, the fallback, has pallas's default too).
     block_size = resolve_block_size(args.block_size, backend)
     shapes = AttentionShapes.of(cfg, dtype, block_size, scheduler_config.max_model_len)

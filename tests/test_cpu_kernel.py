@@ -67,7 +67,9 @@ def test_window_reads_only_the_blocks_it_reaches():
     tables[0, :3], tables[1, :1] = 99, -1  # keys 0..47 of sequence 0 and 0..15 of sequence 1 are out of reach
     out = run_kernel(q, k, v, tables, query_seq, context_lens, 16, **options)
     assert np.abs(out - want).max() < 2e-5
-    with pytest.raises(jax.errors.JaxRuntimeError, match="block id 99 out of range"):
+    # The same program as above (the window is an operand): JAX reports the kernel's error as a ValueError when
+    # it runs an already compiled program, as a JaxRuntimeError when it ran at the first call.
+    with pytest.raises((jax.errors.JaxRuntimeError, ValueError), match="block id 99 out of range"):
         run_kernel(q, k, v, tables, query_seq, context_lens, 16, **{**options, "sliding_window": 20})
 
 

@@ -62,6 +62,12 @@ FAMILY_ARGS = {
     "bloom": ("BloomConfig", dict(hidden_size=48, n_layer=2, n_head=6)),
     "phi3": ("Phi3Config", {**_LLAMA_ARGS, "pad_token_id": 0}),
     "gemma": ("GemmaConfig", _LLAMA_ARGS),
+    # Three layers, windowed, global, windowed, with a window of 6 (PROMPT is 21 tokens), a query scale that is
+    # not head_dim's, and Gemma 3's RoPE bases (10,000 local, 1,000,000 global).
+    "gemma3_text": ("Gemma3TextConfig", {**_LLAMA_ARGS, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                                         "num_hidden_layers": 3, "sliding_window": 6,
+                                         "query_pre_attn_scalar": 24, "layer_types": [
+                                             "sliding_attention", "full_attention", "sliding_attention"]}),
     "mpt": ("MptConfig", dict(d_model=64, n_layers=2, n_heads=4, expansion_ratio=2, max_seq_len=256)),
 }
 

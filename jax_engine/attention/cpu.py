@@ -53,21 +53,21 @@ def attend_rows(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax
         block_size: tokens per block.
         scale: softmax scale.
         sliding_window: each row sees only its last `sliding_window` keys, and reads only their blocks
-            (None: all its keys).
+            (None: all its keys); an int, or a traced int32 scalar (a model whose layers differ: Gemma 3).
         alibi_slopes: [N] float32 ALiBi slope of each query head: slope * (t - p) is added to the scaled
             score of key t for the row at position p (None: no ALiBi).
 
     Returns:
         [R, N, D] float32 attention outputs.
     """
-    if sliding_window is not None and sliding_window < 1:
+    if isinstance(sliding_window, int) and sliding_window < 1:
         raise ValueError(f"sliding_window must be at least 1 (or None), got {sliding_window}")
     # The kernel takes a slopes buffer either way: all zeros is no ALiBi (and it skips the term).
     slopes = jnp.zeros(q.shape[1], jnp.float32) if alibi_slopes is None else jnp.asarray(alibi_slopes, jnp.float32)
+    window = jnp.asarray(0 if sliding_window is None else sliding_window, jnp.int32)  # 0: none
     call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
-    return call(q.astype(jnp.float32), k_cache, v_cache, jnp.asarray(layer, jnp.int32), tables, query_seq,
-                context_lens, slopes, block_size=np.int64(block_size), scale=np.float32(scale),
-                sliding_window=np.int64(sliding_window or 0))
+    return call(q.astype(jnp.float32), k_cache, v_cache, jnp.asarray(layer, jnp.int32), window, tables, query_seq,
+                context_lens, slopes, block_size=np.int64(block_size), scale=np.float32(scale))
 
 
 def _rows(metadata: AttentionMetadata, num_tokens: int) -> tuple[jax.Array, jax.Array]:

@@ -12,10 +12,12 @@ table up to its context length, causal within a chunk:
               block_size, scale, *, sliding_window=None, alibi_slopes=None) -> (out [T, N, D], k_cache, v_cache)
 
 The two keyword arguments come from the model's config; sliding_window is a Python int (static: part of the
-compiled step), alibi_slopes an array:
+compiled step) or, for a model whose layers differ, a traced int32 scalar (each layer's), alibi_slopes an array:
 - sliding_window: int | None. The token at position p sees key position t only if p - sliding_window < t <= p,
   its last `sliding_window` keys, itself included (Mistral; Hugging Face's `kv_idx > q_idx - sliding_window`).
-  None: plain causal. Backends that page may skip the blocks wholly before a token's window.
+  None: plain causal. Backends that page may skip the blocks wholly before a token's window. Gemma 3 interleaves
+  windowed and global layers in one scan: its global layers pass NO_WINDOW, a window no context reaches (the
+  xla and cpu backends take a traced window; pallas's kernels need it static).
 - alibi_slopes: float32 [N] or None, one slope per query head (BLOOM, MPT). The scaled score q.k * scale of
   position p and key position t in head h gets + alibi_slopes[h] * (t - p) before the softmax. (BLOOM adds
   slope * t, which differs by a constant per row: same softmax; t - p keeps numbers small at long positions.)
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 import jax
 
 AttentionFn = Callable[..., tuple[jax.Array, jax.Array, jax.Array]]
+NO_WINDOW = 2**30  # a traced sliding_window that no context reaches: the global layers of a mixed model
 
 
 @functools.partial(jax.tree_util.register_dataclass, meta_fields=("max_query_len",),

@@ -21,7 +21,11 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
                     interpret: bool, sliding_window: int | None = None,
                     alibi_slopes: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Same contract as jax_engine.attention.xla.paged_attention (sliding_window and alibi_slopes included),
-    computed by the Pallas kernels, which with a window read only the blocks it reaches."""
+    computed by the Pallas kernels, which with a window read only the blocks it reaches. Their window is static
+    (it sizes the blocks read): a model whose layers' windows differ (Gemma 3) runs on xla (worker.py)."""
+    if sliding_window is not None and not isinstance(sliding_window, int):
+        raise ValueError("the pallas attention backend takes one sliding window for every layer; a model whose "
+                         "layers' windows differ (Gemma 3) runs on attention_backend 'xla' or 'cpu'")
     k_cache, v_cache = write_kv(k, v, k_cache, v_cache, metadata.slot_mapping, layer, interpret=interpret)
     num_layers, num_slots, num_kv_heads, head_dim = k_cache.shape
     paged = (num_layers, num_slots // block_size, block_size, num_kv_heads, head_dim)  # a free reshape

@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec as P
 
-from jax_engine.attention.metadata import AttentionFn, AttentionMetadata
+from jax_engine.attention.metadata import NO_WINDOW, AttentionFn, AttentionMetadata
 from jax_engine.distributed.tensor_parallel import AXIS, TensorParallel
 from jax_engine.linear import dequantize, linear
 from jax_engine.models.lora import LoRABatch
@@ -176,11 +176,7 @@ def _step(cfg: ModelConfig, parallel: TensorParallel | None, attention: Attentio
     the pieces of its share of each adapted projection). lora_rows None: no adapter updates."""
     L, num_blocks, block_size = k_cache.shape[:3]
     k_flat = k_cache.reshape(L, num_blocks * block_size, *k_cache.shape[3:])  # [L, S, K, D]
-    rope = None
-    if cfg.position_embedding == "rope":
-        inv_freq, attention_factor = rope_frequencies(cfg.rotary_dim or cfg.head_dim, cfg.rope_theta,
-                                                      cfg.rope_scaling, cfg.rope_freq_factors)
-        rope = rope_tables(metadata.positions, inv_freq, attention_factor)
+    rope_and_window = _per_layer(cfg, metadata.positions)
     all_reduce = None if parallel is None else functools.partial(jax.lax.psum, axis_name=AXIS)
     slopes = cfg.alibi_slopes if parallel is None else parallel.alibi_slopes
     if slopes is not None:  # [N], or [devices, N] of which this device takes its row
@@ -194,7 +190,8 @@ def _step(cfg: ModelConfig, parallel: TensorParallel | None, attention: Attentio
 
     def layer_step(carry, layer):
         x, k_flat, v_flat = carry
-        ctx = StepContext(metadata, attention, block_size, rope, k_flat, v_flat, slopes, all_reduce, lora)
+        rope, window = rope_and_window(layer)
+        ctx = StepContext(metadata, attention, block_size, rope, k_flat, v_flat, slopes, all_reduce, lora, window)
         x = layer_fn(cfg, layers, layer, x, ctx)
         return (x, ctx.k_flat, ctx.v_flat), None
 
@@ -206,6 +203,28 @@ def _step(cfg: ModelConfig, parallel: TensorParallel | None, attention: Attentio
     if "project_out" in top:  # OPT-350m: hidden -> the embedding's width
         x = linear(x, top["project_out"], None)
     return x, k_flat.reshape(k_cache.shape), v_flat.reshape(v_cache.shape)
+
+
+def _per_layer(cfg: ModelConfig, positions: jax.Array):
+    """layer -> (its RoPE tables (cos, sin) or None, its sliding window): the model's own, or for a model whose
+    layers are of two kinds (Gemma 3: windowed layers with their own RoPE base, and global ones) its kind's,
+    picked inside the scan by the traced layer index (the global layers' window is NO_WINDOW)."""
+    def tables(theta: float, scaling) -> tuple[jax.Array, jax.Array]:
+        inv_freq, factor = rope_frequencies(cfg.rotary_dim or cfg.head_dim, theta, scaling, cfg.rope_freq_factors)
+        return rope_tables(positions, inv_freq, factor)
+
+    rope = tables(cfg.rope_theta, cfg.rope_scaling) if cfg.position_embedding == "rope" else None
+    if cfg.sliding_window_layers is None:
+        return lambda layer: (rope, cfg.sliding_window)
+    windowed = jnp.asarray(cfg.sliding_window_layers)
+    local_rope = rope if cfg.rope_local_theta is None or rope is None else tables(cfg.rope_local_theta, None)
+
+    def of(layer: jax.Array):
+        local = windowed[layer]
+        window = jnp.where(local, cfg.sliding_window, NO_WINDOW).astype(jnp.int32)
+        return None if rope is None else tuple(jnp.where(local, a, b) for a, b in zip(local_rope, rope)), window
+
+    return of
 
 
 def _embed(cfg: ModelConfig, top: dict, token_ids: jax.Array, positions: jax.Array, dtype, all_reduce) -> jax.Array:

@@ -29,18 +29,18 @@ def config(c: dict) -> ModelConfig:
         embedding_multiplier=math.sqrt(hidden), **special_token_fields(c))
 
 
-def _plus_one(name: str):
+def plus_one(name: str):
     return derived(lambda w: w + 1.0, name)
 
 
 def weights(cfg: ModelConfig) -> WeightMap:
     layer = {
-        "attn_norm": _plus_one("input_layernorm.weight"),
+        "attn_norm": plus_one("input_layernorm.weight"),
         "w_qkv": hf("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"),
-        "w_o": hf("self_attn.o_proj.weight"), "mlp_norm": _plus_one("post_attention_layernorm.weight"),
+        "w_o": hf("self_attn.o_proj.weight"), "mlp_norm": plus_one("post_attention_layernorm.weight"),
         "w_gate_up": hf("mlp.gate_proj.weight", "mlp.up_proj.weight"), "w_down": hf("mlp.down_proj.weight"),
     }
-    top = {"embed": hf("model.embed_tokens.weight"), "final_norm": _plus_one("model.norm.weight"), **lm_head(cfg)}
+    top = {"embed": hf("model.embed_tokens.weight"), "final_norm": plus_one("model.norm.weight"), **lm_head(cfg)}
     return WeightMap("model.layers.{i}.", layer, top)
 
 

@@ -99,12 +99,13 @@ class StepContext:
     alibi_slopes: jax.Array | None = None  # [N] of this device's query heads
     all_reduce: Callable[[jax.Array], jax.Array] | None = None
     lora: LoRABatch | None = None  # each token's adapter slot, where the engine serves LoRA adapters
+    sliding_window: int | jax.Array | None = None  # this layer's (traced when the layers differ: Gemma 3)
 
     def attend(self, cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, layer: jax.Array) -> jax.Array:
         """Write k, v into the cache and attend q over every sequence's context. q [T, N, D] -> [T, N, D]."""
         out, self.k_flat, self.v_flat = self.attention(
             q, k, v, self.k_flat, self.v_flat, layer, self.metadata, self.block_size, cfg.attention_scale,
-            sliding_window=cfg.sliding_window, alibi_slopes=self.alibi_slopes)
+            sliding_window=self.sliding_window, alibi_slopes=self.alibi_slopes)
         return out
 
 

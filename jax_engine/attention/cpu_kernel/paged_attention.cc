@@ -20,6 +20,8 @@
 //   k_cache      [L, S, K, D]     every layer's keys, S = num_blocks * block_size slots
 //   v_cache      [L, S, K, D]
 //   layer        []   int32       the layer to read
+//   sliding_window [] int32       a row sees keys p - sliding_window < t <= p; 0 = no window (an operand, not
+//                                 an attribute: a model whose layers differ, Gemma 3, passes each layer's)
 //   tables       [B, C] int32     block ids of each sequence
 //   query_seq    [R]  int32       the sequence (row of tables) each query belongs to
 //   context_lens [R]  int32       keys each query sees; only the first ceil(len / block_size) blocks are
@@ -27,7 +29,7 @@
 //   alibi_slopes [N]  float32     ALiBi slope of each query head: slope * (t - p) is added to the scaled
 //                                 score of key t for the query at p = len - 1; all zero = no ALiBi
 //   out          [R, N, D]
-// Attributes: block_size; scale; sliding_window (a row sees keys p - sliding_window < t <= p; 0 = no window).
+// Attributes: block_size; scale.
 
 #include <algorithm>
 #include <atomic>
@@ -224,10 +226,10 @@ ffi::Error check_tables(const int32_t* tables, int64_t num_seqs, int64_t max_blo
 }
 
 ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
-                              ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> tables,
-                              ffi::Buffer<ffi::S32> query_seq, ffi::Buffer<ffi::S32> context_lens,
-                              ffi::Buffer<ffi::F32> alibi_slopes, ffi::ResultBuffer<ffi::F32> out, int64_t block_size,
-                              float scale, int64_t sliding_window) {
+                              ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> window,
+                              ffi::Buffer<ffi::S32> tables, ffi::Buffer<ffi::S32> query_seq,
+                              ffi::Buffer<ffi::S32> context_lens, ffi::Buffer<ffi::F32> alibi_slopes,
+                              ffi::ResultBuffer<ffi::F32> out, int64_t block_size, float scale) {
   const auto q_dims = q.dimensions();
   const auto cache_dims = k_cache.dimensions();
   const auto table_dims = tables.dimensions();
@@ -248,6 +250,7 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
       alibi_slopes.element_count() != static_cast<size_t>(num_heads) || block_size <= 0 || num_slots % block_size) {
     return ffi::Error::InvalidArgument("paged_attention: inconsistent shapes");
   }
+  const int64_t sliding_window = window.typed_data()[0];
   if (sliding_window < 0) {
     return ffi::Error::InvalidArgument("paged_attention: sliding_window " + std::to_string(sliding_window));
   }
@@ -297,11 +300,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedAttention, PagedAttentionImpl,
                                   .Arg<ffi::AnyBuffer>()         // k_cache
                                   .Arg<ffi::AnyBuffer>()         // v_cache
                                   .Arg<ffi::Buffer<ffi::S32>>()  // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // sliding_window
                                   .Arg<ffi::Buffer<ffi::S32>>()  // tables
                                   .Arg<ffi::Buffer<ffi::S32>>()  // query_seq
                                   .Arg<ffi::Buffer<ffi::S32>>()  // context_lens
                                   .Arg<ffi::Buffer<ffi::F32>>()  // alibi_slopes
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out
                                   .Attr<int64_t>("block_size")
-                                  .Attr<float>("scale")
-                                  .Attr<int64_t>("sliding_window"));
+                                  .Attr<float>("scale"));
