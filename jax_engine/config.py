@@ -266,7 +266,7 @@ def plan_kv_cache(args: EngineArgs, cfg: ModelConfig, dtype, backend: AttentionB
     weight_bytes = cfg.num_params * np.dtype(dtype).itemsize // args.tensor_parallel_size + lora_bytes
     device_block_bytes = block_bytes  # the draft's blocks are never swapped: the host pool is the target's
     if draft is not None:
-        device_block_bytes += bytes_per_block(draft.cfg, block_size, dtype, draft.kv_heads_per_device)
+        device_block_bytes += bytes_per_block(draft.cfg, block_size, dtype, draft.cache_heads_per_device)
         weight_bytes += draft.cfg.num_params * np.dtype(dtype).itemsize // args.tensor_parallel_size
     num_blocks = args.num_gpu_blocks_override or capacity.num_blocks(kv_cache_bytes(args, weight_bytes),
                                                                      device_block_bytes)

@@ -74,7 +74,7 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
     if args.nnodes > 1:  # every host serves on the driver's backend: they run one program
         backend = get_attention_backend(multihost.agree(backend.name), platform())
     block_size, num_blocks, num_host_blocks = plan_kv_cache(args, cfg, dtype, backend, scheduler_config.max_model_len,
-                                                            model.kv_heads_per_device, draft, lora_bytes)
+                                                            model.cache_heads_per_device, draft, lora_bytes)
     if args.nnodes > 1:  # every host's cache must have the driver's block count (free memory may differ)
         num_blocks, num_host_blocks = multihost.agree((num_blocks, num_host_blocks))
     runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, scheduler_config.max_model_len,

@@ -106,11 +106,19 @@ class CausalLM(nnx.Module):
     def kv_heads_per_device(self) -> int:
         return self.cfg.num_kv_heads if self.parallel is None else self.parallel.kv_heads_per_device
 
+    @property
+    def cache_heads_per_device(self) -> int:
+        """KV heads each device's cache holds: its own, and at least two. A cache whose head axis has length 1
+        is copied whole into and out of every step by XLA (its reshape to slots is then no bitcast: 2 GiB a step
+        for Gemma 3 270M on a CPU, 20x its weights), so a single KV head (multi-query attention) is cached twice,
+        both copies written alike (StepContext.attend); the block budget counts both."""
+        return max(self.kv_heads_per_device, 2)
+
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
-        """[L, blocks, block_size, K, D]; under tensor parallelism K counts every device's KV heads (padding
+        """[L, blocks, block_size, K, D]; under tensor parallelism K counts every device's cached heads (padding
         and replicas included), so that each device's share is its own heads."""
         devices = 1 if self.parallel is None else self.parallel.size
-        return (self.cfg.num_layers, num_blocks, block_size, devices * self.kv_heads_per_device, self.cfg.head_dim)
+        return (self.cfg.num_layers, num_blocks, block_size, devices * self.cache_heads_per_device, self.cfg.head_dim)
 
     def kv_cache_sharding(self):
         """Where the KV cache lives: split on KV heads over the mesh, or None (the default device)."""

@@ -103,6 +103,9 @@ class StepContext:
 
     def attend(self, cfg: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, layer: jax.Array) -> jax.Array:
         """Write k, v into the cache and attend q over every sequence's context. q [T, N, D] -> [T, N, D]."""
+        copies = self.k_flat.shape[2] // k.shape[1]  # a single KV head is cached twice (CausalLM.kv_cache_shape)
+        if copies > 1:
+            k, v = jnp.repeat(k, copies, axis=1), jnp.repeat(v, copies, axis=1)
         out, self.k_flat, self.v_flat = self.attention(
             q, k, v, self.k_flat, self.v_flat, layer, self.metadata, self.block_size, cfg.attention_scale,
             sliding_window=self.sliding_window, alibi_slopes=self.alibi_slopes)

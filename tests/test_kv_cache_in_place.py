@@ -1,0 +1,32 @@
+"""The step updates the paged KV cache in place: its compiled program copies no cache-sized array, whatever the
+number of KV heads. With one KV head (multi-query attention: Gemma 3 270M, Falcon-7B, StarCoder) XLA once copied
+both caches whole into and out of every step, 2 GiB a token for Gemma 3 270M; such a head is now cached twice
+(CausalLM.cache_heads_per_device)."""
+
+import pytest
+
+from jax_engine import EngineArgs, LLMEngine, SamplingParams
+from jax_engine.runner.device_programs import STEP
+from tests.tiny_checkpoints import make_tiny_checkpoint
+
+
+def cache_copies(engine: LLMEngine) -> int:
+    """Copies of cache-shaped arrays in the compiled program of the engine's next step."""
+    runner = engine.runner
+    inputs = runner.prepare(engine.scheduler.schedule())
+    args = (runner.model, runner.k_cache, runner.v_cache, inputs.token_ids, inputs.lora_slots, inputs.metadata,
+            inputs.logits_indices)
+    text = STEP.fn.lower(*args, *STEP.static(runner)).compile().as_text()
+    cache = f"f32[{runner.k_cache.shape[0]},"
+    return sum(1 for line in text.splitlines() if " copy(" in line and cache in line.split("copy(")[0])
+
+
+@pytest.mark.parametrize("architecture, kv_heads", [("llama", 1), ("llama", 2), ("gemma3_text", 1)])
+def test_the_step_copies_no_cache(tmp_path, architecture, kv_heads):
+    make_tiny_checkpoint(tmp_path, architecture, num_key_value_heads=kv_heads)
+    engine = LLMEngine(EngineArgs(str(tmp_path), max_model_len=64, enforce_eager=True, max_num_seqs=2,
+                                  kv_cache_memory_bytes=1 << 24))
+    assert engine.runner.k_cache.shape[3] == 2  # one head is cached twice
+    engine.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=4))
+    engine.step()  # the prompt; the next step decodes
+    assert cache_copies(engine) == 0
