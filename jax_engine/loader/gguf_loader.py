@@ -7,6 +7,7 @@ from gguf import GGUFReader, GGMLQuantizationType
 from gguf.quants import dequantize
 
 from jax_engine.loader.checkpoint import Checkpoint
+from jax_engine.loader.gguf_families import GGUFFamily, gguf_family
 from jax_engine.loader.gguf_tokenizer import tokenizer_from_gguf
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.rope import RopeScaling
@@ -43,13 +44,14 @@ def _field(reader: GGUFReader, key: str, default=None):
     return default if field is None else field.contents()
 
 
-def _hf_name(gguf_name: str) -> str:
+def _hf_name(gguf_name: str, family: GGUFFamily) -> str:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     match = _LAYER_PATTERN.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    names = {**_LAYER_NAMES, **family.layer_names}
+    if match is None or match.group(2) not in names:
         raise ValueError(f"unexpected tensor {gguf_name!r} in GGUF file")
-    return f"model.layers.{match.group(1)}.{_LAYER_NAMES[match.group(2)]}"
+    return f"model.layers.{match.group(1)}.{names[match.group(2)]}"
 
 
 def _undo_rope_permutation(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -86,20 +88,21 @@ def _rope_scaling(reader: GGUFReader, arch: str, max_positions: int) -> RopeScal
     return None if factor in (None, 0.0, 1.0) else RopeScaling("linear", float(factor), max_positions)
 
 
-def _read_config(reader: GGUFReader) -> ModelConfig:
+def _read_config(reader: GGUFReader, family: GGUFFamily) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     get = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
-    hidden = int(get("embedding_length"))
+    hidden, num_layers = int(get("embedding_length")), int(get("block_count"))
     num_heads = int(get("attention.head_count"))
-    tokens = reader.fields["tokenizer.ggml.tokens"]
+    tokens = _field(reader, "tokenizer.ggml.tokens")
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    end_of_turn = tuple(tokens.index(name) for name in family.end_of_turn_tokens if name in tokens)
     max_positions = int(get("context_length"))
     return ModelConfig(
-        architecture=arch,
-        vocab_size=int(get("vocab_size", len(tokens.data))),
+        architecture=family.model_type,
+        vocab_size=int(get("vocab_size", len(tokens))),
         hidden_size=hidden,
         intermediate_size=int(get("feed_forward_length")),
-        num_layers=int(get("block_count")),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=int(get("attention.head_count_kv", num_heads)),
         head_dim=int(get("attention.key_length", hidden // num_heads)),
@@ -108,9 +111,10 @@ def _read_config(reader: GGUFReader) -> ModelConfig:
         max_position_embeddings=max_positions,
         tie_word_embeddings="output.weight" not in {t.name for t in reader.tensors},
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=() if eos is None else (int(eos),),
+        eos_token_ids=(() if eos is None else (int(eos),)) + end_of_turn,
         rope_scaling=_rope_scaling(reader, arch, max_positions),
         rope_freq_factors=_rope_freq_factors(reader),
+        **family.config(get, hidden, num_layers),
     )
 
 
@@ -148,21 +152,23 @@ def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
     """Load a GGUF file into float32 NumPy weights under HF names, its tokenizer (unless not `tokenizer`), and
     its Q8_0/Q4 blocks raw."""
     reader = _Reader(path)
-    config = _read_config(reader)
+    family = gguf_family(_field(reader, "general.architecture"))
+    config = _read_config(reader, family)
     # Only llama.cpp's llama-family converter permutes q/k rows; qwen2/qwen3 files keep HF order.
-    permuted = config.architecture in ("llama", "mistral")
+    permuted = family.permuted_qk
     weights, blocks = {}, {}
     for tensor in reader.tensors:
         if tensor.name == _ROPE_FREQS:  # read into config.rope_freq_factors
             continue
-        name = _hf_name(tensor.name)
+        name = _hf_name(tensor.name, family)
         kept = [tensor.data] if tensor.tensor_type in _KEPT_BLOCK_TYPES else []  # raw rows [out, row bytes]
         arrays = [_dequantized(tensor), *kept]
         if permuted and name.endswith("q_proj.weight"):  # a permutation of rows: the raw ones permute alike
             arrays = [_undo_rope_permutation(a, config.num_heads) for a in arrays]
         elif permuted and name.endswith("k_proj.weight"):
             arrays = [_undo_rope_permutation(a, config.num_kv_heads) for a in arrays]
-        weights[name] = arrays[0]
+        weights[name] = arrays[0] - 1.0 if family.norms_plus_one and name.endswith("norm.weight") else arrays[0]
         if kept:
             blocks[name] = arrays[1]
-    return Checkpoint(config, weights, tokenizer_from_gguf(reader) if tokenizer else None, blocks)
+    return Checkpoint(config, weights, tokenizer_from_gguf(reader, family.chat_template) if tokenizer else None,
+                      blocks)

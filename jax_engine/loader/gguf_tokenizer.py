@@ -81,8 +81,10 @@ PRE_TOKENIZERS: dict[str, _Pre] = {
 }
 TOKENIZER_MODELS = ("gpt2", "llama")
 # transformers rebuilds these architectures' SentencePiece files its own way (Gemma respells space tokens and
-# orders merges by position; Phi-3 prepends "▁" with a normalizer): not done here.
-_OTHER_SENTENCEPIECE_ARCHITECTURES = ("gemma", "gemma2", "gemma3", "phi3")
+# orders merges by position; Phi-3 prepends "▁" with a normalizer): not done here. Gemma 3's files are read as
+# llama.cpp reads them (no space prefix, merges from the scores): the same ids as llama.cpp's tokenizer on the
+# Gemma 3 270M file (tests/test_gemma3_gguf.py).
+_OTHER_SENTENCEPIECE_ARCHITECTURES = ("gemma", "gemma2", "phi3")
 
 
 # --------------------------------------------------------------------------------------------- metadata
@@ -191,11 +193,12 @@ def _byte_level(reader: GGUFReader, tokens: list[str], token_types: list[int]
 
 
 # --------------------------------------------------------------------------------------------- entry point
-def tokenizer_from_gguf(reader: GGUFReader) -> PreTrainedTokenizerFast:
+def tokenizer_from_gguf(reader: GGUFReader, default_chat_template: str | None = None) -> PreTrainedTokenizerFast:
     """The tokenizer a GGUF file describes, with its special tokens, BOS/EOS rules and chat template.
 
     Args:
         reader: the opened GGUF file.
+        default_chat_template: the chat template of a file that has none (its family's, gguf_families.py).
 
     Returns:
         A fast tokenizer whose `encode` adds BOS / EOS as llama.cpp would (`tokenizer.ggml.add_bos_token`,
@@ -228,5 +231,5 @@ def tokenizer_from_gguf(reader: GGUFReader) -> PreTrainedTokenizerFast:
         additional_special_tokens=[token for token in added if token.special],
         add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", add_bos)),
         add_eos_token=bool(_field(reader, "tokenizer.ggml.add_eos_token", False)),
-        chat_template=_field(reader, "tokenizer.chat_template"),
+        chat_template=_field(reader, "tokenizer.chat_template") or default_chat_template,
     )

