@@ -1,7 +1,8 @@
 """The step updates the paged KV cache in place: its compiled program copies no cache-sized array, whatever the
-number of KV heads. With one KV head (multi-query attention: Gemma 3 270M, Falcon-7B, StarCoder) XLA once copied
+number of KV heads. With one KV head (multi-query attention: Gemma 3 270M, StarCoder, Falcon-7B) XLA once copied
 both caches whole into and out of every step, 2 GiB a token for Gemma 3 270M; such a head is now cached twice
-(CausalLM.cache_heads_per_device)."""
+(CausalLM.cache_heads_per_device), each copy serving half the query heads. (Falcon-7B's 71 query heads do not
+split in two: it still copies.)"""
 
 import pytest
 

@@ -86,11 +86,11 @@ class CausalLM(nnx.Module):
 
         `quantization` ("bf16", "int8", "gguf" or None) is how the projections, the embedding and the LM head
         are stored; norms and biases keep `dtype`. "gguf" keeps the matrices found in `blocks` (a GGUF file's
-        raw Q8_0 / Q4_0 / Q4_1 rows) as they are, and the rest in `dtype`. `mesh`: a "tp" mesh of more than one
+        raw Q8_0/Q4_0/Q4_1/Q5_0 rows) as they are, and the rest in `dtype`. `mesh`: a "tp" mesh of more than one
         device splits the model over it (tensor parallelism).
         """
         if quantization == "gguf" and not blocks:
-            raise ValueError("quantization='gguf' keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks, and this model has "
+            raise ValueError("quantization='gguf' keeps a GGUF file's Q8_0/Q4_0/Q4_1/Q5_0 blocks, and this model has "
                              "none (Checkpoint.blocks is empty): pass a .gguf file with such tensors")
         if cfg.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act={cfg.hidden_act!r} is not supported; supported: {sorted(ACTIVATIONS)}")
@@ -108,11 +108,14 @@ class CausalLM(nnx.Module):
 
     @property
     def cache_heads_per_device(self) -> int:
-        """KV heads each device's cache holds: its own, and at least two. A cache whose head axis has length 1
-        is copied whole into and out of every step by XLA (its reshape to slots is then no bitcast: 2 GiB a step
-        for Gemma 3 270M on a CPU, 20x its weights), so a single KV head (multi-query attention) is cached twice,
-        both copies written alike (StepContext.attend); the block budget counts both."""
-        return max(self.kv_heads_per_device, 2)
+        """KV heads each device's cache holds: its own, or two copies of a single one. A cache whose head axis has
+        length 1 is copied whole into and out of every step by XLA (its reshape to slots is then no bitcast: 2 GiB
+        a step for Gemma 3 270M on a CPU, 20x its weights), so a single KV head (multi-query attention) is cached
+        twice, both copies written alike (StepContext.attend), and the block budget counts both. Each copy serves
+        half the query heads, so an odd number of them (Falcon-7B's 71) keeps one copy, and the cache copies."""
+        heads = self.kv_heads_per_device
+        queries = self.cfg.num_heads if self.parallel is None else self.parallel.local_config(self.cfg).num_heads
+        return 2 if heads == 1 and queries % 2 == 0 else heads
 
     def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
         """[L, blocks, block_size, K, D]; under tensor parallelism K counts every device's cached heads (padding
