@@ -115,3 +115,10 @@ def test_the_docs_table_of_families_is_current():
 
     text = PAGE.read_text()
     assert text == page_with_table(text), "docs/models.md's table is stale: run `python -m docs.model_table`"
+
+
+def test_pallas_refuses_a_model_whose_layers_have_different_windows(tmp_path):
+    """The Pallas kernels take one static sliding window; Gemma 3's layers have two (auto serves it on xla)."""
+    make_tiny_checkpoint(tmp_path, "gemma3_text")
+    with pytest.raises(ValueError, match="attention_backend 'pallas' takes one sliding window for every layer"):
+        LLM(str(tmp_path), attention_backend="pallas", enforce_eager=True)
