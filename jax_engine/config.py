@@ -62,7 +62,7 @@ class EngineArgs:
             "error" tests them there and stops with an error instead; "off" never tests.
         seed: seed for requests that do not set their own.
         quantization: weight-only quantization of the matmul weights: "bf16", "int8" (one scale per output
-            feature), "gguf" (a .gguf model's Q8_0 / Q4_0 / Q4_1 blocks kept as the file has them, vLLM's
+            feature), "gguf" (a .gguf model's Q8_0/Q4_0/Q4_1/Q5_0 blocks kept as the file has them, vLLM's
             name), or None to keep them in dtype (a GGUF file's blocks are then dequantized).
         enforce_eager: compile each step shape on first use (a stall mid-stream) instead of compiling or
             loading every one at start-up (jax_engine/runner/compile_shapes.py), as vLLM's flag skips CUDA graphs.

@@ -10,12 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jax_engine.linear import FEW_ROWS, few_rows_matmul, kernel_unavailable_reason, linear, quantize, uses_few_rows_kernel
-from jax_engine.linear.gguf_blocks import dequantize_blocks
+from jax_engine.linear.gguf_blocks import as_q8_0, block_format, dequantize_blocks
 from tests.engine_helpers import engine_logits
 
 needs_kernel = pytest.mark.skipif(jax.default_backend() != "cpu" or kernel_unavailable_reason() is not None,
                                   reason=f"no few-rows kernel here: {kernel_unavailable_reason()}")
-GGUF_KINDS = ["q8_0", "q4_0", "q4_1"]  # GGUF blocks, kept as the file stores them
+GGUF_KINDS = ["q8_0", "q4_0", "q4_1", "q5_0"]  # GGUF blocks, kept as the file stores them
 WEIGHT_KINDS = ["float32", "bfloat16", "float16", "int8", *GGUF_KINDS]
 ROUNDS_X = ("int8", *GGUF_KINDS)  # weights that multiply x rounded to 16 bits per row
 
@@ -107,9 +107,20 @@ def test_gguf_blocks_dequantize_as_gguf_does(kind):
         dequantize_blocks(raw, 64)
 
 
+@pytest.mark.parametrize("kind", ["q4_0", "q5_0", "q8_0"])
+def test_q4_0_and_q5_0_rows_become_the_same_weights_in_q8_0(kind):
+    """A fused matrix of Q5_0 and Q8_0 tensors (Gemma 3's q, k and v) is kept as Q8_0: exactly the same weights."""
+    raw, _, exact = _weights(np.random.default_rng(3), 5, 128, kind)
+    widened = as_q8_0(np.asarray(raw), 128)
+    assert block_format(widened.shape[-1], 128) == "q8_0"
+    np.testing.assert_array_equal(np.asarray(dequantize_blocks(jnp.asarray(widened), 128)), exact.astype(np.float32))
+    with pytest.raises(ValueError, match="q4_1 blocks are no Q8_0 blocks"):
+        as_q8_0(np.asarray(_weights(np.random.default_rng(3), 5, 128, "q4_1")[0]), 128)
+
+
 @needs_kernel
 def test_kernel_refuses_uint8_rows_of_no_block_format():
-    with pytest.raises(Exception, match="no Q8_0, Q4_0 or Q4_1 blocks of 64 weights"):
+    with pytest.raises(Exception, match="no Q8_0, Q4_0, Q4_1 or Q5_0 blocks of 64 weights"):
         jax.block_until_ready(few_rows_matmul(jnp.zeros((1, 64)), jnp.zeros((4, 30), jnp.uint8)))
 
 

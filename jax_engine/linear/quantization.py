@@ -2,7 +2,7 @@
 
 float32 stays the reference. "bf16" keeps each weight's top 16 bits (half the bytes, ~3 significant digits);
 "int8" stores each output feature's row as int8 with one float32 scale (the row's largest magnitude / 127),
-a quarter of the bytes; "gguf" keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 blocks as the file stores them
+a quarter of the bytes; "gguf" keeps a GGUF file's Q8_0/Q4_0/Q4_1/Q5_0 blocks as the file stores them
 (gguf_blocks.py; the shipped SmolLM2 file reads 97 MB a token) and its other matrices in the engine's dtype.
 Activations, the KV cache and the arithmetic keep the engine's dtype: a weight is widened as it is read,
 except that int8 weights and GGUF blocks multiply x rounded to 16 bits per row (integer multiply-adds, see

@@ -119,7 +119,8 @@ def _read_config(reader: GGUFReader, family: GGUFFamily) -> ModelConfig:
 
 
 # The block formats the engine can keep as they are (jax_engine/linear/gguf_blocks.py).
-_KEPT_BLOCK_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+_KEPT_BLOCK_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1,
+                     GGMLQuantizationType.Q5_0)
 
 
 def _dequantized(tensor) -> np.ndarray:
@@ -150,7 +151,7 @@ class _Reader(GGUFReader):
 
 def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
     """Load a GGUF file into float32 NumPy weights under HF names, its tokenizer (unless not `tokenizer`), and
-    its Q8_0/Q4 blocks raw."""
+    its Q8_0 / Q4 / Q5_0 blocks raw."""
     reader = _Reader(path)
     family = gguf_family(_field(reader, "general.architecture"))
     config = _read_config(reader, family)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.linear import quantize
+from jax_engine.linear.gguf_blocks import as_q8_0
 
 
 @dataclass(frozen=True)
@@ -115,13 +116,21 @@ class StoredWeights:
         return tensors[0] if len(tensors) == 1 else np.concatenate(tensors)
 
     def _kept_blocks(self, source: Source, prefixes: list[str]) -> list[np.ndarray] | None:
-        """quantization="gguf": the file's raw block rows, when every tensor has them in one format."""
+        """quantization="gguf": the file's raw block rows, when every tensor has them in one format (Q4_0 and Q5_0
+        tensors beside Q8_0 ones become Q8_0, exactly)."""
         if self.quantization != "gguf" or source.combine is not None:
             return None
         names = [[p + n for n in source.names] for p in prefixes]
         if not all(n in self.blocks for row in names for n in row):
             return None
         rows = [[self.blocks[n] for n in row] for row in names]
+        widths = {(r.shape[1], self.weights[n].shape[1]) for row, row_names in zip(rows, names)
+                  for r, n in zip(row, row_names)}
+        if len(widths) > 1:
+            try:
+                rows = [[as_q8_0(self.blocks[n], self.weights[n].shape[1]) for n in row] for row in names]
+            except ValueError:  # a format with a minimum (Q4_1): no common one
+                return None
         if len({r.shape[1] for row in rows for r in row}) != 1 or len({sum(len(r) for r in row) for row in rows}) != 1:
             return None
         return [np.concatenate(row) if len(row) > 1 else row[0] for row in rows]

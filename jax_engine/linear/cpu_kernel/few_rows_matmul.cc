@@ -20,8 +20,8 @@
 // (signed) pairs with the weights + 128 (a byte XOR: unsigned, 1..255), which adds 128 x sum(hi), taken off
 // at the end. The sums are the same integers as the int16 path's, with 2 instructions per 64 weights.
 //
-// GGUF blocks (quantization="gguf", see gguf_blocks.py) come as uint8 rows of Q8_0, Q4_0 or Q4_1 blocks of 32
-// weights, told apart by their bytes per block. They multiply x rounded to int16 like int8 weights: each
+// GGUF blocks (quantization="gguf", see gguf_blocks.py) come as uint8 rows of Q8_0, Q4_0, Q4_1 or Q5_0 blocks
+// of 32 weights, told apart by their bytes per block. They multiply x rounded to int16 like int8 weights: each
 // block's 32 products are summed exactly in int32 (at most 4 x 127 x 32767 per lane, below 2^24, so exact in
 // float32 too), then scaled by the block's d; Q4_1's minimum m adds m x the block's sum of x.
 //
@@ -175,8 +175,38 @@ struct Q4_1 {
   static constexpr int64_t kBytes = 20;
   static void weights(const uint8_t* b, Int16x16& low, Int16x16& high) { widen_nibbles(b + 4, 0, low, high); }
 };
+// Q5_0: d, 32 high bits (bit j is weight j's fifth bit), then 16 bytes of low nibbles as Q4_0's; w = d (q - 16).
+#if defined(__AVX2__)
+inline void add_fifth_bits(uint32_t bits, Int16x16& low, Int16x16& high) {
+  const __m256i lane_bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                             static_cast<int16_t>(-32768));
+  const __m256i sixteen = _mm256_set1_epi16(16);
+  for (auto [half, part] : {std::pair{&low, bits & 0xffffu}, std::pair{&high, bits >> 16}}) {
+    const __m256i set = _mm256_and_si256(_mm256_set1_epi16(static_cast<int16_t>(part)), lane_bit);
+    const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi16(set, lane_bit), sixteen);
+    *half = reinterpret_cast<Int16x16>(_mm256_add_epi16(reinterpret_cast<__m256i>(*half), fifth));
+  }
+}
+#else
+inline void add_fifth_bits(uint32_t bits, Int16x16& low, Int16x16& high) {
+  for (int j = 0; j < kIntLanes; ++j) {
+    low[j] = static_cast<int16_t>(low[j] + (((bits >> j) & 1u) << 4));
+    high[j] = static_cast<int16_t>(high[j] + (((bits >> (j + 16)) & 1u) << 4));
+  }
+}
+#endif
+struct Q5_0 {
+  static constexpr int64_t kBytes = 22;
+  static void weights(const uint8_t* b, Int16x16& low, Int16x16& high) {
+    uint32_t bits;
+    std::memcpy(&bits, b + 2, sizeof bits);
+    widen_nibbles(b + 6, 16, low, high);
+    add_fifth_bits(bits, low, high);
+  }
+};
 template <typename T>
-constexpr bool kIsBlockFormat = std::is_same_v<T, Q8_0> || std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_1>;
+constexpr bool kIsBlockFormat = std::is_same_v<T, Q8_0> || std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_1> ||
+                                std::is_same_v<T, Q5_0>;
 constexpr int64_t kBlock = 32;
 
 // Register blocking: ROWS rows of x times FEATURES weight rows, ROWS x FEATURES accumulators (at most 8 of the
@@ -434,7 +464,7 @@ struct WorkQueue {
   std::vector<int8_t> x_high;
   std::vector<int64_t> x_high_sums;
   ffi::DataType dtype;
-  int64_t block_bytes;  // GGUF blocks: 34, 18 or 20 (Q8_0, Q4_0, Q4_1)
+  int64_t block_bytes;  // GGUF blocks: 34, 18, 20 or 22 (Q8_0, Q4_0, Q4_1, Q5_0)
   int64_t num_items;
   int64_t features_per_item;
   std::atomic<int64_t> next{0};
@@ -458,6 +488,7 @@ struct WorkQueue {
           if (block_bytes == Q8_0::kBytes) item_features<Q8_0>(item);
           if (block_bytes == Q4_0::kBytes) item_features<Q4_0>(item);
           if (block_bytes == Q4_1::kBytes) item_features<Q4_1>(item);
+          if (block_bytes == Q5_0::kBytes) item_features<Q5_0>(item);
           break;
         default: item_features<float>(item); break;
       }
@@ -486,9 +517,11 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   }
   const int64_t block_bytes = gguf_blocks && K % kBlock == 0 ? row_values * kBlock / K : 0;
   if (gguf_blocks && (block_bytes * K != row_values * kBlock ||
-                      (block_bytes != Q8_0::kBytes && block_bytes != Q4_0::kBytes && block_bytes != Q4_1::kBytes))) {
+                      (block_bytes != Q8_0::kBytes && block_bytes != Q4_0::kBytes && block_bytes != Q4_1::kBytes &&
+                       block_bytes != Q5_0::kBytes))) {
     return ffi::Error::InvalidArgument("few_rows_matmul: uint8 rows of " + std::to_string(row_values) +
-                                       " bytes are no Q8_0, Q4_0 or Q4_1 blocks of " + std::to_string(K) + " weights");
+                                       " bytes are no Q8_0, Q4_0, Q4_1 or Q5_0 blocks of " + std::to_string(K) +
+                                       " weights");
   }
   const int64_t layer = layer_index.typed_data()[0];
   if (layer < 0 || layer >= layers) {
