@@ -6,9 +6,11 @@
 A prompt may be computed over several steps (chunked prefill), so MEAN adds each step's rows of the request to
 a running sum. (Nothing preempts a pooling request mid-prompt: the scheduler gives it its whole prompt's blocks
 when it admits it, and it never asks for more. Should a prompt be computed again from position 0, its sum would
-start again too.) MEAN needs every prompt token's row, so an engine that pools by MEAN runs without the prefix cache (as
-vLLM's does): a cached block's tokens are never computed. LAST needs only the last token, which a step always
-computes. Rows are read on the host (one transfer of the step's hidden states), so pooling compiles nothing.
+start again too.)
+
+MEAN needs every prompt token's row, so an engine that pools by MEAN runs without the prefix cache (as vLLM's
+does): a cached block's tokens are never computed. LAST needs only the last token, which a step always computes.
+Rows are read on the host (one transfer of the step's hidden states), so pooling compiles nothing.
 """
 
 import dataclasses

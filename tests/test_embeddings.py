@@ -38,7 +38,8 @@ def test_embeddings_equal_hf_hidden_states(tmp_path, architecture, pooling):
     assert outputs[0].outputs.hidden_size == hf_model.config.hidden_size
     # Not normalized, first 8 values (Matryoshka): hidden states of magnitude ~1-3 here, so the same bound.
     raw = llm.encode(PROMPTS[0], PoolingParams(normalize=False, dimensions=8), use_tqdm=False)[0].outputs.data
-    assert raw.shape == (8,) and np.abs(raw - hf_vector(hf_model, PROMPTS[0], pooling, normalize=False)[:8]).max() < 1e-5
+    expected = hf_vector(hf_model, PROMPTS[0], pooling, normalize=False)[:8]
+    assert raw.shape == (8,) and np.abs(raw - expected).max() < 1e-5
 
 
 @pytest.fixture(scope="module")
