@@ -4,6 +4,7 @@ position. (The real Gemma 3 270M file is checked against transformers and llama.
 optional extra.)"""
 
 import numpy as np
+import pytest
 from tokenizers import pre_tokenizers
 
 from jax_engine.loader import load_checkpoint
@@ -12,13 +13,13 @@ from tests.test_gguf_tokenizers import BYTE_LEVEL_SPECIALS, write_gguf
 from tests.test_llama_vs_hf import PROMPT, hf_logits
 from tests.tiny_checkpoints import make_tiny_checkpoint
 
-# HF module -> GGUF tensor, as llama.cpp's converter maps Gemma 3's (gguf-py's tensor_mapping.py).
-GEMMA3_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-                "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-                "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-                "post_feedforward_layernorm": "post_ffw_norm"}
+# HF module -> GGUF tensor, as llama.cpp's converter maps them (gguf-py's tensor_mapping.py).
+LLAMA_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+               "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+               "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+GEMMA3_NAMES = {**LLAMA_NAMES, "post_attention_layernorm": "post_attention_norm",
+                "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 # llama.cpp's Gemma 3: every sixth layer global (set_swa_pattern(6)); the tiny model has six layers to show it.
 GEMMA3_LAYERS = ["sliding_attention"] * 5 + ["full_attention"]
 
@@ -31,35 +32,59 @@ def byte_level_fields(eos: int = 257) -> dict:
             "tokenizer.ggml.eos_token_id": eos}
 
 
-def gemma3_gguf_tensors(hf_model) -> dict[str, np.ndarray]:
-    """Gemma 3's weights as the converter writes them: its names, every norm as 1 + weight, q/k rows as they are."""
+def gguf_tensors(hf_model, names: dict[str, str], norm_shift: float = 0.0) -> dict[str, np.ndarray]:
+    """An HF model's weights as the converter writes them: its names, q/k rows as they are (the Qwen and Gemma
+    converters do not permute them), and every norm plus `norm_shift` (Gemma stores 1 + weight)."""
     tensors = {}
     for name, value in hf_model.state_dict().items():
-        array = value.numpy() + (1.0 if name.endswith("norm.weight") else 0.0)
+        array = value.numpy() + (norm_shift if name.endswith("norm.weight") else 0.0)
         if name == "model.embed_tokens.weight":
             tensors["token_embd.weight"] = value.numpy()
         elif name == "model.norm.weight":
             tensors["output_norm.weight"] = array
+        elif name == "lm_head.weight":
+            tensors["output.weight"] = array
         elif name.startswith("model.layers."):
-            layer, module = name.removeprefix("model.layers.").removesuffix(".weight").split(".", 1)
-            tensors[f"blk.{layer}.{GEMMA3_NAMES[module]}.weight"] = array
+            layer, module = name.removeprefix("model.layers.").split(".", 1)
+            module, kind = module.rsplit(".", 1)
+            tensors[f"blk.{layer}.{names[module]}.{kind}"] = array
     return tensors
+
+
+def hparams(cfg) -> dict:
+    return {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
+            "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
+            "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": cfg.num_key_value_heads,
+            "attention.key_length": cfg.head_dim, "attention.value_length": cfg.head_dim,
+            "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps}
+
+
+def logit_diff(checkpoint, hf_model) -> float:
+    expected = hf_logits(hf_model, PROMPT)
+    return float(np.abs(engine_logits(checkpoint, PROMPT, [len(PROMPT) - 2, 1, 1]) - expected).max())
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+def test_a_qwen_gguf_gives_the_logits_of_its_hf_checkpoint(tmp_path, architecture):
+    """Qwen2's q/k/v biases, Qwen3's q/k norms; neither converter permutes q/k rows as the Llama one does."""
+    hf_model = make_tiny_checkpoint(tmp_path, architecture)
+    path = write_gguf(tmp_path / "model.gguf", byte_level_fields(), gguf_tensors(hf_model, LLAMA_NAMES),
+                      {**hparams(hf_model.config), "rope.freq_base": hf_model.config.rope_parameters["rope_theta"]},
+                      architecture=architecture)
+    diff = logit_diff(load_checkpoint(path), hf_model)
+    print(f"{architecture} GGUF vs HF: max |logit diff| = {diff:.2e}")
+    assert diff < 1e-5  # float32 sums in another order
 
 
 def test_a_gemma3_gguf_gives_the_logits_of_its_hf_checkpoint(tmp_path):
     hf_model = make_tiny_checkpoint(tmp_path, "gemma3_text", num_hidden_layers=6, layer_types=GEMMA3_LAYERS,
                                     query_pre_attn_scalar=16)  # llama.cpp scales by key_length (16)
     cfg = hf_model.config
-    hparams = {"block_count": 6, "context_length": cfg.max_position_embeddings, "embedding_length": cfg.hidden_size,
-               "feed_forward_length": cfg.intermediate_size, "attention.head_count": cfg.num_attention_heads,
-               "attention.head_count_kv": cfg.num_key_value_heads, "attention.key_length": cfg.head_dim,
-               "attention.value_length": cfg.head_dim, "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps,
-               "rope.freq_base": 1e6, "attention.sliding_window": cfg.sliding_window}
-    path = write_gguf(tmp_path / "gemma3.gguf", byte_level_fields(), gemma3_gguf_tensors(hf_model), hparams,
+    path = write_gguf(tmp_path / "gemma3.gguf", byte_level_fields(), gguf_tensors(hf_model, GEMMA3_NAMES, 1.0),
+                      {**hparams(cfg), "rope.freq_base": 1e6, "attention.sliding_window": cfg.sliding_window},
                       architecture="gemma3")
     checkpoint = load_checkpoint(path)
     assert checkpoint.config.sliding_window_layers == (True,) * 5 + (False,)
-    expected = hf_logits(hf_model, PROMPT)
-    diff = np.abs(engine_logits(checkpoint, PROMPT, [len(PROMPT) - 2, 1, 1]) - expected).max()
+    diff = logit_diff(checkpoint, hf_model)
     print(f"Gemma 3 GGUF vs HF: max |logit diff| = {diff:.2e}")
     assert diff < 1e-5  # float32 sums in another order; the norms' 1 + w - 1 round trip is exact for these
