@@ -76,6 +76,22 @@ def test_a_qwen_gguf_gives_the_logits_of_its_hf_checkpoint(tmp_path, architectur
     assert diff < 1e-5  # float32 sums in another order
 
 
+def test_a_phi3_gguf_gives_the_logits_of_its_hf_checkpoint(tmp_path):
+    """Phi-3's fused qkv and gate/up tensors, its sliding window and partial rotation from the file's keys."""
+    hf_model = make_tiny_checkpoint(tmp_path, "phi3", sliding_window=8, partial_rotary_factor=0.5)
+    names = {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up", **LLAMA_NAMES}
+    cfg = hf_model.config
+    path = write_gguf(tmp_path / "phi3.gguf", byte_level_fields(), gguf_tensors(hf_model, names),
+                      {**hparams(cfg), "rope.freq_base": cfg.rope_parameters["rope_theta"],
+                       "attention.sliding_window": 8, "rope.dimension_count": cfg.head_dim // 2},
+                      architecture="phi3")
+    checkpoint = load_checkpoint(path)
+    assert (checkpoint.config.sliding_window, checkpoint.config.rotary_dim) == (8, cfg.head_dim // 2)
+    diff = logit_diff(checkpoint, hf_model)
+    print(f"Phi-3 GGUF vs HF: max |logit diff| = {diff:.2e}")
+    assert diff < 1e-5  # float32 sums in another order
+
+
 def test_a_gemma3_gguf_gives_the_logits_of_its_hf_checkpoint(tmp_path):
     hf_model = make_tiny_checkpoint(tmp_path, "gemma3_text", num_hidden_layers=6, layer_types=GEMMA3_LAYERS,
                                     query_pre_attn_scalar=16)  # llama.cpp scales by key_length (16)

@@ -52,6 +52,13 @@ GEMMA3_CHAT_TEMPLATE = (
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
 )
+def _phi3_config(get, hidden: int, num_layers: int) -> dict:
+    """Phi-3's window and the features of a head that rotate (partial_rotary_factor), as its converter writes them."""
+    window, rotary = get("attention.sliding_window"), get("rope.dimension_count")
+    return {"sliding_window": None if window is None else int(window),
+            "rotary_dim": None if rotary is None else int(rotary)}
+
+
 _GEMMA_NORMS = {"ffn_norm.weight": "pre_feedforward_layernorm.weight",
                 "post_attention_norm.weight": "post_attention_layernorm.weight",
                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
@@ -60,6 +67,9 @@ FAMILIES = {
     "mistral": GGUFFamily("mistral", permuted_qk=True),
     "qwen2": GGUFFamily("qwen2"),
     "qwen3": GGUFFamily("qwen3"),
+    # q, k and v in one tensor, and gate and up in one (ffn_up), as the HF checkpoint has them
+    "phi3": GGUFFamily("phi3", {"attn_qkv.weight": "self_attn.qkv_proj.weight",
+                                "ffn_up.weight": "mlp.gate_up_proj.weight"}, config=_phi3_config),
     "gemma3": GGUFFamily("gemma3_text", _GEMMA_NORMS, norms_plus_one=True, config=_gemma3_config,
                          end_of_turn_tokens=("<end_of_turn>",), chat_template=GEMMA3_CHAT_TEMPLATE),
 }
