@@ -1,7 +1,9 @@
-"""GGUF files of the families beyond Llama, written here as llama.cpp's converter (convert_hf_to_gguf.py) writes
+"""GGUF files of each family, written here as llama.cpp's converter (convert_hf_to_gguf.py) writes
 them from a tiny HF checkpoint, then loaded and compared with the HF model they came from, logits position by
 position. (The real Gemma 3 270M file is checked against transformers and llama.cpp in test_gemma3_gguf.py, an
 optional extra.)"""
+
+import math
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from jax_engine.loader import load_checkpoint
 from tests.engine_helpers import engine_logits
 from tests.test_gguf_tokenizers import BYTE_LEVEL_SPECIALS, write_gguf
 from tests.test_llama_vs_hf import PROMPT, hf_logits
+from tests.test_rope import CASES, PROMPT as ROPE_PROMPT  # 48 tokens: past the llama3 case's original context
 from tests.tiny_checkpoints import make_tiny_checkpoint
 
 # HF module -> GGUF tensor, as llama.cpp's converter maps them (gguf-py's tensor_mapping.py).
@@ -32,9 +35,19 @@ def byte_level_fields(eos: int = 257) -> dict:
             "tokenizer.ggml.eos_token_id": eos}
 
 
-def gguf_tensors(hf_model, names: dict[str, str], norm_shift: float = 0.0) -> dict[str, np.ndarray]:
-    """An HF model's weights as the converter writes them: its names, q/k rows as they are (the Qwen and Gemma
-    converters do not permute them), and every norm plus `norm_shift` (Gemma stores 1 + weight)."""
+def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's q/k row order: each head's rotate-half halves interleaved."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+        weight.shape)
+
+
+def gguf_tensors(hf_model, names: dict[str, str], norm_shift: float = 0.0,
+                 permute: bool = False) -> dict[str, np.ndarray]:
+    """An HF model's weights as the converter writes them: its names, q/k rows interleaved for llama.cpp's RoPE
+    when `permute` (the Llama converter; the Qwen, Phi-3 and Gemma ones keep them), and every norm plus
+    `norm_shift` (Gemma stores 1 + weight)."""
+    cfg = hf_model.config
+    heads = {"self_attn.q_proj": cfg.num_attention_heads, "self_attn.k_proj": cfg.num_key_value_heads}
     tensors = {}
     for name, value in hf_model.state_dict().items():
         array = value.numpy() + (norm_shift if name.endswith("norm.weight") else 0.0)
@@ -47,6 +60,7 @@ def gguf_tensors(hf_model, names: dict[str, str], norm_shift: float = 0.0) -> di
         elif name.startswith("model.layers."):
             layer, module = name.removeprefix("model.layers.").split(".", 1)
             module, kind = module.rsplit(".", 1)
+            array = _permute(array, heads[module]) if permute and module in heads else array
             tensors[f"blk.{layer}.{names[module]}.{kind}"] = array
     return tensors
 
@@ -62,6 +76,48 @@ def hparams(cfg) -> dict:
 def logit_diff(checkpoint, hf_model) -> float:
     expected = hf_logits(hf_model, PROMPT)
     return float(np.abs(engine_logits(checkpoint, PROMPT, [len(PROMPT) - 2, 1, 1]) - expected).max())
+
+
+def llama3_rope_freqs(head_dim: int, theta: float, scaling: dict) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors): llama3 scaling as one divisor of
+    each rotating pair's inverse frequency."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_context = scaling["original_max_position_embeddings"]
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_context / high:
+            factors.append(1.0)
+        elif wavelen > old_context / low:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def test_rope_freqs_gguf_matches_hf_llama3_scaling(tmp_path):
+    """A Llama 3.1-style GGUF (llama3 scaling as rope_freqs) gives the logits of the HF checkpoint it came from."""
+    case = CASES["llama3"]  # theta 20000, original context 32: the 48-token prompt runs past it
+    hf_model = make_tiny_checkpoint(tmp_path, "llama", **case)
+    cfg = hf_model.config
+    factors = llama3_rope_freqs(cfg.head_dim, case["rope_theta"], case["rope_scaling"])
+    tensors = gguf_tensors(hf_model, LLAMA_NAMES, permute=True) | {"rope_freqs.weight": factors}
+    path = write_gguf(tmp_path / "llama31.gguf", byte_level_fields(), tensors,
+                      {**hparams(cfg), "rope.freq_base": case["rope_theta"], "rope.dimension_count": cfg.head_dim})
+    checkpoint = load_checkpoint(path)
+    assert checkpoint.config.rope_scaling is None
+    assert checkpoint.config.rope_freq_factors == tuple(float(f) for f in factors)
+    assert {1.0, case["rope_scaling"]["factor"]} < set(checkpoint.config.rope_freq_factors), "kept, divided, blended"
+    expected = hf_logits(hf_model, ROPE_PROMPT)
+    # A prefill, then two decode-like steps, as test_rope.py's end-to-end cases.
+    diff = np.abs(engine_logits(checkpoint, ROPE_PROMPT, [len(ROPE_PROMPT) - 2, 1, 1]) - expected).max()
+    print(f"rope_freqs GGUF vs HF llama3: max |logit diff| = {diff:.2e} over {len(ROPE_PROMPT)} positions")
+    # float32 factors and float32 sums in another order: we see ~5e-7 on logits of magnitude ~1. Plain RoPE
+    # (the factors ignored) misses by ~3e-3 here (test_rope.py).
+    assert diff < 1e-5
+
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])

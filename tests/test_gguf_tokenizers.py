@@ -1,4 +1,5 @@
-"""GGUF files beyond the default model's: their tokenizers, and llama.cpp's rope_freqs and linear rope scaling.
+"""GGUF files beyond the default model's: their tokenizers, and llama.cpp's rope scaling keys (a Llama file's
+rope_freqs tensor against its HF checkpoint is in test_gguf_families.py).
 
 Nothing is downloaded: each file is a tiny llama model written here with gguf-py's GGUFWriter. Its tokenizer is
 trained here too, on a few paragraphs of mixed text, with the pre-tokenizer the file will name (so the vocabulary
@@ -7,7 +8,6 @@ GGUF conversion must agree token for token.
 """
 
 import json
-import math
 from functools import cache
 
 import numpy as np
@@ -18,10 +18,6 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 from jax_engine.loader import load_checkpoint
 from jax_engine.loader.gguf_tokenizer import PRE_TOKENIZERS, tokenizer_from_gguf
 from jax_engine.models.rope import RopeScaling, rope_frequencies
-from tests.engine_helpers import engine_logits
-from tests.test_llama_vs_hf import hf_logits
-from tests.test_rope import CASES, PROMPT
-from tests.tiny_checkpoints import make_tiny_checkpoint
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Don't panic! I'M HERE, you're there, we'll see, they'd go.",
@@ -240,84 +236,6 @@ def test_loading_a_file_with_an_unsupported_tokenizer_raises(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- rope
-def llama3_rope_freqs(head_dim: int, theta: float, scaling: dict) -> np.ndarray:
-    """llama.cpp's convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors): llama3 scaling as one divisor of
-    each rotating pair's inverse frequency."""
-    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim)
-    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-    old_context = scaling["original_max_position_embeddings"]
-    factors = []
-    for freq in freqs:
-        wavelen = 2 * math.pi / freq
-        if wavelen < old_context / high:
-            factors.append(1.0)
-        elif wavelen > old_context / low:
-            factors.append(factor)
-        else:
-            smooth = (old_context / wavelen - low) / (high - low)
-            factors.append(1 / ((1 - smooth) / factor + smooth))
-    return np.array(factors, dtype=np.float32)
-
-
-def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's q/k row order: each head's rotate-half halves interleaved."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
-        weight.shape)
-
-
-_GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-               "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
-
-
-def gguf_tensors(hf_model) -> dict[str, np.ndarray]:
-    """An HF Llama's weights as llama.cpp's converter writes them (tied embeddings: no output.weight)."""
-    cfg = hf_model.config
-    tensors = {}
-    for name, value in hf_model.state_dict().items():
-        array = value.numpy()
-        if name == "model.embed_tokens.weight":
-            tensors["token_embd.weight"] = array
-        elif name == "model.norm.weight":
-            tensors["output_norm.weight"] = array
-        elif name.startswith("model.layers."):
-            layer, module = name.removeprefix("model.layers.").removesuffix(".weight").split(".", 1)
-            heads = {"self_attn.q_proj": cfg.num_attention_heads, "self_attn.k_proj": cfg.num_key_value_heads}
-            array = _permute(array, heads[module]) if module in heads else array
-            tensors[f"blk.{layer}.{_GGUF_NAMES[module]}.weight"] = array
-    return tensors
-
-
-def test_rope_freqs_gguf_matches_hf_llama3_scaling(tmp_path):
-    """A Llama 3.1-style GGUF (llama3 scaling as rope_freqs) gives the logits of the HF checkpoint it came from."""
-    case = CASES["llama3"]  # theta 20000, original context 32: the 48-token prompt runs past it
-    hf_model = make_tiny_checkpoint(tmp_path, "llama", **case)
-    cfg = hf_model.config
-    factors = llama3_rope_freqs(cfg.head_dim, case["rope_theta"], case["rope_scaling"])
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # the tiny checkpoint's 258-token vocabulary
-    fields = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
-              "tokenizer.ggml.tokens": alphabet + BYTE_LEVEL_SPECIALS,
-              "tokenizer.ggml.token_type": [1] * 256 + [3, 3], "tokenizer.ggml.eos_token_id": 257}
-    hparams = {"block_count": cfg.num_hidden_layers, "context_length": cfg.max_position_embeddings,
-               "embedding_length": cfg.hidden_size, "feed_forward_length": cfg.intermediate_size,
-               "attention.head_count": cfg.num_attention_heads, "attention.head_count_kv": cfg.num_key_value_heads,
-               "attention.layer_norm_rms_epsilon": cfg.rms_norm_eps, "rope.freq_base": case["rope_theta"],
-               "rope.dimension_count": cfg.head_dim}
-    path = write_gguf(tmp_path / "llama31.gguf", fields, gguf_tensors(hf_model) | {"rope_freqs.weight": factors},
-                      hparams)
-    checkpoint = load_checkpoint(path)
-    assert checkpoint.config.rope_scaling is None
-    assert checkpoint.config.rope_freq_factors == tuple(float(f) for f in factors)
-    assert {1.0, case["rope_scaling"]["factor"]} < set(checkpoint.config.rope_freq_factors), "kept, divided, blended"
-    expected = hf_logits(hf_model, PROMPT)
-    # A prefill, then two decode-like steps, as test_rope.py's end-to-end cases.
-    diff = np.abs(engine_logits(checkpoint, PROMPT, [len(PROMPT) - 2, 1, 1]) - expected).max()
-    print(f"rope_freqs GGUF vs HF llama3: max |logit diff| = {diff:.2e} over {len(PROMPT)} positions")
-    # float32 factors and float32 sums in another order: we see ~5e-7 on logits of magnitude ~1. Plain RoPE
-    # (the factors ignored) misses by ~3e-3 here (test_rope.py).
-    assert diff < 1e-5
-
-
 def test_rope_frequencies_divide_by_the_factors():
     base, _ = rope_frequencies(16, 10000.0, None)
     factors = (1.0, 2.0, 4.0, 8.0, 1.0, 1.0, 3.0, 1.0)
