@@ -155,8 +155,6 @@ def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
     reader = _Reader(path)
     family = gguf_family(_field(reader, "general.architecture"))
     config = _read_config(reader, family)
-    # Only llama.cpp's llama-family converter permutes q/k rows; qwen2/qwen3 files keep HF order.
-    permuted = family.permuted_qk
     weights, blocks = {}, {}
     for tensor in reader.tensors:
         if tensor.name == _ROPE_FREQS:  # read into config.rope_freq_factors
@@ -164,9 +162,9 @@ def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
         name = _hf_name(tensor.name, family)
         kept = [tensor.data] if tensor.tensor_type in _KEPT_BLOCK_TYPES else []  # raw rows [out, row bytes]
         arrays = [_dequantized(tensor), *kept]
-        if permuted and name.endswith("q_proj.weight"):  # a permutation of rows: the raw ones permute alike
+        if family.permuted_qk and name.endswith("q_proj.weight"):  # a permutation of rows: the raw ones permute alike
             arrays = [_undo_rope_permutation(a, config.num_heads) for a in arrays]
-        elif permuted and name.endswith("k_proj.weight"):
+        elif family.permuted_qk and name.endswith("k_proj.weight"):
             arrays = [_undo_rope_permutation(a, config.num_kv_heads) for a in arrays]
         weights[name] = arrays[0] - 1.0 if family.norms_plus_one and name.endswith("norm.weight") else arrays[0]
         if kept:
