@@ -10,22 +10,36 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jax_engine.linear import FEW_ROWS, few_rows_matmul, kernel_unavailable_reason, linear, quantize, uses_few_rows_kernel
-from jax_engine.linear.gguf_blocks import as_q8_0, block_format, dequantize_blocks
+from jax_engine.linear.gguf_blocks import FORMATS, as_q8_0, dequantize_blocks
 from tests.engine_helpers import engine_logits
 
 needs_kernel = pytest.mark.skipif(jax.default_backend() != "cpu" or kernel_unavailable_reason() is not None,
                                   reason=f"no few-rows kernel here: {kernel_unavailable_reason()}")
-GGUF_KINDS = ["q8_0", "q4_0", "q4_1", "q5_0"]  # GGUF blocks, kept as the file stores them
+K_QUANTS = ["q4_k", "q5_k", "q6_k"]  # super-blocks of 256 weights
+GGUF_KINDS = ["q8_0", "q4_0", "q4_1", "q5_0", *K_QUANTS]  # GGUF blocks, kept as the file stores them
 WEIGHT_KINDS = ["float32", "bfloat16", "float16", "int8", *GGUF_KINDS]
 ROUNDS_X = ("int8", *GGUF_KINDS)  # weights that multiply x rounded to 16 bits per row
+
+
+def _random_k_quant(rng, n: int, k: int, kind: str) -> np.ndarray:
+    """Random super-blocks (gguf-py has no K-quant quantizer): every bit random but d and dmin, finite float16
+    values of about 0.001, so that the weights are of unit size like the other kinds' (scales up to 63)."""
+    raw = rng.integers(0, 256, (n, k // 256, FORMATS[kind][1]), dtype=np.uint8)
+    d_and_dmin = (rng.standard_normal((n, k // 256, 2)) * 0.001).astype(np.float16).view(np.uint8)
+    if kind == "q6_k":  # d comes last, and there is no dmin
+        raw[..., 208:210] = d_and_dmin[..., :2]
+    else:
+        raw[..., 0:4] = d_and_dmin
+    return raw.reshape(n, -1)
 
 
 def _weights(rng, n: int, k: int, kind: str) -> tuple[jax.Array, jax.Array | None, np.ndarray]:
     """(stored weight, scale or None, the float64 matrix they stand for)."""
     w = rng.standard_normal((n, k)).astype(np.float32)
-    if kind in GGUF_KINDS:  # quantized by gguf-py, llama.cpp's own Python package
-        raw = gguf.quants.quantize(w, GGMLQuantizationType[kind.upper()])
-        return jnp.asarray(raw), None, gguf.quants.dequantize(raw, GGMLQuantizationType[kind.upper()]).astype(np.float64)
+    if kind in GGUF_KINDS:  # quantized (or for K-quants, dequantized) by gguf-py, llama.cpp's own Python package
+        ggml_type = GGMLQuantizationType[kind.upper()]
+        raw = _random_k_quant(rng, n, k, kind) if kind in K_QUANTS else gguf.quants.quantize(w, ggml_type)
+        return jnp.asarray(raw), None, gguf.quants.dequantize(raw, ggml_type).astype(np.float64)
     if kind == "int8":
         stored, scale = quantize(w, "int8", jnp.float32)
         return stored, scale, np.asarray(stored, np.float64) * np.asarray(scale, np.float64)[:, None]
@@ -46,10 +60,10 @@ def _rows_rounded_to_int16(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @given(rows=st.integers(1, 70), k=st.integers(1, 40).map(lambda i: 8 * i), n=st.integers(1, 70),
        kind=st.sampled_from(WEIGHT_KINDS), layers=st.integers(0, 3), seed=st.integers(0, 2**16))
 def test_kernel_matches_the_plain_matmul(rows, k, n, kind, layers, seed):
-    """Any rows, input width (a multiple of 8; of 16 for int8, of 32 for GGUF blocks), output width and weight
-    type, tails of every block size; one matrix (layers=0) or a layer of a stack of them, read in place."""
+    """Any rows, input width (a multiple of 8; of 16 for int8, of 32 or 256 for GGUF blocks), output width and
+    weight type, tails of every block size; one matrix (layers=0) or a layer of a stack of them, read in place."""
     k += 8 * (kind == "int8" and k % 16 != 0)
-    k += -k % 32 if kind in GGUF_KINDS else 0
+    k += -k % FORMATS[kind][0] if kind in GGUF_KINDS else 0
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, k)).astype(np.float32)
     stack = [_weights(rng, n, k, kind) for _ in range(max(layers, 1))]
@@ -60,7 +74,8 @@ def test_kernel_matches_the_plain_matmul(rows, k, n, kind, layers, seed):
     else:
         w, scale, _ = stack[0]
     exact = stack[layer][2]
-    got = np.asarray(jax.jit(few_rows_matmul)(x, w, scale, layer))
+    formats = (kind,) * max(layers, 1) if kind in GGUF_KINDS else None
+    got = np.asarray(jax.jit(few_rows_matmul, static_argnames="formats")(x, w, scale, layer, formats))
     multiplied, step = _rows_rounded_to_int16(x) if kind in ROUNDS_X else (x.astype(np.float64), 0.0)
     # float32 sums of k products of unit-scale values: rounding grows like sqrt(k) x 2^-24 per term.
     float32_rounding = 1e-5 * np.sqrt(k) * max(1.0, np.abs(exact).max())
@@ -99,29 +114,60 @@ def test_kernel_refuses_a_layer_outside_the_stack():
         jax.block_until_ready(few_rows_matmul(jnp.zeros((1, 16)), w, None, 2))
 
 
-@pytest.mark.parametrize("kind", GGUF_KINDS)
-def test_gguf_blocks_dequantize_as_gguf_does(kind):
-    raw, _, exact = _weights(np.random.default_rng(2), 3, 96, kind)
-    np.testing.assert_array_equal(np.asarray(dequantize_blocks(raw, 96)), exact.astype(np.float32))
-    with pytest.raises(ValueError, match="no GGUF block format"):
-        dequantize_blocks(raw, 64)
+@settings(max_examples=30)
+@given(kind=st.sampled_from(GGUF_KINDS), seed=st.integers(0, 2**16))
+def test_gguf_blocks_dequantize_as_gguf_does(kind, seed):
+    """Bit for bit, over random blocks (K-quants: every bit random but their float16 scales); rows of two blocks,
+    one shape per format so that each compiles once."""
+    in_features = 2 * FORMATS[kind][0]
+    raw, _, exact = _weights(np.random.default_rng(seed), 8, in_features, kind)
+    got = jax.jit(dequantize_blocks, static_argnums=(1, 2))(raw, kind, in_features)
+    np.testing.assert_array_equal(np.asarray(got), exact.astype(np.float32))
+
+
+def test_gguf_rows_too_narrow_for_their_format_are_refused():
+    raw, _, _ = _weights(np.random.default_rng(2), 3, 256, "q4_0")  # 144 bytes a row: as wide as Q4_K's
+    with pytest.raises(ValueError, match="cannot hold 256 weights in q5_k"):
+        dequantize_blocks(raw, "q5_k", 256)
+    with pytest.raises(ValueError, match="a q4_k row holds a multiple of 256 weights, not 96"):
+        dequantize_blocks(raw, "q4_k", 96)
 
 
 @pytest.mark.parametrize("kind", ["q4_0", "q5_0", "q8_0"])
 def test_q4_0_and_q5_0_rows_become_the_same_weights_in_q8_0(kind):
     """A fused matrix of Q5_0 and Q8_0 tensors (Gemma 3's q, k and v) is kept as Q8_0: exactly the same weights."""
     raw, _, exact = _weights(np.random.default_rng(3), 5, 128, kind)
-    widened = as_q8_0(np.asarray(raw), 128)
-    assert block_format(widened.shape[-1], 128) == "q8_0"
-    np.testing.assert_array_equal(np.asarray(dequantize_blocks(jnp.asarray(widened), 128)), exact.astype(np.float32))
+    widened = as_q8_0(np.asarray(raw), kind, 128)
+    np.testing.assert_array_equal(np.asarray(dequantize_blocks(jnp.asarray(widened), "q8_0", 128)),
+                                  exact.astype(np.float32))
     with pytest.raises(ValueError, match="q4_1 blocks are no Q8_0 blocks"):
-        as_q8_0(np.asarray(_weights(np.random.default_rng(3), 5, 128, "q4_1")[0]), 128)
+        as_q8_0(np.asarray(_weights(np.random.default_rng(3), 5, 128, "q4_1")[0]), "q4_1", 128)
 
 
 @needs_kernel
 def test_kernel_refuses_uint8_rows_of_no_block_format():
-    with pytest.raises(Exception, match="no Q8_0, Q4_0, Q4_1 or Q5_0 blocks of 64 weights"):
-        jax.block_until_ready(few_rows_matmul(jnp.zeros((1, 64)), jnp.zeros((4, 30), jnp.uint8)))
+    with pytest.raises(Exception, match="uint8 rows of 30 bytes hold no 64 weights of ggml_type 2"):
+        jax.block_until_ready(few_rows_matmul(jnp.zeros((1, 64)), jnp.zeros((4, 30), jnp.uint8), formats=("q4_0",)))
+    with pytest.raises(Exception, match="name one ggml_type per layer"):
+        jax.block_until_ready(few_rows_matmul(jnp.zeros((1, 64)), jnp.zeros((4, 36), jnp.uint8)))
+
+
+@pytest.mark.parametrize("rows", [1, 70])  # the kernel, and XLA's dot of the layer dequantized (lax.switch)
+def test_a_stack_of_layers_in_different_formats(rows):
+    """A Q4_K_M file's ffn_down is Q4_K in some layers and Q6_K in others: the stack keeps each layer's blocks,
+    the narrower rows padded, and each layer is multiplied as its own format."""
+    rng = np.random.default_rng(4)
+    kinds = ("q4_k", "q6_k", "q4_k")
+    layers = [_weights(rng, 8, 512, kind) for kind in kinds]
+    width = max(raw.shape[1] for raw, _, _ in layers)
+    stack = jnp.stack([jnp.pad(raw, ((0, 0), (0, width - raw.shape[1])), constant_values=0xFF)
+                       for raw, _, _ in layers])  # padding bytes that would show if they were read
+    x = rng.standard_normal((rows, 512)).astype(np.float32)
+    multiplied, _ = _rows_rounded_to_int16(x)
+    call = jax.jit(linear, static_argnames="formats")
+    for layer, (_, _, exact) in enumerate(layers):
+        got = np.asarray(call(x, stack, layer=jnp.int32(layer), formats=kinds))
+        np.testing.assert_allclose(got, multiplied @ exact.T, rtol=0, atol=1e-5 * np.sqrt(512) * np.abs(exact).max())
 
 
 @needs_kernel
@@ -140,12 +186,15 @@ def test_int8_weights_of_a_width_the_kernel_refuses_take_xla_with_the_same_round
 @pytest.mark.parametrize("kind", WEIGHT_KINDS)
 def test_linear_takes_the_kernel_for_few_rows_and_xla_beyond_with_the_same_result(kind):
     rng = np.random.default_rng(0)
-    w, scale, _ = _weights(rng, 96, 64, kind)
+    k = 256 if kind in K_QUANTS else 64
+    w, scale, _ = _weights(rng, 96, k, kind)
+    formats = (kind,) if kind in GGUF_KINDS else None
     limit = FEW_ROWS[w.dtype.itemsize]
     assert uses_few_rows_kernel(limit, w) and not uses_few_rows_kernel(limit + 1, w)
-    x = rng.standard_normal((limit + 1, 64)).astype(np.float32)
-    many = np.asarray(jax.jit(linear)(x, w, scale))  # XLA's dot
-    few = np.asarray(jax.jit(linear)(x[:limit], w, scale))  # the kernel
+    x = rng.standard_normal((limit + 1, k)).astype(np.float32)
+    call = jax.jit(linear, static_argnames="formats")
+    many = np.asarray(call(x, w, scale, formats=formats))  # XLA's dot
+    few = np.asarray(call(x[:limit], w, scale, formats=formats))  # the kernel
     np.testing.assert_allclose(few, many[:limit], rtol=1e-5, atol=1e-4)
 
 

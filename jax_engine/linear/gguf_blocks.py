@@ -1,48 +1,76 @@
-"""GGUF's block formats kept as the file stores them (quantization="gguf"): Q8_0, Q4_0, Q4_1 and Q5_0.
+"""GGUF's block formats kept as the file stores them (quantization="gguf").
 
-A weight row of K inputs is K/32 blocks of 32 weights, each block with a float16 scale d (Q4_1 also a
-float16 minimum m): Q8_0 w = d * q, q int8; Q4_0 w = d * (q - 8), q in 0..15; Q4_1 w = d * q + m; Q5_0
-w = d * (q - 16), q in 0..31, its fifth bits in 4 bytes after d (bit j for weight j). A 4-bit block packs
-weight j in the low nibble of byte j and weight j + 16 in its high nibble. The engine keeps a matrix as its raw
-bytes, uint8 [out, K/32 x bytes per block]; the bytes per block (34, 18, 20, 22) tell the format, so a stored
-weight needs no other tag. The shipped SmolLM2 file is Q4_1 (layers) and Q8_0 (the
-embedding, which is also the LM head): 97 MB a token against 538 MB in float32.
+Blocks of 32 weights, each with a float16 scale d (Q4_1 also a float16 minimum m):
+    Q8_0  w = d q, q int8                      Q4_0  w = d (q - 8), q in 0..15
+    Q4_1  w = d q + m                          Q5_0  w = d (q - 16), q in 0..31, fifth bits in 4 bytes after d
+A 4-bit block packs weight j in the low nibble of byte j and weight j + 16 in its high nibble.
+
+K-quants: super-blocks of 256 weights in 8 sub-blocks of 32 (Q6_K: 16 of 16), each sub-block with its own
+small integer scale (and minimum), times the super-block's float16 d (and dmin):
+    Q4_K  w = d sc_j q - dmin m_j, q in 0..15, sc_j and m_j 6 bits each (12 bytes for all 8)
+    Q5_K  the same with q in 0..31, each weight's fifth bit in 32 bytes (bit j: sub-block j)
+    Q6_K  w = d sc_i (q - 32), q in 0..63, sc_i int8 per 16 weights, d stored last
+Their bytes are in the order llama.cpp's ggml-common.h lays them out (see the dequantizers below).
+
+The engine keeps a matrix as its raw bytes, uint8 [out, row bytes], and the format by name beside it (a row
+of Q4_K has the same bytes as one of Q4_0, 144 per 256 against 18 per 32, so the width cannot tell them
+apart). A stack of layers whose formats differ (a Q4_K_M file's ffn_down is Q6_K in some layers) keeps every
+layer's own blocks in rows as wide as the widest, with each layer's format. The shipped SmolLM2 file is Q4_1
+(layers) and Q8_0 (the embedding, which is also the LM head): 97 MB a token against 538 MB in float32.
 """
+
+import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-BLOCK = 32
-BYTES_PER_BLOCK = {"q8_0": 34, "q4_0": 18, "q4_1": 20, "q5_0": 22}
+BLOCK = 32  # weights per block; a K-quant's sub-block
+# format -> (weights per block, bytes per block, llama.cpp's ggml_type id, which the C++ kernel is given)
+FORMATS = {"q4_0": (32, 18, 2), "q4_1": (32, 20, 3), "q5_0": (32, 22, 6), "q8_0": (32, 34, 8),
+           "q4_k": (256, 144, 12), "q5_k": (256, 176, 13), "q6_k": (256, 210, 14)}
 
 
-def block_format(row_bytes: int, in_features: int) -> str:
-    """The format of a row of `row_bytes` bytes that stands for `in_features` weights."""
-    for name, size in BYTES_PER_BLOCK.items():
-        if in_features % BLOCK == 0 and row_bytes == in_features // BLOCK * size:
-            return name
-    raise ValueError(f"a row of {row_bytes} bytes is no GGUF block format of {in_features} weights "
-                     f"(Q8_0, Q4_0, Q4_1 or Q5_0: 34, 18, 20 or 22 bytes per 32)")
+class BlockRows(NamedTuple):
+    """A matrix as a GGUF file stores it: its block format and its raw rows, uint8 [out, row bytes]."""
+    format: str
+    rows: np.ndarray
 
 
-def as_q8_0(raw: np.ndarray, in_features: int) -> np.ndarray:
+def row_bytes(fmt: str, in_features: int) -> int:
+    """The bytes of a row of `in_features` weights in format `fmt`."""
+    weights, size, _ = FORMATS[fmt]
+    if in_features % weights:
+        raise ValueError(f"a {fmt} row holds a multiple of {weights} weights, not {in_features}")
+    return in_features // weights * size
+
+
+def check_rows(raw, fmt: str, in_features: int) -> None:
+    """Raise unless `raw` (uint8 [..., width]) can hold rows of `in_features` weights in `fmt`."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown GGUF block format {fmt!r}; kept ones: {sorted(FORMATS)}")
+    if raw.dtype != np.uint8 or raw.shape[-1] < row_bytes(fmt, in_features):
+        raise ValueError(f"{raw.dtype} rows of {raw.shape[-1]} bytes cannot hold {in_features} weights in {fmt} "
+                         f"({row_bytes(fmt, in_features)} bytes)")
+
+
+def as_q8_0(raw: np.ndarray, fmt: str, in_features: int) -> np.ndarray:
     """Q4_0 or Q5_0 rows (NumPy uint8) as the Q8_0 rows of the same weights, exactly: the same d, and q - 8 or
     q - 16 fit an int8. A matrix fused from tensors of these formats (Gemma 3's q and k in Q5_0, v in Q8_0) is
     then kept as one, in Q8_0."""
-    fmt = block_format(raw.shape[-1], in_features)
     if fmt == "q8_0":
         return raw
     if fmt not in ("q4_0", "q5_0"):
         raise ValueError(f"{fmt} blocks are no Q8_0 blocks (a minimum or another block size)")
-    blocks = raw.reshape(*raw.shape[:-1], in_features // BLOCK, BYTES_PER_BLOCK[fmt])
+    blocks = raw.reshape(*raw.shape[:-1], in_features // BLOCK, FORMATS[fmt][1])
     packed = blocks[..., -16:]
     q = np.concatenate([packed & 0xF, packed >> 4], axis=-1).astype(np.int16)
     if fmt == "q5_0":
         q += 16 * np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")
     q -= 8 if fmt == "q4_0" else 16
     out = np.concatenate([blocks[..., :2], q.astype(np.int8).view(np.uint8)], axis=-1)
-    return out.reshape(*raw.shape[:-1], in_features // BLOCK * BYTES_PER_BLOCK["q8_0"])
+    return out.reshape(*raw.shape[:-1], row_bytes("q8_0", in_features))
 
 
 def _float16(two_bytes: jax.Array) -> jax.Array:
@@ -50,23 +78,73 @@ def _float16(two_bytes: jax.Array) -> jax.Array:
     return jax.lax.bitcast_convert_type(two_bytes, jnp.float16).astype(jnp.float32)
 
 
+def _shifted(packed: jax.Array, shifts: tuple[int, ...], mask: int) -> jax.Array:
+    """uint8 [..., n] -> [..., len(shifts), n]: (packed >> s) & mask for each shift s."""
+    return (packed[..., None, :] >> jnp.asarray(shifts, jnp.uint8)[:, None]) & mask
+
+
 def _nibbles(packed: jax.Array) -> jax.Array:
     """uint8 [..., 16] -> the block's 32 4-bit values in order, float32 [..., 32]."""
-    return jnp.concatenate([packed & 0xF, packed >> 4], axis=-1).astype(jnp.float32)
+    return _shifted(packed, (0, 4), 0xF).reshape(*packed.shape[:-1], 32).astype(jnp.float32)
 
 
-def dequantize_blocks(raw: jax.Array, in_features: int) -> jax.Array:
-    """Raw rows uint8 [..., row_bytes] -> the float32 weights [..., in_features] they stand for."""
-    fmt = block_format(raw.shape[-1], in_features)
-    blocks = raw.reshape(*raw.shape[:-1], in_features // BLOCK, BYTES_PER_BLOCK[fmt])
+def _blocks_of_32(fmt: str, blocks: jax.Array) -> jax.Array:
+    """uint8 [..., blocks, bytes] -> float32 [..., blocks, 32]."""
     d = _float16(blocks[..., 0:2])[..., None]
     if fmt == "q8_0":
-        w = d * jax.lax.bitcast_convert_type(blocks[..., 2:], jnp.int8).astype(jnp.float32)
-    elif fmt == "q4_0":
-        w = d * (_nibbles(blocks[..., 2:]) - 8.0)
-    elif fmt == "q5_0":
+        return d * jax.lax.bitcast_convert_type(blocks[..., 2:], jnp.int8).astype(jnp.float32)
+    if fmt == "q4_0":
+        return d * (_nibbles(blocks[..., 2:]) - 8.0)
+    if fmt == "q5_0":
         fifth = jnp.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little").astype(jnp.float32)  # bit j: weight j
-        w = d * (_nibbles(blocks[..., 6:]) + 16.0 * fifth - 16.0)
-    else:
-        w = d * _nibbles(blocks[..., 4:]) + _float16(blocks[..., 2:4])[..., None]
+        return d * (_nibbles(blocks[..., 6:]) + 16.0 * fifth - 16.0)
+    return d * _nibbles(blocks[..., 4:]) + _float16(blocks[..., 2:4])[..., None]  # q4_1
+
+
+def _k_scales(scales: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Q4_K / Q5_K's 12 bytes -> the 8 sub-blocks' 6-bit scales and minimums, each [..., 8] (gguf-py's unpacking:
+    bytes 0-3 hold scales 0-3 and the top bits of scales 4-7, 4-7 the minimums alike, 8-11 their low bits)."""
+    d, m, m_d = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
+    sc = jnp.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mins = jnp.concatenate([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc.astype(jnp.float32), mins.astype(jnp.float32)
+
+
+def _k_quant(fmt: str, blocks: jax.Array) -> jax.Array:
+    """uint8 [..., blocks, bytes] -> float32 [..., blocks, 256], with gguf-py's arithmetic step for step."""
+    lead = blocks.shape[:-1]
+    if fmt == "q6_k":
+        low = _shifted(blocks[..., 0:128].reshape(*lead, 2, 64), (0, 4), 0xF).reshape(*lead, 8, 32)
+        high = _shifted(blocks[..., 128:192].reshape(*lead, 2, 32), (0, 2, 4, 6), 0x3).reshape(*lead, 8, 32)
+        q = ((low | (high << 4)).astype(jnp.int8) - 32).reshape(*lead, 16, 16).astype(jnp.float32)
+        sc = jax.lax.bitcast_convert_type(blocks[..., 192:208], jnp.int8).astype(jnp.float32)
+        return ((_float16(blocks[..., 208:210])[..., None] * sc)[..., None] * q).reshape(*lead, 256)
+    sc, mins = _k_scales(blocks[..., 4:16])
+    packed = blocks[..., -128:].reshape(*lead, 4, 32)
+    q = _shifted(packed, (0, 4), 0xF).reshape(*lead, 8, 32)
+    if fmt == "q5_k":
+        q = q | (_shifted(blocks[..., 16:48], tuple(range(8)), 0x1) << 4)
+    scale = (_float16(blocks[..., 0:2])[..., None] * sc)[..., None]
+    minimum = (_float16(blocks[..., 2:4])[..., None] * mins)[..., None]
+    return (scale * q.astype(jnp.float32) - minimum).reshape(*lead, 256)
+
+
+def dequantize_blocks(raw: jax.Array, fmt: str, in_features: int) -> jax.Array:
+    """Raw rows uint8 [..., width] in format `fmt` -> the float32 weights [..., in_features] they stand for
+    (bytes past a row's own, where a mixed stack widened it, are not read)."""
+    check_rows(raw, fmt, in_features)
+    weights, size, _ = FORMATS[fmt]
+    blocks = raw[..., :row_bytes(fmt, in_features)].reshape(*raw.shape[:-1], in_features // weights, size)
+    w = _blocks_of_32(fmt, blocks) if weights == BLOCK else _k_quant(fmt, blocks)
     return w.reshape(*raw.shape[:-1], in_features)
+
+
+def dequantize_layer(raw: jax.Array, formats: tuple[str, ...], layer, in_features: int) -> jax.Array:
+    """A matrix of a stack whose layers have `formats`: the `layer`-th's (traced) rows raw -> float32. Layers of
+    one format dequantize as that; layers of several take a branch per format (lax.switch)."""
+    kinds = sorted(set(formats))
+    if len(kinds) == 1:
+        return dequantize_blocks(raw, kinds[0], in_features)
+    index = jnp.asarray([kinds.index(f) for f in formats], jnp.int32)[layer]
+    branches = [functools.partial(dequantize_blocks, fmt=k, in_features=in_features) for k in kinds]
+    return jax.lax.switch(index, branches, raw)

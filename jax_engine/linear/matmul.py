@@ -1,7 +1,7 @@
 """y = x W^T (times a scale per output feature for int8 weights): XLA's dot for many rows, a C++ kernel for few.
 
 Weights are float32, bfloat16, float16, int8 (with a scale per output feature) or GGUF blocks (uint8 rows,
-gguf_blocks.py).
+with each layer's block format named beside them: gguf_blocks.py).
 
 Weights keep the checkpoint's [out, in] layout. A decode step of a small batch multiplies a handful of rows by
 every weight of the model, so its cost is reading the weights from memory; XLA's CPU dot copies each weight
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax_engine import native
 from jax_engine.target_platform import platform
-from jax_engine.linear.gguf_blocks import dequantize_blocks
+from jax_engine.linear.gguf_blocks import FORMATS, dequantize_layer
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +40,14 @@ def kernel_unavailable_reason() -> str | None:
 
 
 def few_rows_matmul(x: jax.Array, w: jax.Array, scale: jax.Array | None = None,
-                    layer: jax.Array | int = 0) -> jax.Array:
+                    layer: jax.Array | int = 0, formats: tuple[str, ...] | None = None) -> jax.Array:
     """x [M, K] float, w [N, K] or stacked [L, N, K] (float32, bfloat16, float16 or int8; or GGUF blocks, uint8
-    [N, row bytes]), scale [N] / [L, N] (int8) or None -> [M, N] float32, with the `layer`-th matrix of a stack."""
+    [N, row bytes] / [L, N, row bytes] with `formats` naming each layer's block format), scale [N] / [L, N]
+    (int8) or None -> [M, N] float32, with the `layer`-th matrix of a stack."""
     scale = jnp.zeros((0,), jnp.float32) if scale is None else scale.astype(jnp.float32)
+    types = jnp.asarray([FORMATS[f][2] for f in formats or ()], jnp.int32)  # llama.cpp's ggml_type ids
     call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((x.shape[0], w.shape[-2]), jnp.float32))
-    return call(x.astype(jnp.float32), w, scale, jnp.asarray(layer, jnp.int32))
+    return call(x.astype(jnp.float32), w, scale, types, jnp.asarray(layer, jnp.int32))
 
 
 def uses_few_rows_kernel(rows: int, w: jax.Array) -> bool:
@@ -68,22 +70,26 @@ def round_rows_to_int16(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, out_dtype=None,
-           layer: jax.Array | None = None) -> jax.Array:
+           layer: jax.Array | None = None, formats: tuple[str, ...] | None = None) -> jax.Array:
     """x [T, in] @ w[out, in].T -> [T, out], times `scale` per output feature when given (int8 weights).
 
     With `layer`, w [L, out, in] (and scale [L, out]) hold every layer's weights and w[layer] is used: the
-    kernel reads it in place, XLA's dot slices it out. int8 weights and GGUF blocks multiply x rounded to 16
-    bits per row (round_rows_to_int16). The result has x's dtype unless `out_dtype` is given; the sums are
+    kernel reads it in place, XLA's dot slices it out. GGUF blocks (uint8) come with `formats`, each layer's
+    block format (one for a single matrix). int8 weights and GGUF blocks multiply x rounded to 16 bits per row
+    (round_rows_to_int16). The result has x's dtype unless `out_dtype` is given; the sums are
     float32 either way.
     """
     out_dtype = out_dtype or x.dtype
+    if (w.dtype == jnp.uint8) != (formats is not None):
+        raise ValueError(f"GGUF blocks (uint8 rows) and only they name their block formats: {w.dtype} weights "
+                         f"with formats={formats}")
     if uses_few_rows_kernel(x.shape[0], w):
-        return few_rows_matmul(x, w, scale, 0 if layer is None else layer).astype(out_dtype)
+        return few_rows_matmul(x, w, scale, 0 if layer is None else layer, formats).astype(out_dtype)
     if layer is not None:
         w, scale = w[layer], None if scale is None else scale[layer]
     rounds_x = w.dtype in (jnp.int8, jnp.uint8)
-    if w.dtype == jnp.uint8:
-        w = dequantize_blocks(w, x.shape[-1])
+    if formats is not None:
+        w = dequantize_layer(w, formats, 0 if layer is None else layer, x.shape[-1])
     if rounds_x:
         x_int16, step = round_rows_to_int16(x)
         y = jnp.einsum("tk,nk->tn", x_int16, w.astype(jnp.float32), preferred_element_type=jnp.float32) * step

@@ -2,7 +2,7 @@
 
 float32 stays the reference. "bf16" keeps each weight's top 16 bits (half the bytes, ~3 significant digits);
 "int8" stores each output feature's row as int8 with one float32 scale (the row's largest magnitude / 127),
-a quarter of the bytes; "gguf" keeps a GGUF file's Q8_0/Q4_0/Q4_1/Q5_0 blocks as the file stores them
+a quarter of the bytes; "gguf" keeps a GGUF file's Q8_0/Q4_0/Q4_1/Q5_0 blocks and K-quants as the file stores them
 (gguf_blocks.py; the shipped SmolLM2 file reads 97 MB a token) and its other matrices in the engine's dtype.
 Activations, the KV cache and the arithmetic keep the engine's dtype: a weight is widened as it is read,
 except that int8 weights and GGUF blocks multiply x rounded to 16 bits per row (integer multiply-adds, see
@@ -34,8 +34,10 @@ def quantize(w: np.ndarray, quantization: str | None, dtype) -> tuple[jax.Array,
     raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
 
 
-def dequantize(w: jax.Array, scale: jax.Array | None, dtype, in_features: int) -> jax.Array:
-    """The float matrix a stored weight stands for (the embedding lookup reads rows of it)."""
-    if w.dtype == jnp.uint8:
-        return dequantize_blocks(w, in_features).astype(dtype)
+def dequantize(w: jax.Array, scale: jax.Array | None, dtype, in_features: int,
+               block_format: str | None = None) -> jax.Array:
+    """The float matrix a stored weight stands for (the embedding lookup reads rows of it); GGUF blocks name
+    their `block_format`."""
+    if block_format is not None:
+        return dequantize_blocks(w, block_format, in_features).astype(dtype)
     return w.astype(dtype) if scale is None else (w.astype(jnp.float32) * scale[:, None]).astype(dtype)

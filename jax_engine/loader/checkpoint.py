@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from jax_engine.linear.gguf_blocks import BlockRows
 from jax_engine.model_config import ModelConfig
 
 
@@ -16,9 +17,10 @@ class Checkpoint:
     config: ModelConfig
     weights: Mapping[str, np.ndarray]  # a dict, or SafetensorsWeights reading each tensor when asked for it
     tokenizer: PreTrainedTokenizerBase | None  # None: loaded with skip_tokenizer_init
-    # A GGUF file's Q8_0/Q4_0/Q4_1/Q5_0 matrices as the file stores them (uint8 [out, row bytes], views of the
-    # mapped file), under the same names: what quantization="gguf" keeps instead of the float32 weights.
-    blocks: dict[str, np.ndarray] = field(default_factory=dict)
+    # A GGUF file's matrices in the block formats the engine keeps, as the file stores them (each its format and
+    # raw rows, uint8 [out, row bytes], views of the mapped file), under the same names: what quantization="gguf"
+    # keeps instead of the float32 weights.
+    blocks: dict[str, BlockRows] = field(default_factory=dict)
     # generation_config.json: the authors' sampling defaults and end-of-sequence ids (loader/generation_config.py).
     generation_config: dict = field(default_factory=dict)
 

@@ -6,6 +6,7 @@ import numpy as np
 from gguf import GGUFReader, GGMLQuantizationType
 from gguf.quants import dequantize
 
+from jax_engine.linear.gguf_blocks import FORMATS, BlockRows
 from jax_engine.loader.checkpoint import Checkpoint
 from jax_engine.loader.gguf_families import GGUFFamily, gguf_family
 from jax_engine.loader.gguf_tokenizer import tokenizer_from_gguf
@@ -118,11 +119,6 @@ def _read_config(reader: GGUFReader, family: GGUFFamily) -> ModelConfig:
     )
 
 
-# The block formats the engine can keep as they are (jax_engine/linear/gguf_blocks.py).
-_KEPT_BLOCK_TYPES = (GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1,
-                     GGMLQuantizationType.Q5_0)
-
-
 def _dequantized(tensor) -> np.ndarray:
     if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
         array = np.asarray(tensor.data, dtype=np.float32)
@@ -151,7 +147,8 @@ class _Reader(GGUFReader):
 
 def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
     """Load a GGUF file into float32 NumPy weights under HF names, its tokenizer (unless not `tokenizer`), and
-    its Q8_0 / Q4 / Q5_0 blocks raw."""
+    the raw blocks of its matrices in the formats the engine keeps (linear/gguf_blocks.py: Q8_0, Q4_0, Q4_1,
+    Q5_0, Q4_K, Q5_K, Q6_K)."""
     reader = _Reader(path)
     family = gguf_family(_field(reader, "general.architecture"))
     config = _read_config(reader, family)
@@ -160,7 +157,8 @@ def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
         if tensor.name == _ROPE_FREQS:  # read into config.rope_freq_factors
             continue
         name = _hf_name(tensor.name, family)
-        kept = [tensor.data] if tensor.tensor_type in _KEPT_BLOCK_TYPES else []  # raw rows [out, row bytes]
+        block_format = tensor.tensor_type.name.lower()
+        kept = [tensor.data] if block_format in FORMATS else []  # raw rows [out, row bytes]
         arrays = [_dequantized(tensor), *kept]
         if family.permuted_qk and name.endswith("q_proj.weight"):  # a permutation of rows: the raw ones permute alike
             arrays = [_undo_rope_permutation(a, config.num_heads) for a in arrays]
@@ -168,6 +166,6 @@ def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
             arrays = [_undo_rope_permutation(a, config.num_kv_heads) for a in arrays]
         weights[name] = arrays[0] - 1.0 if family.norms_plus_one and name.endswith("norm.weight") else arrays[0]
         if kept:
-            blocks[name] = arrays[1]
+            blocks[name] = BlockRows(block_format, arrays[1])
     return Checkpoint(config, weights, tokenizer_from_gguf(reader, family.chat_template) if tokenizer else None,
                       blocks)

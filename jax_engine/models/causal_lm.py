@@ -44,11 +44,13 @@ class CausalLM(nnx.Module):
     """Decoder-only transformer; `__call__` runs a step's tokens through it over the paged cache."""
 
     def __init__(self, cfg: ModelConfig, layers: dict[str, jax.Array], top: dict[str, jax.Array],
-                 parallel: TensorParallel | None = None) -> None:
+                 parallel: TensorParallel | None = None, block_formats: dict[str, tuple[str, ...]] | None = None) -> None:
         """`layers`: every layer's weights stacked [L, ...] by name; `top`: embed, final_norm, lm_head, ...;
-        `parallel`: how they are split over a mesh (already laid out and placed by it), or None."""
+        `parallel`: how they are split over a mesh (already laid out and placed by it), or None;
+        `block_formats`: the GGUF block format of each layer of the weights kept as raw blocks (StoredWeights)."""
         self.cfg = cfg
         self.parallel = parallel
+        self.block_formats = tuple(sorted((block_formats or {}).items()))  # static: part of the compiled program
         self.layers = nnx.Dict({name: nnx.Param(a) for name, a in layers.items()})
         self.top = nnx.Dict({name: nnx.Param(a) for name, a in top.items()})
         self.lora_layout: "LoRALayout | None" = None
@@ -86,21 +88,22 @@ class CausalLM(nnx.Module):
 
         `quantization` ("bf16", "int8", "gguf" or None) is how the projections, the embedding and the LM head
         are stored; norms and biases keep `dtype`. "gguf" keeps the matrices found in `blocks` (a GGUF file's
-        raw Q8_0/Q4_0/Q4_1/Q5_0 rows) as they are, and the rest in `dtype`. `mesh`: a "tp" mesh of more than one
+        raw rows in the formats of linear/gguf_blocks.py) as they are, and the rest in `dtype`. `mesh`: a "tp" mesh of more than one
         device splits the model over it (tensor parallelism).
         """
         if quantization == "gguf" and not blocks:
-            raise ValueError("quantization='gguf' keeps a GGUF file's Q8_0/Q4_0/Q4_1/Q5_0 blocks, and this model has "
-                             "none (Checkpoint.blocks is empty): pass a .gguf file with such tensors")
+            raise ValueError("quantization='gguf' keeps a GGUF file's Q8_0/Q4_0/Q4_1/Q5_0/Q4_K/Q5_K/Q6_K blocks, and "
+                             "this model has none (Checkpoint.blocks is empty): pass a .gguf file with such tensors")
         if cfg.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act={cfg.hidden_act!r} is not supported; supported: {sorted(ACTIVATIONS)}")
         spec = architecture(cfg.architecture).weights(cfg)
         stored = StoredWeights(weights, blocks or {}, quantization, dtype)
         layers, top = stored.layers(spec, cfg.num_layers), stored.top(spec)
         if mesh is None or mesh.shape[AXIS] == 1:
-            return cls(cfg, layers, top)
+            return cls(cfg, layers, top, block_formats=stored.block_formats)
         parallel = TensorParallel.create(cfg, mesh)
-        return cls(cfg, parallel.shard(cfg, layers, stacked=True), parallel.shard(cfg, top, stacked=False), parallel)
+        return cls(cfg, parallel.shard(cfg, layers, stacked=True), parallel.shard(cfg, top, stacked=False), parallel,
+                   stored.block_formats)
 
     @property
     def kv_heads_per_device(self) -> int:
@@ -149,11 +152,12 @@ class CausalLM(nnx.Module):
         if self.lora_layout is not None and lora_slots is not None:
             layers |= {name: p[...] for name, p in self.lora.items()}
             lora_rows = self._lora_rows()
+        formats = dict(self.block_formats)
         if self.parallel is None:
-            return _step(self.cfg, None, attention, lora_rows, layers, top, token_ids, k_cache, v_cache, metadata,
-                         lora_slots)
+            return _step(self.cfg, None, attention, lora_rows, formats, layers, top, token_ids, k_cache, v_cache,
+                         metadata, lora_slots)
         parallel, cache = self.parallel, self.parallel.cache_sharding().spec
-        step = functools.partial(_step, parallel.local_config(self.cfg), self.parallel, attention, lora_rows)
+        step = functools.partial(_step, parallel.local_config(self.cfg), self.parallel, attention, lora_rows, formats)
         return jax.shard_map(step, mesh=parallel.mesh, check_vma=False,
                              in_specs=(parallel.specs(layers, stacked=True), parallel.specs(top, stacked=False),
                                        P(), cache, cache, P(), P()),
@@ -164,27 +168,29 @@ class CausalLM(nnx.Module):
         """[S, H] -> [S, V] float32 logits (under tensor parallelism, every device's vocabulary rows gathered)."""
         name = "embed" if self.cfg.tie_word_embeddings else "lm_head"
         head = {n: self.top[n][...] for n in (name, f"{name}_scale", "lm_head_bias") if n in self.top}
+        formats = dict(self.block_formats).get(name)
         if self.parallel is None:
-            return _logits(name, head, hidden)
+            return _logits(name, head, hidden, formats)
 
         def gathered(head, hidden):
-            return jax.lax.all_gather(_logits(name, head, hidden), AXIS, axis=1, tiled=True)
+            return jax.lax.all_gather(_logits(name, head, hidden, formats), AXIS, axis=1, tiled=True)
 
         logits = jax.shard_map(gathered, mesh=self.parallel.mesh, check_vma=False,
                                in_specs=(self.parallel.specs(head, stacked=False), P()), out_specs=P())(head, hidden)
         return logits[:, : self.cfg.vocab_size]  # the padding rows of the last device's share
 
 
-def _logits(name: str, head: dict, hidden: jax.Array) -> jax.Array:
-    logits = linear(hidden, head[name], head.get(f"{name}_scale"), out_dtype=jnp.float32)
+def _logits(name: str, head: dict, hidden: jax.Array, formats: tuple[str, ...] | None) -> jax.Array:
+    logits = linear(hidden, head[name], head.get(f"{name}_scale"), out_dtype=jnp.float32, formats=formats)
     return logits if "lm_head_bias" not in head else logits + head["lm_head_bias"].astype(jnp.float32)
 
 
 def _step(cfg: ModelConfig, parallel: TensorParallel | None, attention: AttentionFn, lora_rows: dict | None,
-          layers: dict, top: dict, token_ids: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
-          metadata: AttentionMetadata, lora_slots: jax.Array | None):
+          formats: dict[str, tuple[str, ...]], layers: dict, top: dict, token_ids: jax.Array, k_cache: jax.Array,
+          v_cache: jax.Array, metadata: AttentionMetadata, lora_slots: jax.Array | None):
     """CausalLM.__call__ on whole arrays, or on one device's slices (`cfg` then has its head counts; `lora_rows`
-    the pieces of its share of each adapted projection). lora_rows None: no adapter updates."""
+    the pieces of its share of each adapted projection). lora_rows None: no adapter updates. `formats`: the
+    block formats of the weights kept as GGUF blocks."""
     L, num_blocks, block_size = k_cache.shape[:3]
     k_flat = k_cache.reshape(L, num_blocks * block_size, *k_cache.shape[3:])  # [L, S, K, D]
     rope_and_window = _per_layer(cfg, metadata.positions)
@@ -202,17 +208,18 @@ def _step(cfg: ModelConfig, parallel: TensorParallel | None, attention: Attentio
     def layer_step(carry, layer):
         x, k_flat, v_flat = carry
         rope, window = rope_and_window(layer)
-        ctx = StepContext(metadata, attention, block_size, rope, k_flat, v_flat, slopes, all_reduce, lora, window)
+        ctx = StepContext(metadata, attention, block_size, rope, k_flat, v_flat, slopes, all_reduce, lora, window,
+                          formats)
         x = layer_fn(cfg, layers, layer, x, ctx)
         return (x, ctx.k_flat, ctx.v_flat), None
 
-    x = _embed(cfg, top, token_ids, metadata.positions, layers["attn_norm"].dtype, all_reduce)
+    x = _embed(cfg, top, formats, token_ids, metadata.positions, layers["attn_norm"].dtype, all_reduce)
     (x, k_flat, v_flat), _ = jax.lax.scan(layer_step, (x, k_flat, v_cache.reshape(k_flat.shape)),
                                           jnp.arange(L, dtype=jnp.int32))
     if "final_norm" in top:  # OPT's post-norm variants end without one
         x = normalize(cfg, x, top["final_norm"], top.get("final_norm_bias"))
     if "project_out" in top:  # OPT-350m: hidden -> the embedding's width
-        x = linear(x, top["project_out"], None)
+        x = linear(x, top["project_out"], None, formats=formats.get("project_out"))
     return x, k_flat.reshape(k_cache.shape), v_flat.reshape(v_cache.shape)
 
 
@@ -238,7 +245,8 @@ def _per_layer(cfg: ModelConfig, positions: jax.Array):
     return of
 
 
-def _embed(cfg: ModelConfig, top: dict, token_ids: jax.Array, positions: jax.Array, dtype, all_reduce) -> jax.Array:
+def _embed(cfg: ModelConfig, top: dict, formats: dict, token_ids: jax.Array, positions: jax.Array, dtype,
+           all_reduce) -> jax.Array:
     """The tokens' embeddings [T, E]. Split by vocabulary, each device looks up the tokens in its rows, zeros
     for the others, and `all_reduce` adds the devices' lookups up."""
     rows, ours = token_ids, None
@@ -249,13 +257,13 @@ def _embed(cfg: ModelConfig, top: dict, token_ids: jax.Array, positions: jax.Arr
         rows = jnp.where(ours, rows, 0)
     scale = top.get("embed_scale")
     x = dequantize(top["embed"][rows], None if scale is None else scale[rows], dtype,
-                   cfg.embedding_size or cfg.hidden_size)  # [T, E]
+                   cfg.embedding_size or cfg.hidden_size, formats.get("embed", (None,))[0])  # [T, E]
     if all_reduce is not None:
         x = all_reduce(jnp.where(ours[:, None], x, jnp.zeros_like(x)))
     if cfg.embedding_multiplier != 1.0:  # Gemma; in the activations' dtype, as HF does
         x = x * jnp.asarray(cfg.embedding_multiplier, dtype)
     if "project_in" in top:
-        x = linear(x, top["project_in"], None).astype(dtype)
+        x = linear(x, top["project_in"], None, formats=formats.get("project_in")).astype(dtype)
     if "positions" in top:  # learned absolute positions (OPT's table starts at position_offset)
         x = x + top["positions"][positions + cfg.position_offset]
     if "embed_norm" in top:  # BLOOM normalises the embeddings

@@ -6,7 +6,8 @@ heads are interleaved, GPT-2's transposed Conv1D matrices). Layer weights are re
 stacked along a leading L axis, which the model's scan walks.
 
 Matrices (names starting with "w_", the embedding and the LM head) are stored as `quantization` says
-(see linear/quantization.py); a GGUF file's raw blocks are kept where a weight is its tensors' rows alone.
+(see linear/quantization.py); a GGUF file's raw blocks are kept where a weight is its tensors' rows alone,
+and `block_formats` names each kept weight's format per layer.
 """
 
 from collections.abc import Callable, Mapping
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.linear import quantize
-from jax_engine.linear.gguf_blocks import as_q8_0
+from jax_engine.linear.gguf_blocks import BlockRows, as_q8_0
 
 
 @dataclass(frozen=True)
@@ -70,9 +71,10 @@ class WeightMap:
 class StoredWeights:
     """Reads a WeightMap out of a checkpoint's tensors, in the engine's dtype and quantization."""
 
-    def __init__(self, weights: Mapping[str, np.ndarray], blocks: Mapping[str, np.ndarray],
+    def __init__(self, weights: Mapping[str, np.ndarray], blocks: Mapping[str, BlockRows],
                  quantization: str | None, dtype) -> None:
         self.weights, self.blocks, self.quantization, self.dtype = weights, blocks, quantization, dtype
+        self.block_formats: dict[str, tuple[str, ...]] = {}  # kept GGUF blocks: our name -> each layer's format
 
     def layers(self, spec: WeightMap, num_layers: int) -> dict[str, jnp.ndarray]:
         """Our name -> [L, ...] stack (and <name>_scale for int8 matrices)."""
@@ -97,8 +99,12 @@ class StoredWeights:
         join = np.stack if stack else (lambda arrays: arrays[0])
         matrix = name.startswith("w_") or name in ("embed", "lm_head")
         kept = self._kept_blocks(source, prefixes) if matrix else None
-        if kept is not None:
-            return {name: jnp.asarray(join(kept))}
+        if kept is not None:  # a stack of layers in several formats pads the narrower rows (gguf_blocks.py)
+            self.block_formats[name] = tuple(layer.format for layer in kept)
+            width = max(layer.rows.shape[1] for layer in kept)
+            rows = [np.pad(r, ((0, 0), (0, width - r.shape[1]))) if r.shape[1] < width else r
+                    for r in (layer.rows for layer in kept)]
+            return {name: jnp.asarray(join(rows))}
         arrays = join([self._read(source, p) for p in prefixes])
         if not matrix:
             return {name: jnp.asarray(arrays, self.dtype)}
@@ -115,25 +121,30 @@ class StoredWeights:
             return source.combine(*tensors)
         return tensors[0] if len(tensors) == 1 else np.concatenate(tensors)
 
-    def _kept_blocks(self, source: Source, prefixes: list[str]) -> list[np.ndarray] | None:
-        """quantization="gguf": the file's raw block rows, when every tensor has them in one format (Q4_0 and Q5_0
-        tensors beside Q8_0 ones become Q8_0, exactly)."""
+    def _kept_blocks(self, source: Source, prefixes: list[str]) -> list[BlockRows] | None:
+        """quantization="gguf": each layer's matrix as the file's raw block rows, where every tensor has them."""
         if self.quantization != "gguf" or source.combine is not None:
             return None
         names = [[p + n for n in source.names] for p in prefixes]
         if not all(n in self.blocks for row in names for n in row):
             return None
-        rows = [[self.blocks[n] for n in row] for row in names]
-        widths = {(r.shape[1], self.weights[n].shape[1]) for row, row_names in zip(rows, names)
-                  for r, n in zip(row, row_names)}
-        if len(widths) > 1:
-            try:
-                rows = [[as_q8_0(self.blocks[n], self.weights[n].shape[1]) for n in row] for row in names]
-            except ValueError:  # a format with a minimum (Q4_1): no common one
-                return None
-        if len({r.shape[1] for row in rows for r in row}) != 1 or len({sum(len(r) for r in row) for row in rows}) != 1:
+        layers = [self._fused([self.blocks[n] for n in row], self.weights[row[0]].shape[1]) for row in names]
+        if any(layer is None for layer in layers) or len({len(layer.rows) for layer in layers}) != 1:
             return None
-        return [np.concatenate(row) if len(row) > 1 else row[0] for row in rows]
+        return layers
+
+    @staticmethod
+    def _fused(parts: list[BlockRows], in_features: int) -> BlockRows | None:
+        """A layer's tensors' rows as one matrix in one format: theirs, or where they differ Q8_0 (exactly, from
+        Q4_0 and Q5_0: Gemma 3's q, k and v); None where no format holds them all (Q4_1 or a K-quant beside
+        another format)."""
+        if len({part.format for part in parts}) > 1:
+            try:
+                parts = [BlockRows("q8_0", as_q8_0(part.rows, part.format, in_features)) for part in parts]
+            except ValueError:
+                return None
+        rows = np.concatenate([part.rows for part in parts]) if len(parts) > 1 else parts[0].rows
+        return BlockRows(parts[0].format, rows)
 
 
 def ungroup_qkv(w: np.ndarray, num_kv_heads: int, head_dim: int) -> np.ndarray:

@@ -21,15 +21,18 @@
 // at the end. The sums are the same integers as the int16 path's, with 2 instructions per 64 weights.
 //
 // GGUF blocks (quantization="gguf", see gguf_blocks.py) come as uint8 rows of Q8_0, Q4_0, Q4_1 or Q5_0 blocks
-// of 32 weights, told apart by their bytes per block. They multiply x rounded to int16 like int8 weights: each
-// block's 32 products are summed exactly in int32 (at most 4 x 127 x 32767 per lane, below 2^24, so exact in
-// float32 too), then scaled by the block's d; Q4_1's minimum m adds m x the block's sum of x.
+// of 32 weights or Q4_K, Q5_K or Q6_K super-blocks of 256, with each layer's format named by its ggml_type id.
+// They multiply x rounded to int16 like int8 weights: each run of 32 products is summed exactly in int32 (at
+// most 4 x 127 x 32767 per lane, below 2^24, so exact in float32 too), then scaled by the run's scale (Q6_K:
+// one per 16 weights); a minimum (Q4_1, Q4_K, Q5_K) adds itself times the run's sum of x.
 //
 // Shapes:
 //   x      [M, K]  float32, K a multiple of 8 (of 16 for int8 weights)
 //   w      [N, K] or [L, N, K] (every layer's weights, stacked)  float32, bfloat16, float16 or int8;
-//          or GGUF blocks: uint8 [N, K/32 x bytes per block] or [L, N, ...]
+//          or GGUF blocks: uint8 [N, row bytes] or [L, N, row bytes], rows at least as wide as the format's
+//          (a stack of layers in different formats pads the narrower rows)
 //   scale  [N] or [L, N] float32 (int8 weights), or [0] (none)
+//   block_types  [L] (or [1]) int32: GGUF blocks' ggml_type id per layer (Q8_0 8, Q4_K 12, ...), else [0]
 //   layer  [] int32: which of the L stacked matrices to use (0 for a single matrix). Taking the stack and an
 //          index, rather than a slice of it, saves XLA copying the layer's weights out before every call.
 //   y      [M, N]  float32
@@ -132,8 +135,10 @@ inline IntVec multiply_add_pairs(Int16x16 a, Int16x16 b) {
 }
 #endif
 
-// GGUF block formats: the block's 32 weights as two int16 vectors (weights 0-15, 16-31), its scale d and,
-// for Q4_1, its minimum m. A 4-bit block packs weight j in the low nibble of byte j, j + 16 in the high one.
+// GGUF block formats (gguf_blocks.py). Each format gives, for one of its blocks (kWeights weights: 32, or 256
+// for the K-quants), its scales (one float per 32 weights, or per 16 with kScalesPer16) and, with kHasMinimum,
+// a minimum per 32 weights, which multiplies that sub-block's sum of x; and the integer weights of the block's
+// j-th run of 32 as two int16 vectors (weights 0-15, 16-31). kType is llama.cpp's ggml_type id for the format.
 inline float half_at(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, sizeof bits);
@@ -143,6 +148,7 @@ inline float half_at(const uint8_t* p) {
   return to_float(Half{bits});
 #endif
 }
+// A 4-bit block of 32 packs weight j in the low nibble of byte j, j + 16 in the high one.
 #if defined(__AVX2__)
 inline void widen_nibbles(const uint8_t* packed, int16_t offset, Int16x16& low, Int16x16& high) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
@@ -160,20 +166,33 @@ inline void widen_nibbles(const uint8_t* packed, int16_t offset, Int16x16& low, 
   }
 }
 #endif
-struct Q8_0 {
+struct BlockOf32 {
+  static constexpr int64_t kWeights = 32;
+  static constexpr bool kScalesPer16 = false, kHasMinimum = false;
+  static void scales(const uint8_t* b, float* scale, float*) { scale[0] = half_at(b); }
+};
+struct Q8_0 : BlockOf32 {
   static constexpr int64_t kBytes = 34;
-  static void weights(const uint8_t* b, Int16x16& low, Int16x16& high) {
+  static constexpr int kType = 8;
+  static void weights(const uint8_t* b, int, Int16x16& low, Int16x16& high) {
     low = widen16(reinterpret_cast<const int8_t*>(b + 2));
     high = widen16(reinterpret_cast<const int8_t*>(b + 2 + kIntLanes));
   }
 };
-struct Q4_0 {
+struct Q4_0 : BlockOf32 {
   static constexpr int64_t kBytes = 18;
-  static void weights(const uint8_t* b, Int16x16& low, Int16x16& high) { widen_nibbles(b + 2, 8, low, high); }
+  static constexpr int kType = 2;
+  static void weights(const uint8_t* b, int, Int16x16& low, Int16x16& high) { widen_nibbles(b + 2, 8, low, high); }
 };
-struct Q4_1 {
+struct Q4_1 : BlockOf32 {  // w = d q + m
   static constexpr int64_t kBytes = 20;
-  static void weights(const uint8_t* b, Int16x16& low, Int16x16& high) { widen_nibbles(b + 4, 0, low, high); }
+  static constexpr int kType = 3;
+  static constexpr bool kHasMinimum = true;
+  static void scales(const uint8_t* b, float* scale, float* minimum) {
+    scale[0] = half_at(b);
+    minimum[0] = half_at(b + 2);
+  }
+  static void weights(const uint8_t* b, int, Int16x16& low, Int16x16& high) { widen_nibbles(b + 4, 0, low, high); }
 };
 // Q5_0: d, 32 high bits (bit j is weight j's fifth bit), then 16 bytes of low nibbles as Q4_0's; w = d (q - 16).
 #if defined(__AVX2__)
@@ -195,19 +214,98 @@ inline void add_fifth_bits(uint32_t bits, Int16x16& low, Int16x16& high) {
   }
 }
 #endif
-struct Q5_0 {
+struct Q5_0 : BlockOf32 {
   static constexpr int64_t kBytes = 22;
-  static void weights(const uint8_t* b, Int16x16& low, Int16x16& high) {
+  static constexpr int kType = 6;
+  static void weights(const uint8_t* b, int, Int16x16& low, Int16x16& high) {
     uint32_t bits;
     std::memcpy(&bits, b + 2, sizeof bits);
     widen_nibbles(b + 6, 16, low, high);
     add_fifth_bits(bits, low, high);
   }
 };
+
+// K-quants pack each run of 32 weights across 32 bytes, several runs in different bits of the same bytes:
+// bits_at picks ((byte >> shift) & mask) << up out of 32 bytes, and widen_bytes makes the 32 values int16.
+typedef uint8_t Bytes32 __attribute__((vector_size(32)));
+#if defined(__AVX2__)
+inline Bytes32 bits_at(const uint8_t* p, int shift, uint8_t mask, int up) {
+  const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i picked = _mm256_and_si256(_mm256_srl_epi16(bytes, _mm_cvtsi32_si128(shift)), _mm256_set1_epi8(mask));
+  return reinterpret_cast<Bytes32>(_mm256_sll_epi16(picked, _mm_cvtsi32_si128(up)));  // mask << up fits a byte
+}
+inline void widen_bytes(Bytes32 v, int16_t offset, Int16x16& low, Int16x16& high) {
+  const __m256i bytes = reinterpret_cast<__m256i>(v), shift = _mm256_set1_epi16(offset);
+  low = reinterpret_cast<Int16x16>(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes)), shift));
+  high = reinterpret_cast<Int16x16>(
+      _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(bytes, 1)), shift));
+}
+#else
+inline Bytes32 bits_at(const uint8_t* p, int shift, uint8_t mask, int up) {
+  Bytes32 v;
+  for (int l = 0; l < 32; ++l) v[l] = static_cast<uint8_t>(((p[l] >> shift) & mask) << up);
+  return v;
+}
+inline void widen_bytes(Bytes32 v, int16_t offset, Int16x16& low, Int16x16& high) {
+  for (int l = 0; l < kIntLanes; ++l) {
+    low[l] = static_cast<int16_t>(v[l] - offset);
+    high[l] = static_cast<int16_t>(v[l + kIntLanes] - offset);
+  }
+}
+#endif
+struct SuperBlock {
+  static constexpr int64_t kWeights = 256;
+};
+// Q4_K and Q5_K: d, dmin, 12 bytes of 6-bit scales and minimums (llama.cpp's get_scale_min_k4), [Q5_K: 32 bytes
+// of fifth bits, bit j for run j,] then 128 bytes of nibbles: runs 2i and 2i + 1 in the low and high nibbles of
+// bytes 32i .. 32i + 31. w = d sc_j q - dmin m_j.
+struct KScalesAndMinimums : SuperBlock {
+  static constexpr bool kScalesPer16 = false, kHasMinimum = true;
+  static void scales(const uint8_t* b, float* scale, float* minimum) {
+    const float d = half_at(b), dmin = half_at(b + 2);
+    const uint8_t* q = b + 4;
+    for (int j = 0; j < 8; ++j) {
+      const int sc = j < 4 ? q[j] & 63 : (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+      const int m = j < 4 ? q[j + 4] & 63 : (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+      scale[j] = d * static_cast<float>(sc);
+      minimum[j] = -(dmin * static_cast<float>(m));
+    }
+  }
+};
+struct Q4_K : KScalesAndMinimums {
+  static constexpr int64_t kBytes = 144;
+  static constexpr int kType = 12;
+  static void weights(const uint8_t* b, int j, Int16x16& low, Int16x16& high) {
+    widen_bytes(bits_at(b + 16 + 32 * (j / 2), 4 * (j % 2), 0x0f, 0), 0, low, high);
+  }
+};
+struct Q5_K : KScalesAndMinimums {
+  static constexpr int64_t kBytes = 176;
+  static constexpr int kType = 13;
+  static void weights(const uint8_t* b, int j, Int16x16& low, Int16x16& high) {
+    widen_bytes(bits_at(b + 48 + 32 * (j / 2), 4 * (j % 2), 0x0f, 0) | bits_at(b + 16, j, 0x01, 4), 0, low, high);
+  }
+};
+// Q6_K: 128 bytes of low nibbles, 64 of 2-bit high parts, 16 int8 scales (one per 16 weights), d. Weights
+// 128h + 32t + l (h < 2, t < 4, l < 32) take nibble t / 2 of byte 64h + 32 (t % 2) + l and bits 2t, 2t + 1 of
+// byte 128 + 32h + l; w = d sc (q - 32).
+struct Q6_K : SuperBlock {
+  static constexpr int64_t kBytes = 210;
+  static constexpr int kType = 14;
+  static constexpr bool kScalesPer16 = true, kHasMinimum = false;
+  static void scales(const uint8_t* b, float* scale, float*) {
+    const float d = half_at(b + 208);
+    for (int i = 0; i < 16; ++i) scale[i] = d * static_cast<float>(static_cast<int8_t>(b[192 + i]));
+  }
+  static void weights(const uint8_t* b, int j, Int16x16& low, Int16x16& high) {
+    const int h = j / 4, t = j % 4;
+    const Bytes32 q = bits_at(b + 64 * h + 32 * (t % 2), 4 * (t / 2), 0x0f, 0) | bits_at(b + 128 + 32 * h, 2 * t, 0x03, 4);
+    widen_bytes(q, 32, low, high);
+  }
+};
+constexpr int64_t kBlock = 32;  // x's sums for the minimums are per run of 32
 template <typename T>
-constexpr bool kIsBlockFormat = std::is_same_v<T, Q8_0> || std::is_same_v<T, Q4_0> || std::is_same_v<T, Q4_1> ||
-                                std::is_same_v<T, Q5_0>;
-constexpr int64_t kBlock = 32;
+constexpr bool kIsBlockFormat = std::is_base_of_v<BlockOf32, T> || std::is_base_of_v<SuperBlock, T>;
 
 // Register blocking: ROWS rows of x times FEATURES weight rows, ROWS x FEATURES accumulators (at most 8 of the
 // 16 AVX2 registers). Per 8 inputs it loads FEATURES weight vectors and ROWS x vectors for ROWS x FEATURES
@@ -243,7 +341,8 @@ struct Problem {
   int64_t rows, in_features, out_features;
   const int16_t* x_int16;  // int8 weights and GGUF blocks: x rounded to int16, x ~= x_int16 * x_step (per row)
   const float* x_step;
-  const float* x_block_sums;  // GGUF blocks: [M, K/32] sums of x_int16 over each block (for Q4_1's minimum)
+  const float* x_block_sums;  // GGUF blocks: [M, K/32] sums of x_int16 over each run of 32 (for minimums)
+  int64_t block_row_bytes;  // GGUF blocks: the bytes from one weight row to the next
   const uint8_t* x_low;  // int8 weights with VNNI: x_int16's low bytes [M, K] (unsigned),
   const int8_t* x_high;  // its high bytes (signed): x_int16 = 256 x_high + x_low
   const int64_t* x_high_sums;  // [M] sums of x_high over the row
@@ -380,35 +479,51 @@ inline void block_int8_vnni(const Problem& p, int64_t m0, const int8_t* w, float
 constexpr bool kSplitsBytes = false;
 #endif
 
-// The same for GGUF blocks: per block, exact int32 sums of 32 products, times the block's d (float32).
+// The same for GGUF blocks: per run of 32 weights, exact int32 sums of products, times the run's scale(s)
+// (float32); minimums times the run's sum of x. Row f of the weights starts at w + f x p.block_row_bytes.
 template <typename T, int ROWS, int FEATURES>
-inline void block_gguf(const int16_t* x, const float* x_step, const float* x_block_sums, int64_t K,
-                       const uint8_t* w, float* y, int64_t N) {
-  const int64_t blocks = K / kBlock, row_bytes = blocks * T::kBytes;
+inline void block_gguf(const Problem& p, int64_t m0, const uint8_t* w, float* y) {
+  constexpr int kRuns = T::kWeights / kBlock, kScales = kRuns * (T::kScalesPer16 ? 2 : 1);
+  const int64_t K = p.in_features, N = p.out_features, runs_per_row = K / kBlock;
   Vec acc[ROWS][FEATURES] = {};
   float minimums[ROWS][FEATURES] = {};
-  for (int64_t b = 0; b < blocks; ++b) {
-    Int16x16 low[FEATURES], high[FEATURES];
-    float d[FEATURES];
+  for (int64_t b = 0; b < K / T::kWeights; ++b) {
+    const uint8_t* block[FEATURES];
+    float scale[FEATURES][kScales], minimum[FEATURES][kRuns];
     for (int f = 0; f < FEATURES; ++f) {
-      const uint8_t* block = w + f * row_bytes + b * T::kBytes;
-      if ((b * T::kBytes) % 64 < T::kBytes) prefetch_ahead(block);  // once per cache line
-      T::weights(block, low[f], high[f]);
-      d[f] = half_at(block);
-      if constexpr (std::is_same_v<T, Q4_1>) {
-        for (int m = 0; m < ROWS; ++m) minimums[m][f] += half_at(block + 2) * x_block_sums[m * blocks + b];
+      const uint8_t* row = w + f * p.block_row_bytes;
+      for (int64_t line = (b * T::kBytes + 63) / 64 * 64; line < (b + 1) * T::kBytes; line += 64) {
+        prefetch_ahead(row + line);  // once per cache line
+      }
+      block[f] = row + b * T::kBytes;
+      T::scales(block[f], scale[f], minimum[f]);
+      if constexpr (T::kHasMinimum) {
+        for (int m = 0; m < ROWS; ++m) {
+          const float* sums = p.x_block_sums + (m0 + m) * runs_per_row + b * kRuns;
+          for (int j = 0; j < kRuns; ++j) minimums[m][f] += minimum[f][j] * sums[j];
+        }
       }
     }
-    for (int m = 0; m < ROWS; ++m) {
-      const Int16x16 x_low = load16(x + m * K + b * kBlock), x_high = load16(x + m * K + b * kBlock + kIntLanes);
-      for (int f = 0; f < FEATURES; ++f) {
-        const IntVec sums = multiply_add_pairs(x_low, low[f]) + multiply_add_pairs(x_high, high[f]);
-        acc[m][f] += __builtin_convertvector(sums, Vec) * d[f];
+    for (int j = 0; j < kRuns; ++j) {
+      Int16x16 low[FEATURES], high[FEATURES];
+      for (int f = 0; f < FEATURES; ++f) T::weights(block[f], j, low[f], high[f]);
+      for (int m = 0; m < ROWS; ++m) {
+        const int16_t* x = p.x_int16 + (m0 + m) * K + (b * kRuns + j) * kBlock;
+        const Int16x16 x_low = load16(x), x_high = load16(x + kIntLanes);
+        for (int f = 0; f < FEATURES; ++f) {
+          const IntVec first = multiply_add_pairs(x_low, low[f]), second = multiply_add_pairs(x_high, high[f]);
+          if constexpr (T::kScalesPer16) {
+            acc[m][f] += __builtin_convertvector(first, Vec) * scale[f][2 * j] +
+                         __builtin_convertvector(second, Vec) * scale[f][2 * j + 1];
+          } else {
+            acc[m][f] += __builtin_convertvector(first + second, Vec) * scale[f][j];
+          }
+        }
       }
     }
   }
   for (int m = 0; m < ROWS; ++m) {
-    for (int f = 0; f < FEATURES; ++f) y[m * N + f] = (sum<float>(acc[m][f]) + minimums[m][f]) * x_step[m];
+    for (int f = 0; f < FEATURES; ++f) y[m * N + f] = (sum<float>(acc[m][f]) + minimums[m][f]) * p.x_step[m0 + m];
   }
 }
 
@@ -424,8 +539,7 @@ inline void pass(const Problem& p, int64_t m, int64_t n) {
   for (int f = 0; f < FEATURES; f += kPerBlock) {
     float* y = p.y + m * N + n + f;
     if constexpr (kIsBlockFormat<T>) {
-      const uint8_t* w = static_cast<const uint8_t*>(p.w) + (n + f) * (K / kBlock * T::kBytes);
-      block_gguf<T, ROWS, kPerBlock>(p.x_int16 + m * K, p.x_step + m, p.x_block_sums + m * (K / kBlock), K, w, y, N);
+      block_gguf<T, ROWS, kPerBlock>(p, m, static_cast<const uint8_t*>(p.w) + (n + f) * p.block_row_bytes, y);
     } else if constexpr (kUsesVnni) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
       block_int8_vnni<ROWS, kPerBlock>(p, m, static_cast<const T*>(p.w) + (n + f) * K, y, p.scale + n + f);
@@ -464,7 +578,7 @@ struct WorkQueue {
   std::vector<int8_t> x_high;
   std::vector<int64_t> x_high_sums;
   ffi::DataType dtype;
-  int64_t block_bytes;  // GGUF blocks: 34, 18, 20 or 22 (Q8_0, Q4_0, Q4_1, Q5_0)
+  int block_type;  // GGUF blocks: the format's ggml_type id
   int64_t num_items;
   int64_t features_per_item;
   std::atomic<int64_t> next{0};
@@ -485,10 +599,16 @@ struct WorkQueue {
         case ffi::DataType::F16: item_features<Half>(item); break;
         case ffi::DataType::S8: item_features<int8_t>(item); break;
         case ffi::DataType::U8:
-          if (block_bytes == Q8_0::kBytes) item_features<Q8_0>(item);
-          if (block_bytes == Q4_0::kBytes) item_features<Q4_0>(item);
-          if (block_bytes == Q4_1::kBytes) item_features<Q4_1>(item);
-          if (block_bytes == Q5_0::kBytes) item_features<Q5_0>(item);
+          switch (block_type) {
+            case Q8_0::kType: item_features<Q8_0>(item); break;
+            case Q4_0::kType: item_features<Q4_0>(item); break;
+            case Q4_1::kType: item_features<Q4_1>(item); break;
+            case Q5_0::kType: item_features<Q5_0>(item); break;
+            case Q4_K::kType: item_features<Q4_K>(item); break;
+            case Q5_K::kType: item_features<Q5_K>(item); break;
+            case Q6_K::kType: item_features<Q6_K>(item); break;
+            default: break;
+          }
           break;
         default: item_features<float>(item); break;
       }
@@ -497,9 +617,27 @@ struct WorkQueue {
   }
 };
 
+template <typename T>
+int64_t row_bytes_of(int64_t K) {
+  return K % T::kWeights ? 0 : K / T::kWeights * T::kBytes;
+}
+// The bytes of a row of K weights in the format of ggml_type id `type`; 0 for no kept format, or a K it cannot hold.
+int64_t gguf_row_bytes(int type, int64_t K) {
+  switch (type) {
+    case Q8_0::kType: return row_bytes_of<Q8_0>(K);
+    case Q4_0::kType: return row_bytes_of<Q4_0>(K);
+    case Q4_1::kType: return row_bytes_of<Q4_1>(K);
+    case Q5_0::kType: return row_bytes_of<Q5_0>(K);
+    case Q4_K::kType: return row_bytes_of<Q4_K>(K);
+    case Q5_K::kType: return row_bytes_of<Q5_K>(K);
+    case Q6_K::kType: return row_bytes_of<Q6_K>(K);
+    default: return 0;
+  }
+}
+
 ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
-                             ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::S32> layer_index,
-                             ffi::ResultBuffer<ffi::F32> y) {
+                             ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::S32> block_types,
+                             ffi::Buffer<ffi::S32> layer_index, ffi::ResultBuffer<ffi::F32> y) {
   const auto x_dims = x.dimensions();
   const auto w_dims = w.dimensions();
   const bool stacked = w_dims.size() == 3;
@@ -515,18 +653,22 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
       dtype != ffi::DataType::S8 && !gguf_blocks) {
     return ffi::Error::InvalidArgument("few_rows_matmul: w must be float32, bfloat16, float16, int8 or GGUF blocks");
   }
-  const int64_t block_bytes = gguf_blocks && K % kBlock == 0 ? row_values * kBlock / K : 0;
-  if (gguf_blocks && (block_bytes * K != row_values * kBlock ||
-                      (block_bytes != Q8_0::kBytes && block_bytes != Q4_0::kBytes && block_bytes != Q4_1::kBytes &&
-                       block_bytes != Q5_0::kBytes))) {
-    return ffi::Error::InvalidArgument("few_rows_matmul: uint8 rows of " + std::to_string(row_values) +
-                                       " bytes are no Q8_0, Q4_0, Q4_1 or Q5_0 blocks of " + std::to_string(K) +
-                                       " weights");
-  }
   const int64_t layer = layer_index.typed_data()[0];
   if (layer < 0 || layer >= layers) {
     return ffi::Error::InvalidArgument("few_rows_matmul: layer " + std::to_string(layer) + " out of range [0, " +
                                        std::to_string(layers) + ")");
+  }
+  if (block_types.element_count() != static_cast<size_t>(gguf_blocks ? layers : 0)) {
+    return ffi::Error::InvalidArgument("few_rows_matmul: GGUF blocks (uint8 rows) name one ggml_type per layer, "
+                                       "other weights none");
+  }
+  const int block_type = gguf_blocks ? block_types.typed_data()[layer] : 0;
+  const int64_t used_bytes = gguf_blocks ? gguf_row_bytes(block_type, K) : 0;
+  if (gguf_blocks && (used_bytes == 0 || used_bytes > row_values)) {
+    return ffi::Error::InvalidArgument("few_rows_matmul: uint8 rows of " + std::to_string(row_values) +
+                                       " bytes hold no " + std::to_string(K) + " weights of ggml_type " +
+                                       std::to_string(block_type) + " (kept: Q4_0 2, Q4_1 3, Q5_0 6, Q8_0 8, " +
+                                       "Q4_K 12, Q5_K 13, Q6_K 14)");
   }
   const int64_t N = w_dims[w_dims.size() - 2];
   const bool scaled = scale.element_count() != 0;
@@ -546,7 +688,8 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   work->problem = Problem{x.typed_data(), weights, scaled ? scale.typed_data() + layer * N : nullptr,
                           y->typed_data(), x_dims[0], x_dims[1], N};
   work->dtype = dtype;
-  work->block_bytes = block_bytes;
+  work->block_type = block_type;
+  work->problem.block_row_bytes = row_values;
   if (dtype == ffi::DataType::S8 || gguf_blocks) {
     work->x_int16.resize(x_dims[0] * K);
     work->x_step.resize(x_dims[0]);
@@ -566,7 +709,7 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
     work->problem.x_high_sums = work->x_high_sums.data();
   }
 #endif
-  if (gguf_blocks) {  // each block's sum of x, for Q4_1's minimum
+  if (gguf_blocks) {  // each run of 32's sum of x, for the minimums
     work->x_block_sums.assign(x_dims[0] * (K / kBlock), 0.0f);
     for (int64_t i = 0; i < x_dims[0] * K; ++i) work->x_block_sums[i / kBlock] += work->x_int16[i];
     work->problem.x_block_sums = work->x_block_sums.data();
@@ -590,5 +733,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FewRowsMatmul, FewRowsMatmulImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // x
                                   .Arg<ffi::AnyBuffer>()         // w
                                   .Arg<ffi::Buffer<ffi::F32>>()  // scale
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // block_types
                                   .Arg<ffi::Buffer<ffi::S32>>()  // layer
                                   .Ret<ffi::Buffer<ffi::F32>>());  // y
