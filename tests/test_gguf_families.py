@@ -132,6 +132,21 @@ def test_a_qwen_gguf_gives_the_logits_of_its_hf_checkpoint(tmp_path, architectur
     assert diff < 1e-5  # float32 sums in another order
 
 
+def test_a_gemma_gguf_gives_the_logits_of_its_hf_checkpoint(tmp_path):
+    """Gemma 1: norms stored as 1 + weight; its GELU and sqrt(hidden) embedding scale are llama.cpp's code, not
+    the file's."""
+    hf_model = make_tiny_checkpoint(tmp_path, "gemma", head_dim=24)  # as Gemma 7B: heads x head_dim != hidden
+    tensors = gguf_tensors(hf_model, LLAMA_NAMES, 1.0)
+    tensors.pop("output.weight", None)  # the converter skips Gemma's lm_head: it is the embedding
+    cfg = hf_model.config
+    path = write_gguf(tmp_path / "gemma.gguf", byte_level_fields(), tensors, hparams(cfg), architecture="gemma")
+    checkpoint = load_checkpoint(path)
+    assert checkpoint.config.tie_word_embeddings and checkpoint.config.head_dim == cfg.head_dim
+    diff = logit_diff(checkpoint, hf_model)
+    print(f"Gemma GGUF vs HF: max |logit diff| = {diff:.2e}")
+    assert diff < 1e-5  # float32 sums in another order
+
+
 def test_a_phi3_gguf_gives_the_logits_of_its_hf_checkpoint(tmp_path):
     """Phi-3's fused qkv and gate/up tensors, its sliding window and partial rotation from the file's keys."""
     hf_model = make_tiny_checkpoint(tmp_path, "phi3", sliding_window=8, partial_rotary_factor=0.5)

@@ -13,28 +13,6 @@ from jax_engine.loader.gguf_tokenizer import tokenizer_from_gguf
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.rope import RopeScaling
 
-# GGUF tensor name -> HF parameter name ({i} is the layer index).
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_GLOBAL_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
 _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(.+)")
 # Llama 3.1+ files: the llama3 rope scaling as one divisor per rotating pair (ModelConfig.rope_freq_factors).
 _ROPE_FREQS = "rope_freqs.weight"
@@ -46,28 +24,13 @@ def _field(reader: GGUFReader, key: str, default=None):
 
 
 def _hf_name(gguf_name: str, family: GGUFFamily) -> str:
-    if gguf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[gguf_name]
-    match = _LAYER_PATTERN.fullmatch(gguf_name)
-    names = {**_LAYER_NAMES, **family.layer_names}
-    if match is None or match.group(2) not in names:
+    module, _, kind = gguf_name.rpartition(".")  # kind: weight or bias
+    if module in family.global_names:
+        return f"{family.global_names[module]}.{kind}"
+    match = _LAYER_PATTERN.fullmatch(module)
+    if match is None or match.group(2) not in family.layer_names:
         raise ValueError(f"unexpected tensor {gguf_name!r} in GGUF file")
-    return f"model.layers.{match.group(1)}.{names[match.group(2)]}"
-
-
-def _undo_rope_permutation(weight: np.ndarray, num_heads: int) -> np.ndarray:
-    """Invert llama.cpp's q/k row permutation.
-
-    llama.cpp's converter reorders each head's rows from HF's "rotate half" layout
-    [x0..x31 | x32..x63] to interleaved pairs (x0, x32, x1, x33, ...); we put them back.
-    """
-    out_features = weight.shape[0]
-    per_head = out_features // num_heads
-    return (
-        weight.reshape(num_heads, per_head // 2, 2, *weight.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(weight.shape)
-    )
+    return f"{family.layer_prefix.format(i=match.group(1))}{family.layer_names[match.group(2)]}.{kind}"
 
 
 def _rope_freq_factors(reader: GGUFReader) -> tuple[float, ...] | None:
@@ -98,7 +61,7 @@ def _read_config(reader: GGUFReader, family: GGUFFamily) -> ModelConfig:
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     end_of_turn = tuple(tokens.index(name) for name in family.end_of_turn_tokens if name in tokens)
     max_positions = int(get("context_length"))
-    return ModelConfig(
+    fields = dict(
         architecture=family.model_type,
         vocab_size=int(get("vocab_size", len(tokens))),
         hidden_size=hidden,
@@ -108,15 +71,15 @@ def _read_config(reader: GGUFReader, family: GGUFFamily) -> ModelConfig:
         num_kv_heads=int(get("attention.head_count_kv", num_heads)),
         head_dim=int(get("attention.key_length", hidden // num_heads)),
         rope_theta=float(get("rope.freq_base", 10000.0)),
-        norm_eps=float(get("attention.layer_norm_rms_epsilon")),
+        norm_eps=float(get(family.norm_eps_key)),
         max_position_embeddings=max_positions,
         tie_word_embeddings="output.weight" not in {t.name for t in reader.tensors},
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=(() if eos is None else (int(eos),)) + end_of_turn,
         rope_scaling=_rope_scaling(reader, arch, max_positions),
         rope_freq_factors=_rope_freq_factors(reader),
-        **family.config(get, hidden, num_layers),
     )
+    return ModelConfig(**{**fields, **family.config(get, hidden, num_layers)})
 
 
 def _dequantized(tensor) -> np.ndarray:
@@ -150,22 +113,31 @@ def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
     the raw blocks of its matrices in the formats the engine keeps (linear/gguf_blocks.py: Q8_0, Q4_0, Q4_1,
     Q5_0, Q4_K, Q5_K, Q6_K)."""
     reader = _Reader(path)
-    family = gguf_family(_field(reader, "general.architecture"))
+    family = gguf_family(_field(reader, "general.architecture"), [t.name for t in reader.tensors])
     config = _read_config(reader, family)
     weights, blocks = {}, {}
     for tensor in reader.tensors:
         if tensor.name == _ROPE_FREQS:  # read into config.rope_freq_factors
             continue
         name = _hf_name(tensor.name, family)
-        block_format = tensor.tensor_type.name.lower()
-        kept = [tensor.data] if block_format in FORMATS else []  # raw rows [out, row bytes]
-        arrays = [_dequantized(tensor), *kept]
-        if family.permuted_qk and name.endswith("q_proj.weight"):  # a permutation of rows: the raw ones permute alike
-            arrays = [_undo_rope_permutation(a, config.num_heads) for a in arrays]
-        elif family.permuted_qk and name.endswith("k_proj.weight"):
-            arrays = [_undo_rope_permutation(a, config.num_kv_heads) for a in arrays]
-        weights[name] = arrays[0] - 1.0 if family.norms_plus_one and name.endswith("norm.weight") else arrays[0]
-        if kept:
-            blocks[name] = BlockRows(block_format, arrays[1])
+        weights[name], kept = _in_hf_layout(tensor, name, family, config)
+        if kept is not None:
+            blocks[name] = kept
     return Checkpoint(config, weights, tokenizer_from_gguf(reader, family.chat_template) if tokenizer else None,
                       blocks)
+
+
+def _in_hf_layout(tensor, name: str, family: GGUFFamily, config: ModelConfig) -> tuple[np.ndarray, BlockRows | None]:
+    """A tensor as the family's HF checkpoint has it (`name`), and its raw block rows alike where the engine keeps
+    its format."""
+    match = _LAYER_PATTERN.fullmatch(tensor.name)
+    within_layer = tensor.name if match is None else match.group(2)  # "attn_qkv.weight"
+    if within_layer in family.transposed:  # a transpose mixes the blocks of rows: no raw rows kept
+        return _dequantized(tensor).T, None
+    block_format = tensor.tensor_type.name.lower()
+    kept = [tensor.data] if block_format in FORMATS else []  # raw rows [out, row bytes]
+    arrays = [_dequantized(tensor), *kept]
+    if within_layer in family.row_order:  # a permutation of rows: the raw ones permute alike
+        arrays = [family.row_order[within_layer](a, config) for a in arrays]
+    weight = arrays[0] - 1.0 if family.norms_plus_one and name.endswith("norm.weight") else arrays[0]
+    return weight, BlockRows(block_format, arrays[1]) if kept else None
