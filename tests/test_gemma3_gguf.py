@@ -27,7 +27,7 @@ llama_cpp = pytest.importorskip("llama_cpp", reason="llama.cpp is an optional ex
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The three primary colors are",
            "Water boils at", "import numpy as np\n", "My favourite food is", "In 1969, the first man on the moon"]
 NUM_TOKENS = 32
-NEAR_TIE = 0.25  # nats; the partings seen on these prompts: 0.01-0.19
+NEAR_TIE = 0.25  # nats; the partings seen on these prompts: 0.01-0.19 on a Zen 4, 0.01-0.22 on a Xeon
 TEXTS = ["Hello world, how are you today?", "  leading spaces and  double", "日本語のテキスト、中文文本也很重要。",
          "def f(x):\n\treturn x**2\n\n", "emoji 😀👍🏽 ½ → ∑", "<start_of_turn>user\nHi<end_of_turn>\n"]
 
