@@ -183,3 +183,16 @@ def test_controls_that_leave_a_grammar_row_nothing_give_way_to_the_grammar():
     seqs.append(make_sequence(SamplingParams(temperature=0, allowed_token_ids=[2, 9])))
     result, _ = sample(logits, sampling_batch(seqs, 3, VOCAB, only_eos))
     assert [int(t) for t in result.tokens] == [0, 0, 2]
+
+
+def test_a_row_without_weight_draws_token_0_never_a_padding_index():
+    """The inverse-CDF draw pads the vocabulary to blocks of 256; a row whose weights are all zero (or NaN) once
+    drew index 511 of a 258-token vocabulary in the full suite (test_request_limits). It takes token 0, as
+    greedy sampling's argmax does over equal logits."""
+    import jax.numpy as jnp
+
+    from jax_engine.sample.sampler import _draw
+
+    weights = jnp.zeros((3, 258)).at[1].set(jnp.nan).at[2, 257].set(1.0)
+    tokens = _draw(weights, jnp.asarray([1, 2, 3]), jnp.asarray([0, 0, 0]))
+    assert tokens.tolist() == [0, 0, 257]

@@ -119,7 +119,10 @@ def _draw(weights, seeds, positions):
     before = jnp.where(block > 0, jnp.take_along_axis(block_cdf, jnp.maximum(block - 1, 0)[:, None], axis=-1)[:, 0], 0.0)
     inner = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [R, 256]
     offset = jnp.sum(jnp.cumsum(inner, axis=-1) <= (target - before)[:, None], axis=-1)
-    return block * _CDF_BLOCK + jnp.minimum(offset, _last_positive(inner))
+    token = block * _CDF_BLOCK + jnp.minimum(offset, _last_positive(inner))
+    # A row without any weight (all zero, or NaN) would land on the last padding index past the vocabulary (511
+    # for 258 tokens: seen once in the full suite's test_request_limits); it takes token 0, as argmax does.
+    return jnp.where(block_cdf[:, -1] > 0, token, 0)
 
 
 def _unpack_bitmask(bitmask: jax.Array, vocab: int) -> jax.Array:
