@@ -187,12 +187,12 @@ def test_controls_that_leave_a_grammar_row_nothing_give_way_to_the_grammar():
 
 def test_a_row_without_weight_draws_token_0_never_a_padding_index():
     """The inverse-CDF draw pads the vocabulary to blocks of 256; a row whose weights are all zero (or NaN) once
-    drew index 511 of a 258-token vocabulary in the full suite (test_request_limits). It takes token 0, as
-    greedy sampling's argmax does over equal logits."""
+    drew index 511 of a 258-token vocabulary in the full suite (test_request_limits). It says -1, and the
+    sampler gives such a row its argmax."""
     import jax.numpy as jnp
 
     from jax_engine.sample.sampler import _draw
 
     weights = jnp.zeros((3, 258)).at[1].set(jnp.nan).at[2, 257].set(1.0)
     tokens = _draw(weights, jnp.asarray([1, 2, 3]), jnp.asarray([0, 0, 0]))
-    assert tokens.tolist() == [0, 0, 257]
+    assert tokens.tolist() == [-1, -1, 257]

@@ -121,8 +121,8 @@ def _draw(weights, seeds, positions):
     offset = jnp.sum(jnp.cumsum(inner, axis=-1) <= (target - before)[:, None], axis=-1)
     token = block * _CDF_BLOCK + jnp.minimum(offset, _last_positive(inner))
     # A row without any weight (all zero, or NaN) would land on the last padding index past the vocabulary (511
-    # for 258 tokens: seen once in the full suite's test_request_limits); it takes token 0, as argmax does.
-    return jnp.where(block_cdf[:, -1] > 0, token, 0)
+    # for 258 tokens, seen in the full suite's test_request_limits): -1 says so, and _drawn takes the argmax.
+    return jnp.where(block_cdf[:, -1] > 0, token, -1)
 
 
 def _unpack_bitmask(bitmask: jax.Array, vocab: int) -> jax.Array:
@@ -203,8 +203,9 @@ def _drawn(final: jax.Array, scratch: jax.Array | None, batch: SamplingBatch) ->
     if scratch is not None:  # XLA then computes the weights straight into the scratch's memory
         scratch = jax.lax.dynamic_update_slice(scratch, weights, (0, 0))
     # Greedy rows beside random ones take the argmax. Always computed: a flag for "some rows are greedy"
-    # would double the sampler programs, for a few ms at 256 rows.
-    return jnp.where(b.temperature > 0, tokens, _greedy(final)), scratch
+    # would double the sampler programs, for a few ms at 256 rows. So does a row left without weight (which
+    # request leads there is not pinned down yet; +inf scaled logits would, their NaN weights zeroed by min_p).
+    return jnp.where((b.temperature > 0) & (tokens >= 0), tokens, _greedy(final)), scratch
 
 
 def _logprobs(logits: jax.Array, tokens: jax.Array, batch: SamplingBatch) -> tuple[jax.Array, ...]:
