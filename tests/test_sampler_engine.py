@@ -185,7 +185,7 @@ def test_controls_that_leave_a_grammar_row_nothing_give_way_to_the_grammar():
     assert [int(t) for t in result.tokens] == [0, 0, 2]
 
 
-def test_a_row_without_weight_draws_token_0_never_a_padding_index():
+def test_a_row_without_weight_never_draws_a_padding_index():
     """The inverse-CDF draw pads the vocabulary to blocks of 256; a row whose weights are all zero (or NaN) once
     drew index 511 of a 258-token vocabulary in the full suite (test_request_limits). It says -1, and the
     sampler gives such a row its argmax."""
