@@ -28,13 +28,17 @@ LONG = {"prompt": "hello there", "max_tokens": 100, "ignore_eos": True, "stream"
 
 
 @contextlib.contextmanager
-def tiny_server(checkpoint, step_delay: float = 0.0, max_waiting_requests: int = 8, **engine_args):
-    """Serve the tiny model; step_delay seconds are added to every step (a slower model)."""
+def tiny_server(checkpoint, step_delay: float = 0.0, gate: threading.Event | None = None,
+                max_waiting_requests: int = 8, **engine_args):
+    """Serve the tiny model; step_delay seconds are added to every step (a slower model), and with a `gate`
+    every step first waits (up to a minute) until the gate is open."""
     engine = AsyncLLMEngine(LLMEngine(EngineArgs(**{**ARGS, **engine_args}), checkpoint=checkpoint))
-    if step_delay:
+    if step_delay or gate is not None:
         execute = engine.engine.runner.execute
 
         def slow_execute(inputs):
+            if gate is not None:
+                gate.wait(60)
             time.sleep(step_delay)
             return execute(inputs)
 
@@ -56,22 +60,30 @@ def shared_tiny_server(tiny_checkpoint):
 
 
 def test_a_full_queue_answers_503_at_once(tiny_checkpoint):
-    # Steps of 0.2 s: the running request would take 20 s, so the queue stays full while the test looks.
-    with tiny_server(tiny_checkpoint, step_delay=0.2, max_waiting_requests=1, max_num_seqs=1) as (url, _):
-        with httpx.Client(base_url=url, timeout=60) as a, httpx.Client(base_url=url, timeout=60) as b:
-            with a.stream("POST", "/v1/completions", json=LONG) as running:
-                next(_data_lines(running))  # the first request is running
-                with b.stream("POST", "/v1/completions", json=LONG):
-                    wait_for(lambda: metric(url, "vllm:num_requests_waiting") == 1, 10, "a waiting request")
-                    for path, body in (("/v1/completions", {**LONG, "stream": False}),
-                                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
-                        started = time.monotonic()
-                        refused = httpx.post(f"{url}{path}", json=body, timeout=60)
-                        elapsed = time.monotonic() - started
-                        assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
-                        assert refused.headers["retry-after"] == "1"
-                        print(f"503 after {elapsed * 1000:.0f} ms")
-                        assert elapsed < 0.5
+    # Steps of 0.2 s: the running request would take 20 s. Once a second request waits, the steps stop at a
+    # closed gate, so the queue stays full while the test looks however slow the host (a slow CI host once
+    # finished the running request before the last look).
+    gate = threading.Event()
+    gate.set()
+    with tiny_server(tiny_checkpoint, 0.2, gate, max_waiting_requests=1, max_num_seqs=1) as (url, _):
+        try:
+            with httpx.Client(base_url=url, timeout=60) as a, httpx.Client(base_url=url, timeout=60) as b:
+                with a.stream("POST", "/v1/completions", json=LONG) as running:
+                    next(_data_lines(running))  # the first request is running
+                    with b.stream("POST", "/v1/completions", json=LONG):
+                        wait_for(lambda: metric(url, "vllm:num_requests_waiting") == 1, 10, "a waiting request")
+                        gate.clear()
+                        for path, body in (("/v1/completions", {**LONG, "stream": False}),
+                                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+                            started = time.monotonic()
+                            refused = httpx.post(f"{url}{path}", json=body, timeout=60)
+                            elapsed = time.monotonic() - started
+                            assert refused.status_code == 503 and refused.json()["error"]["code"] == "queue_full"
+                            assert refused.headers["retry-after"] == "1"
+                            print(f"503 after {elapsed * 1000:.0f} ms")
+                            assert elapsed < 0.5
+        finally:
+            gate.set()  # the abandoned requests may end
         wait_for(lambda: metric(url, "vllm:num_free_kv_blocks") == ARGS["num_gpu_blocks_override"], 10,
                  "the abandoned requests' blocks")
 
