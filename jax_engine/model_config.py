@@ -54,6 +54,9 @@ class ModelConfig:
     rope_local_theta: float | None = None  # Gemma 3: the RoPE base of the sliding-window layers (no scaling)
     alibi_slopes: tuple[float, ...] | None = None  # BLOOM, MPT: one slope per query head (models/alibi.py)
     softmax_scale: float | None = None  # None: 1 / sqrt(head_dim)
+    # Gemma 2: scaled attention scores and the final logits squashed to (-cap, cap) by cap * tanh(x / cap)
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

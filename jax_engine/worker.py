@@ -65,7 +65,7 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
     if cfg.sliding_window_layers is not None and backend.name == "pallas":  # its kernels take one static window
         if args.attention_backend == "pallas":
             raise ValueError("attention_backend 'pallas' takes one sliding window for every layer, and this model's "
-                             "layers differ (Gemma 3): use 'auto', 'xla' or 'cpu'")
+                             "layers differ (Gemma 2, Gemma 3): use 'auto', 'xla' or 'cpu'")
         backend = get_attention_backend("xla", platform())
     # The block size the cache will have (xla, the fallback, has pallas's default too).
     block_size = resolve_block_size(args.block_size, backend)

@@ -52,11 +52,14 @@ def store_heads(ref, value: jax.Array, head_dim: int) -> None:
         plgpu.store(ref, value, mask=jnp.arange(value.shape[-1]) < head_dim)
 
 
-def online_softmax_step(q, k, v, visible, carry, scale, bias=None):
+def online_softmax_step(q, k, v, visible, carry, scale, bias=None, soft_cap: float | None = None):
     """One block of keys: update (acc, running max, running sum). q [M, D], k/v [N, D], visible [M, N];
-    bias [M, N] is added to the scaled logits (ALiBi), or None."""
+    the scaled logits are soft-capped (cap * tanh(logit / cap), Gemma 2) when soft_cap is set, then bias
+    [M, N] (ALiBi) is added, or None."""
     acc, m_prev, l_prev = carry
     logits = plgpu.dot(q, k.T) * scale
+    if soft_cap is not None:
+        logits = soft_cap * jnp.tanh(logits / soft_cap)
     if bias is not None:
         logits = logits + bias
     logits = jnp.where(visible, logits, NEG)
@@ -86,10 +89,13 @@ def window_start(seq_len, sliding_window: int | None):
     return 0 if sliding_window is None else jnp.maximum(seq_len - sliding_window, 0)
 
 
-def check_variant(sliding_window: int | None, alibi_slopes: jax.Array | None, num_heads: int) -> None:
-    """ValueErrors for a window under one token or slopes that are not one per query head."""
+def check_variant(sliding_window: int | None, alibi_slopes: jax.Array | None, num_heads: int,
+                  logits_soft_cap: float | None = None) -> None:
+    """ValueErrors for a window under one token, slopes that are not one per query head, a cap not above 0."""
     if sliding_window is not None and sliding_window < 1:
         raise ValueError(f"sliding_window must be at least 1 (or None), got {sliding_window}")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive (or None), got {logits_soft_cap}")
     if alibi_slopes is not None and alibi_slopes.shape != (num_heads,):
         raise ValueError(f"alibi_slopes {alibi_slopes.shape} must be ({num_heads},): one slope per query head")
 

@@ -25,7 +25,7 @@ from pallas_kernels._common import (MIN_ROWS, NEG, check_query_fits_cache, check
 
 def _decode_kernel(layer_ref, lens_ref, tables_ref, slopes_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *,
                    block_size: int, blocks_per_step: int, blocks_per_partition: int, scale: float,
-                   sliding_window: int | None, alibi: bool):
+                   sliding_window: int | None, alibi: bool, logits_soft_cap: float | None):
     # layer_ref [1]; lens_ref [1] (this sequence); tables_ref [C'] (this sequence's blocks, padded)
     # slopes_ref [M] (ALiBi slopes of this KV head's query group, padded; read only with alibi)
     # q_ref [M, W] (one KV head's query group, padded; W: head_dim padded); k_ref/v_ref [L, NB, bs, K, D]
@@ -48,7 +48,7 @@ def _decode_kernel(layer_ref, lens_ref, tables_ref, slopes_ref, q_ref, k_ref, v_
         k, v = (load_blocks(ref, layer, ids, head, padded_dim) for ref in (k_ref, v_ref))
         key_pos = start * block_size + jnp.arange(keys_per_step)
         visible, bias = visible_and_bias(query_pos, key_pos, sliding_window, slopes)
-        return online_softmax_step(q, k, v, visible, carry, scale, bias)
+        return online_softmax_step(q, k, v, visible, carry, scale, bias, logits_soft_cap)
 
     init = (jnp.zeros((rows, padded_dim), jnp.float32), jnp.full((rows,), NEG, jnp.float32), jnp.zeros((rows,), jnp.float32))
     steps = pl.cdiv(jnp.maximum(last_block - first_block, 0), blocks_per_step)
@@ -122,11 +122,12 @@ def _launch_decode(layer, seq_lens, tables, q, alibi_slopes, k_cache, v_cache, *
 
 
 @functools.partial(jax.jit, static_argnames=("num_partitions", "blocks_per_step", "scale", "sliding_window",
-                                             "interpret"))
+                                             "logits_soft_cap", "interpret"))
 def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, block_tables: jax.Array,
                            seq_lens: jax.Array, layer: jax.Array | int = 0, *, scale: float | None = None,
                            sliding_window: int | None = None, alibi_slopes: jax.Array | None = None,
-                           num_partitions: int = 4, blocks_per_step: int = 2, interpret: bool = False) -> jax.Array:
+                           logits_soft_cap: float | None = None, num_partitions: int = 4, blocks_per_step: int = 2,
+                           interpret: bool = False) -> jax.Array:
     """Attention of one new token per sequence over its paged context.
 
     Args:
@@ -141,6 +142,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
             blocks they lie in are read (None: the whole context).
         alibi_slopes: [N] float32 ALiBi slope of each query head: slope * (t - p) is added to the scaled
             score of key position t for the query at p = seq_len - 1 (None: no ALiBi).
+        logits_soft_cap: scaled scores become cap * tanh(score / cap), before ALiBi (None: uncapped).
         num_partitions: context partitions per sequence, merged by log-sum-exp (flash-decoding).
         blocks_per_step: KV blocks loaded per loop iteration.
         interpret: run the kernel in the Pallas interpreter (CPU tests).
@@ -153,7 +155,7 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     check_query_fits_cache(q, k_cache, v_cache)
     if block_tables.shape[0] != batch or seq_lens.shape != (batch,):
         raise ValueError(f"block_tables {block_tables.shape} and seq_lens {seq_lens.shape} must have batch {batch}")
-    check_variant(sliding_window, alibi_slopes, num_heads)
+    check_variant(sliding_window, alibi_slopes, num_heads, logits_soft_cap)
     blocks_per_step = max(blocks_per_step, pl.cdiv(MIN_ROWS, block_size))  # >= 16 keys per dot
     num_columns = block_tables.shape[1]
     per_partition = _blocks_per_partition(num_columns, block_size, num_partitions, blocks_per_step, sliding_window)
@@ -165,6 +167,6 @@ def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                              num_partitions=num_partitions, interpret=interpret, block_size=block_size,
                              blocks_per_step=blocks_per_step, blocks_per_partition=per_partition,
                              scale=scale or head_dim**-0.5, sliding_window=sliding_window,
-                             alibi=alibi_slopes is not None)
+                             alibi=alibi_slopes is not None, logits_soft_cap=logits_soft_cap)
     out = merge_partitions(o, m, l)[:, :, : num_heads // num_kv_heads, :head_dim]  # [B, K, G, D]
     return out.reshape(batch, num_heads, head_dim).astype(q.dtype)

@@ -21,7 +21,7 @@ from pallas_kernels._common import (MIN_ROWS, NEG, check_query_fits_cache, check
 
 def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, slopes_ref, q_ref, k_ref, v_ref, o_ref, *,
                    block_size: int, blocks_per_step: int, block_q: int, group: int, scale: float,
-                   sliding_window: int | None, alibi: bool):
+                   sliding_window: int | None, alibi: bool, logits_soft_cap: float | None):
     # layer_ref [1]; starts_ref [B + 1] query offsets; lens_ref [B] context lengths
     # tables_ref [C] this sequence's blocks; slopes_ref [block_q * G] ALiBi slope of each query row of this KV
     # head (read only with alibi); q_ref / o_ref [T + block_q, K, G, W] whole (padded) batch, G and W (the head
@@ -48,7 +48,7 @@ def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, slopes_ref, q_re
             k, v = (load_blocks(ref, layer, ids, head, padded_dim) for ref in (k_ref, v_ref))
             key_pos = i * keys_per_step + jnp.arange(keys_per_step)
             visible, bias = visible_and_bias(q_pos, key_pos, sliding_window, slopes)
-            return online_softmax_step(q, k, v, visible, carry, scale, bias)
+            return online_softmax_step(q, k, v, visible, carry, scale, bias, logits_soft_cap)
 
         init = (jnp.zeros((block_q * group, padded_dim), jnp.float32), jnp.full((block_q * group,), NEG, jnp.float32),
                 jnp.zeros((block_q * group,), jnp.float32))
@@ -94,12 +94,12 @@ def _launch_ragged(layer, query_start_loc, seq_lens, tables, q, alibi_slopes, k_
 
 
 @functools.partial(jax.jit, static_argnames=("max_q_len", "block_q", "blocks_per_step", "scale", "sliding_window",
-                                             "interpret"))
+                                             "logits_soft_cap", "interpret"))
 def ragged_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, block_tables: jax.Array,
                            seq_lens: jax.Array, query_start_loc: jax.Array, layer: jax.Array | int = 0, *,
                            max_q_len: int, scale: float | None = None, sliding_window: int | None = None,
-                           alibi_slopes: jax.Array | None = None, block_q: int = 16, blocks_per_step: int = 2,
-                           interpret: bool = False) -> jax.Array:
+                           alibi_slopes: jax.Array | None = None, logits_soft_cap: float | None = None,
+                           block_q: int = 16, blocks_per_step: int = 2, interpret: bool = False) -> jax.Array:
     """Causal attention of a step's flat tokens (prefill chunks and decodes mixed) over paged contexts.
 
     Args:
@@ -117,6 +117,7 @@ def ragged_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
             reads from the step holding its first query's window start (None: from block 0).
         alibi_slopes: [N] float32 ALiBi slope of each query head: slope * (t - p) is added to the scaled
             score of key position t for the query at position p (None: no ALiBi).
+        logits_soft_cap: scaled scores become cap * tanh(score / cap), before ALiBi (None: uncapped).
         block_q: queries per program.
         blocks_per_step: KV blocks loaded per loop iteration.
         interpret: run the kernel in the Pallas interpreter (CPU tests).
@@ -131,7 +132,7 @@ def ragged_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     if seq_lens.shape != (batch,) or query_start_loc.shape != (batch + 1,):
         raise ValueError(f"seq_lens {seq_lens.shape} must be ({batch},) and query_start_loc "
                          f"{query_start_loc.shape} must be ({batch + 1},) for block_tables {block_tables.shape}")
-    check_variant(sliding_window, alibi_slopes, num_heads)
+    check_variant(sliding_window, alibi_slopes, num_heads, logits_soft_cap)
     group = padded_width(num_heads // num_kv_heads)
     block_q = max(padded_width(block_q), pl.cdiv(MIN_ROWS, group))
     blocks_per_step = max(blocks_per_step, pl.cdiv(MIN_ROWS, block_size))
@@ -140,5 +141,6 @@ def ragged_paged_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
     out = _launch_ragged(layer, query_start_loc, seq_lens, tables, q, alibi_slopes, k_cache, v_cache,
                          num_query_blocks=pl.cdiv(max_q_len, block_q), interpret=interpret, block_size=block_size,
                          blocks_per_step=blocks_per_step, block_q=block_q, group=group, scale=scale or head_dim**-0.5,
-                         sliding_window=sliding_window, alibi=alibi_slopes is not None)
+                         sliding_window=sliding_window, alibi=alibi_slopes is not None,
+                         logits_soft_cap=logits_soft_cap)
     return out.reshape(num_tokens, num_heads, head_dim)

@@ -28,7 +28,12 @@ $$ s_{pt} = \frac{q_p k_t^\top}{\sqrt{d}} + a_h\,(t - p), $$
 
 added before the softmax. (BLOOM adds $a_h t$; the two differ by a constant per row, which the softmax
 cancels; $t - p$ keeps the numbers small at long positions.) A window also saves work in a paged cache:
-blocks wholly before the window of a chunk's first query are never read.
+blocks wholly before the window of a chunk's first query are never read. With a *soft cap* $c$ (Gemma 2),
+every scaled score is squashed into $(-c, c)$ before anything is added to it,
+
+$$ s_{pt} = c \tanh\!\Big(\frac{q_p k_t^\top}{c\sqrt{d}}\Big), $$
+
+which leaves small scores almost as they were and keeps one large score from taking all the weight.
 """
 
 from dataclasses import dataclass
@@ -75,10 +80,15 @@ def _alibi_bias(alibi_slopes: np.ndarray, query_pos: np.ndarray, key_pos: np.nda
     return alibi_slopes[None, :, None] * (key_pos[None, None, :] - query_pos[:, None, None])
 
 
-def _attend_block(q, k, v, query_pos, key_pos, scale, sliding_window, alibi_slopes):
+def soft_cap(scores: np.ndarray, cap: float | None) -> np.ndarray:
+    """cap * tanh(scores / cap): scores squashed into (-cap, cap); unchanged without a cap."""
+    return scores if cap is None else cap * np.tanh(scores / cap)
+
+
+def _attend_block(q, k, v, query_pos, key_pos, scale, sliding_window, alibi_slopes, logits_soft_cap):
     """Partial softmax of queries [n, kv, g, d] over one block's keys [b, kv, d]: (m, l, o)."""
     n, num_kv_heads, group, _ = q.shape
-    scores = np.einsum("nkgd,bkd->nkgb", q, k) * scale
+    scores = soft_cap(np.einsum("nkgd,bkd->nkgb", q, k) * scale, logits_soft_cap)
     if alibi_slopes is not None:
         scores = scores + _alibi_bias(alibi_slopes, query_pos, key_pos).reshape(n, num_kv_heads, group, -1)
     visible = _visible_keys(query_pos, key_pos, sliding_window)[:, None, None, :]
@@ -102,7 +112,8 @@ def _first_block(first_query_pos: int, block_size: int, sliding_window: int | No
     return max(0, first_query_pos - sliding_window + 1) // block_size
 
 
-def _attend_sequence(q, k_cache, v_cache, block_table, seq_len, scale, sliding_window, alibi_slopes):
+def _attend_sequence(q, k_cache, v_cache, block_table, seq_len, scale, sliding_window, alibi_slopes,
+                     logits_soft_cap):
     """Attention of one sequence's new queries [n, heads, d] over its first `seq_len` cached tokens."""
     n, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -114,7 +125,7 @@ def _attend_sequence(q, k_cache, v_cache, block_table, seq_len, scale, sliding_w
         key_pos = j * block_size + np.arange(valid)
         block = block_table[j]
         partials.append(_attend_block(q, k_cache[block, :valid], v_cache[block, :valid], query_pos, key_pos, scale,
-                                      sliding_window, alibi_slopes))
+                                      sliding_window, alibi_slopes, logits_soft_cap))
     # --8<-- [start:merge]
     m_all = np.stack([m for m, _, _ in partials])  # [blocks, n, kv, g]
     m = m_all.max(axis=0)  # finite: every query sees at least its own key
@@ -126,8 +137,8 @@ def _attend_sequence(q, k_cache, v_cache, block_table, seq_len, scale, sliding_w
 
 
 def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, metadata: AttentionMetadata,
-                    scale: float, *, sliding_window: int | None = None,
-                    alibi_slopes: np.ndarray | None = None) -> np.ndarray:
+                    scale: float, *, sliding_window: int | None = None, alibi_slopes: np.ndarray | None = None,
+                    logits_soft_cap: float | None = None) -> np.ndarray:
     """Causal attention of every new token over its own sequence's cached context.
 
     Works for any mix of prefill chunks and decode tokens, and for MHA, GQA and MQA (query heads are a
@@ -136,18 +147,20 @@ def paged_attention(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, met
         q, out          [num_tokens, num_heads, head_dim]      the batch's new tokens
         k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]   one layer
         alibi_slopes    [num_heads]                            None: no ALiBi
+        logits_soft_cap                                        None: no soft cap
     """
     out = np.empty_like(q)
     starts = metadata.query_start_loc
     for i, (seq_len, table) in enumerate(zip(metadata.seq_lens, metadata.block_tables)):
         start, end = starts[i], starts[i + 1]
         out[start:end] = _attend_sequence(q[start:end], k_cache, v_cache, table, int(seq_len), scale,
-                                          sliding_window, alibi_slopes)
+                                          sliding_window, alibi_slopes, logits_soft_cap)
     return out
 
 
 def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *,
-                    sliding_window: int | None = None, alibi_slopes: np.ndarray | None = None) -> np.ndarray:
+                    sliding_window: int | None = None, alibi_slopes: np.ndarray | None = None,
+                    logits_soft_cap: float | None = None) -> np.ndarray:
     """Plain causal softmax attention for one sequence, the textbook formula, for checking.
 
     q [n, num_heads, d] holds the sequence's last n positions; k and v [seq_len, num_kv_heads, d] all of it.
@@ -156,7 +169,7 @@ def dense_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, *
     seq_len, num_kv_heads, _ = k.shape
     group = num_heads // num_kv_heads
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # [seq_len, heads, d]
-    scores = np.einsum("nhd,thd->hnt", q, k) * scale
+    scores = soft_cap(np.einsum("nhd,thd->hnt", q, k) * scale, logits_soft_cap)
     query_pos, key_pos = np.arange(seq_len - n, seq_len), np.arange(seq_len)
     if alibi_slopes is not None:
         scores = scores + _alibi_bias(alibi_slopes, query_pos, key_pos).transpose(1, 0, 2)

@@ -42,10 +42,12 @@ def paged_batches(draw, decode_only: bool):
 
 @dataclass(frozen=True)
 class Variant:
-    """Which keys a query sees and how they score: a sliding window, ALiBi, both or neither (None, None)."""
+    """Which keys a query sees and how they score: a sliding window, ALiBi, a soft cap, any of them or none."""
 
     sliding_window: int | None
     alibi_seed: int | None  # slopes are drawn once the case's number of heads is known
+    # Scaled scores of these cases are about standard normal: caps of 0.5..5 squash them visibly.
+    logits_soft_cap: float | None = None
 
     def kwargs(self, num_heads: int) -> dict:
         """The keyword arguments every attention implementation takes for this variant."""
@@ -53,12 +55,14 @@ class Variant:
         if self.alibi_seed is not None:
             # Up to 1 per token, as BLOOM's steepest head (0.5) and more: a sign or head mix-up shows.
             slopes = np.random.default_rng(self.alibi_seed).uniform(0.0, 1.0, num_heads).astype(np.float32)
-        return {"sliding_window": self.sliding_window, "alibi_slopes": slopes}
+        return {"sliding_window": self.sliding_window, "alibi_slopes": slopes, "logits_soft_cap": self.logits_soft_cap}
 
 
 def variants() -> st.SearchStrategy[Variant]:
-    """No window or a window of 1..40 tokens (contexts run to 70: windows both cut and cover them); ALiBi or not."""
-    return st.builds(Variant, st.one_of(st.none(), st.integers(1, 40)), st.one_of(st.none(), st.integers(0, 2**31)))
+    """No window or a window of 1..40 tokens (contexts run to 70: windows both cut and cover them); ALiBi or not;
+    a soft cap or not."""
+    return st.builds(Variant, st.one_of(st.none(), st.integers(1, 40)), st.one_of(st.none(), st.integers(0, 2**31)),
+                     st.one_of(st.none(), st.floats(0.5, 5.0)))
 
 
 def make_case(block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed):
@@ -75,7 +79,7 @@ def make_case(block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed)
 
 def expected(q, k, v, tables, seq_lens, starts, head_dim, **variant):
     """The reference's output for the case's query rows (padding sequences' rows: zeros); `variant` is
-    Variant.kwargs (sliding_window, alibi_slopes)."""
+    Variant.kwargs (sliding_window, alibi_slopes, logits_soft_cap)."""
     real = [i for i, n in enumerate(seq_lens) if n]
     out = np.zeros_like(q)
     md = AttentionMetadata(np.zeros(len(q), int), np.array([0] + [starts[i + 1] - starts[i] for i in real]).cumsum(),

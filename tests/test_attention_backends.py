@@ -18,9 +18,11 @@ from tests.kernel_cases import COMPILED, Variant, expected, float32_tolerance, m
 
 PADDING_TOKENS = 2  # the runner buckets a step's tokens: rows past the last sequence's belong to no one
 # Decode rows, a padding sequence and prefill chunks, then decode rows alone (the Pallas backend's other kernel),
-# with a window cutting every context and ALiBi: whatever else Hypothesis draws in its few examples, these run.
-MIXED = dict(case=(16, 64, 4, 2, [40, 1, 0, 37, 20], [1, 1, 0, 17, 20], 3), variant=Variant(10, 7))
-DECODE = dict(case=(16, 64, 4, 2, [40, 1, 0, 37], [1, 1, 0, 1], 5), variant=Variant(10, 7))  # Pallas: decode kernel
+# with a window cutting every context, ALiBi and a soft cap: whatever else Hypothesis draws in its few examples,
+# these run.
+MIXED = dict(case=(16, 64, 4, 2, [40, 1, 0, 37, 20], [1, 1, 0, 17, 20], 3), variant=Variant(10, 7, 1.5))
+DECODE = dict(case=(16, 64, 4, 2, [40, 1, 0, 37], [1, 1, 0, 1], 5),  # Pallas: the decode kernel
+              variant=Variant(10, 7, 1.5))
 
 
 @dataclass
@@ -96,7 +98,7 @@ def check_backend(attention, case, variant: Variant, ragged: bool, compiled: boo
     options = variant.kwargs(case[2] * case[3])
     step = make_step(case, options, ragged)
     head_dim = step.q.shape[-1]
-    run = jax.jit(attention, static_argnames=("block_size", "scale", "sliding_window"))
+    run = jax.jit(attention, static_argnames=("block_size", "scale", "sliding_window", "logits_soft_cap"))
     out, k_cache, v_cache = run(jnp.array(step.q), jnp.array(step.k), jnp.array(step.v), jnp.array(step.k_cache),
                                 jnp.array(step.v_cache), jnp.int32(1), step.metadata, block_size=case[0],
                                 scale=head_dim**-0.5, **options)

@@ -29,10 +29,10 @@ def with_fault(scale_factor: float = 1.0, window_change: int = 0):
     """The Pallas backend's own attention function, called with its scale or sliding window off."""
 
     def attend(q, k, v, k_cache, v_cache, layer, metadata, block_size, scale, *, sliding_window=None,
-               alibi_slopes=None):
+               alibi_slopes=None, logits_soft_cap=None):
         window = None if sliding_window is None else sliding_window + window_change
         return PALLAS.attend(q, k, v, k_cache, v_cache, layer, metadata, block_size, scale * scale_factor,
-                             sliding_window=window, alibi_slopes=alibi_slopes)
+                             sliding_window=window, alibi_slopes=alibi_slopes, logits_soft_cap=logits_soft_cap)
 
     return attend
 

@@ -17,7 +17,7 @@ FEW = settings(max_examples=max(settings.default.max_examples // 4, 8))  # each 
 
 def run_kernel(q, k, v, tables, query_seq, context_lens, block_size, layer=1, **variant):
     """The kernel on [L, NB, bs, K, D] caches (flattened to slots, as the model passes them); `variant` is
-    Variant.kwargs (sliding_window, alibi_slopes)."""
+    Variant.kwargs (sliding_window, alibi_slopes, logits_soft_cap)."""
     num_kv_heads, head_dim = k.shape[-2:]
     slots = lambda x: jnp.asarray(x).reshape(x.shape[0], -1, num_kv_heads, head_dim)  # noqa: E731
     out = cpu.attend_rows(jnp.asarray(q), slots(k), slots(v), jnp.int32(layer), jnp.asarray(tables),
@@ -50,7 +50,7 @@ def kernel_case(case, cache_dtype=jnp.float32, **variant):
 @given(paged_batches(decode_only=False), st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]), variants())
 def test_kernel_matches_the_reference(case, cache_dtype, variant: Variant):
     """Decode rows and prefill chunks (causal within the chunk, after a cached context) together, with and
-    without a sliding window and ALiBi."""
+    without a sliding window, ALiBi and a soft cap."""
     options = variant.kwargs(case[2] * case[3])
     q, want, k, v, tables, query_seq, context_lens = kernel_case(case, cache_dtype, **options)
     out = run_kernel(q, k, v, tables, query_seq, context_lens, case[0], **options)
@@ -101,12 +101,14 @@ def test_bad_inputs_are_errors_not_wild_reads(tables, query_seq, context_lens, m
         run_kernel(np.zeros((2, 1, 64), np.float32), k, k, np.array(tables, np.int32), query_seq, context_lens, 16)
 
 
-def test_bad_window_and_slopes_are_errors():
+def test_bad_window_slopes_and_cap_are_errors():
     q, k, tables = np.zeros((1, 2, 64), np.float32), np.zeros((2, 4, 16, 1, 64), np.float32), np.zeros((1, 1), np.int32)
     with pytest.raises(ValueError, match="sliding_window must be at least 1"):
         run_kernel(q, k, k, tables, [0], [1], 16, sliding_window=0)
     with pytest.raises(jax.errors.JaxRuntimeError, match="inconsistent shapes"):
         run_kernel(q, k, k, tables, [0], [1], 16, alibi_slopes=np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="logits_soft_cap must be positive"):
+        run_kernel(q, k, k, tables, [0], [1], 16, logits_soft_cap=0.0)
 
 
 def test_auto_backend_on_cpu_is_the_kernel_backend():

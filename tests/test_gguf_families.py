@@ -163,6 +163,22 @@ def test_a_phi3_gguf_gives_the_logits_of_its_hf_checkpoint(tmp_path):
     assert diff < 1e-5  # float32 sums in another order
 
 
+def test_a_gemma2_gguf_gives_the_logits_of_its_hf_checkpoint(tmp_path):
+    """Gemma 2's soft caps and window from the file's keys, every other layer windowed as llama.cpp has it."""
+    hf_model = make_tiny_checkpoint(tmp_path, "gemma2", num_hidden_layers=4, query_pre_attn_scalar=16)
+    cfg = hf_model.config
+    caps = {"attn_logit_softcapping": cfg.attn_logit_softcapping,
+            "final_logit_softcapping": cfg.final_logit_softcapping}
+    path = write_gguf(tmp_path / "gemma2.gguf", byte_level_fields(), gguf_tensors(hf_model, GEMMA3_NAMES, 1.0),
+                      {**hparams(cfg), "rope.freq_base": cfg.rope_parameters["rope_theta"],
+                       "attention.sliding_window": cfg.sliding_window, **caps}, architecture="gemma2")
+    checkpoint = load_checkpoint(path)
+    assert checkpoint.config.sliding_window_layers == (True, False, True, False)
+    diff = logit_diff(checkpoint, hf_model)
+    print(f"Gemma 2 GGUF vs HF: max |logit diff| = {diff:.2e}")
+    assert diff < 1e-5  # float32 sums in another order; the norms' 1 + w - 1 round trip is exact for these
+
+
 def test_a_gemma3_gguf_gives_the_logits_of_its_hf_checkpoint(tmp_path):
     hf_model = make_tiny_checkpoint(tmp_path, "gemma3_text", num_hidden_layers=6, layer_types=GEMMA3_LAYERS,
                                     query_pre_attn_scalar=16)  # llama.cpp scales by key_length (16)

@@ -38,10 +38,11 @@ VARIANTS = {
     "mpt": ("mpt", {}),
     "phi3": ("phi3", {"sliding_window": 8, "partial_rotary_factor": 0.5}),
     "gemma": ("gemma", {}),
+    "gemma2": ("gemma2", {}),  # windowed and global layers; scores and logits soft-capped
     "gemma3": ("gemma3_text", {}),  # windowed and global layers, each with its own RoPE base; q/k norms
 }
-# Where ALiBi or a window change attention, every backend is checked; elsewhere the default (cpu) one.
-ATTENTION_VARIANTS = ("mistral-window", "falcon-rw", "bloom", "mpt", "phi3", "gemma3")
+# Where ALiBi, a window or a soft cap change attention, every backend is checked; elsewhere the default (cpu) one.
+ATTENTION_VARIANTS = ("mistral-window", "falcon-rw", "bloom", "mpt", "phi3", "gemma2", "gemma3")
 CHUNKS = ([len(PROMPT)], [5, 1, 7, 1, 1, 6])  # one prefill; chunks and single decode-like tokens
 
 
@@ -87,7 +88,7 @@ def hf_greedy(model, prompts: list[list[int]], num_tokens: int) -> list[list[int
 
 # One variant per family (its most common layout).
 GREEDY_VARIANTS = ["llama", "mistral-window", "qwen2", "qwen3", "opt", "gpt2", "starcoder", "pythia", "gptj",
-                   "falcon-7b", "bloom", "mpt", "phi3", "gemma", "gemma3"]
+                   "falcon-7b", "bloom", "mpt", "phi3", "gemma", "gemma2", "gemma3"]
 
 
 def test_greedy_variants_cover_every_family():

@@ -1,5 +1,5 @@
 """Reference paged attention equals dense causal softmax attention, whatever the block layout, with or
-without a sliding window and ALiBi; and the window and ALiBi do what they say on cases checked by hand."""
+without a sliding window, ALiBi and a soft cap; and each does what it says on cases checked by hand."""
 
 import numpy as np
 import pytest
@@ -111,6 +111,21 @@ def test_alibi_adds_slope_times_distance_to_each_heads_scores():
     slopes = np.array([0.0, np.log(3.0)])  # head 0 averages; head 1 weighs the own key 3:1
     out = dense_attention(np.zeros((1, 2, 1)), np.zeros((2, 1, 1)), v, 1.0, alibi_slopes=slopes)
     assert np.allclose(out[0, :, 0], [0.5, 0.75])
+
+
+def test_a_soft_cap_squashes_each_scaled_score_before_alibi_is_added():
+    """One query, two keys with scaled scores 0 and 4 (values 0 and 1): uncapped the weights are softmax([0, 4]);
+    capped at 2 the second score is 2 tanh(2); ALiBi of slope s then adds -s to the first key's."""
+    q, k, v = np.array([[[1.0]]]), np.array([[[0.0]], [[4.0]]]), np.array([[[0.0]], [[1.0]]])
+
+    def second_weight(first_score, second_score):  # the output: the second key's weight times its value 1
+        return np.exp(second_score) / (np.exp(first_score) + np.exp(second_score))
+
+    assert np.isclose(dense_attention(q, k, v, 1.0)[0, 0, 0], second_weight(0, 4))
+    capped = 2 * np.tanh(2.0)
+    assert np.isclose(dense_attention(q, k, v, 1.0, logits_soft_cap=2.0)[0, 0, 0], second_weight(0, capped))
+    out = dense_attention(q, k, v, 1.0, logits_soft_cap=2.0, alibi_slopes=np.array([0.5]))
+    assert np.isclose(out[0, 0, 0], second_weight(-0.5, capped))
 
 
 def test_write_kv_puts_each_token_at_its_slot():

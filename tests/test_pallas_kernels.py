@@ -22,7 +22,7 @@ FEW = settings(max_examples=max(settings.default.max_examples // 8, 4))  # each 
 @given(paged_batches(decode_only=True), st.sampled_from([1, 2, 4]), variants())
 # A window of 9 at position 19 reaches keys 11..19 in blocks 1-2 of 8 tokens; its first block rounds down to a
 # step (2 blocks), so the one partition must walk blocks 0-2: the partition size must count the rounding.
-@example(case=(8, 64, 4, 1, [20, 45, 0], [1, 1, 0], 3), num_partitions=1, variant=Variant(9, 3))
+@example(case=(8, 64, 4, 1, [20, 45, 0], [1, 1, 0], 3), num_partitions=1, variant=Variant(9, 3, 2.0))
 def test_decode_kernel_matches_the_reference(case, num_partitions, variant: Variant):
     block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed = case
     options = variant.kwargs(group * num_kv_heads)
@@ -44,7 +44,7 @@ def test_decode_kernel_matches_the_reference(case, num_partitions, variant: Vari
 @given(paged_batches(decode_only=False), variants())
 # The default model's GQA group (9 query heads over 3 KV heads) and a head dimension that is no power of two: both
 # padded inside the kernel for Triton (pallas_kernels/_common.py).
-@example(case=(16, 80, 3, 2, [40, 1, 0, 37], [17, 1, 0, 5], 2), variant=Variant(None, 5))
+@example(case=(16, 80, 3, 2, [40, 1, 0, 37], [17, 1, 0, 5], 2), variant=Variant(None, 5, 0.8))
 def test_ragged_kernel_matches_the_reference(case, variant: Variant):
     block_size, head_dim, group, num_kv_heads, seq_lens, q_lens, seed = case
     options = variant.kwargs(group * num_kv_heads)

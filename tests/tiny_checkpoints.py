@@ -62,6 +62,13 @@ FAMILY_ARGS = {
     "bloom": ("BloomConfig", dict(hidden_size=48, n_layer=2, n_head=6)),
     "phi3": ("Phi3Config", {**_LLAMA_ARGS, "pad_token_id": 0}),
     "gemma": ("GemmaConfig", _LLAMA_ARGS),
+    # Three layers, windowed, global, windowed (transformers' default layer_types), with a window of 6, a query
+    # scale that is not head_dim's, and soft caps that bite: weights drawn 15x wider than the default (0.3) give
+    # scaled scores and logits of a few units, which caps of 2 and 1.5 squash (Gemma 2's own, 50 and 30, would
+    # leave the tiny model's outputs as they are, and a missing cap unseen).
+    "gemma2": ("Gemma2Config", {**_LLAMA_ARGS, "num_hidden_layers": 3, "sliding_window": 6,
+                                "query_pre_attn_scalar": 24, "initializer_range": 0.3,
+                                "attn_logit_softcapping": 2.0, "final_logit_softcapping": 1.5}),
     # Three layers, windowed, global, windowed, with a window of 6 (PROMPT is 21 tokens), a query scale that is
     # not head_dim's, and Gemma 3's RoPE bases (10,000 local, 1,000,000 global).
     "gemma3_text": ("Gemma3TextConfig", {**_LLAMA_ARGS, "rope_theta": 1e6, "rope_local_base_freq": 1e4,

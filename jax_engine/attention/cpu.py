@@ -38,7 +38,8 @@ def kernel_unavailable_reason() -> str | None:
 
 def attend_rows(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array, tables: jax.Array,
                 query_seq: jax.Array, context_lens: jax.Array, block_size: int, scale: float, *,
-                sliding_window: int | None = None, alibi_slopes: jax.Array | None = None) -> jax.Array:
+                sliding_window: int | None = None, alibi_slopes: jax.Array | None = None,
+                logits_soft_cap: float | None = None) -> jax.Array:
     """q [R, N, D] -> [R, N, D]: each query row over the first context_lens[r] keys of sequence query_seq[r].
 
     Rows with context_len 0 are padding (zeros out). Caches may be float32, bfloat16 or float16.
@@ -56,18 +57,22 @@ def attend_rows(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax
             (None: all its keys); an int, or a traced int32 scalar (a model whose layers differ: Gemma 3).
         alibi_slopes: [N] float32 ALiBi slope of each query head: slope * (t - p) is added to the scaled
             score of key t for the row at position p (None: no ALiBi).
+        logits_soft_cap: scaled scores become cap * tanh(score / cap), before ALiBi (None: uncapped).
 
     Returns:
         [R, N, D] float32 attention outputs.
     """
     if isinstance(sliding_window, int) and sliding_window < 1:
         raise ValueError(f"sliding_window must be at least 1 (or None), got {sliding_window}")
+    if logits_soft_cap is not None and not logits_soft_cap > 0:
+        raise ValueError(f"logits_soft_cap must be positive (or None), got {logits_soft_cap}")
     # The kernel takes a slopes buffer either way: all zeros is no ALiBi (and it skips the term).
     slopes = jnp.zeros(q.shape[1], jnp.float32) if alibi_slopes is None else jnp.asarray(alibi_slopes, jnp.float32)
     window = jnp.asarray(0 if sliding_window is None else sliding_window, jnp.int32)  # 0: none
     call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
     return call(q.astype(jnp.float32), k_cache, v_cache, jnp.asarray(layer, jnp.int32), window, tables, query_seq,
-                context_lens, slopes, block_size=np.int64(block_size), scale=np.float32(scale))
+                context_lens, slopes, block_size=np.int64(block_size), scale=np.float32(scale),
+                logits_soft_cap=np.float32(logits_soft_cap or 0.0))
 
 
 def _rows(metadata: AttentionMetadata, num_tokens: int) -> tuple[jax.Array, jax.Array]:
@@ -82,12 +87,12 @@ def _rows(metadata: AttentionMetadata, num_tokens: int) -> tuple[jax.Array, jax.
 
 def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                     layer: jax.Array, metadata: AttentionMetadata, block_size: int, scale: float, *,
-                    sliding_window: int | None = None,
-                    alibi_slopes: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+                    sliding_window: int | None = None, alibi_slopes: jax.Array | None = None,
+                    logits_soft_cap: float | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The attention backend contract (see metadata.py), on the ragged layout: decode_token_index and
     prefill_token_index are not read (the model runner leaves them empty for this backend)."""
     k_cache, v_cache = xla.write_kv(k, v, k_cache, v_cache, layer, metadata.slot_mapping)
     query_seq, context_lens = _rows(metadata, q.shape[0])
     out = attend_rows(q, k_cache, v_cache, layer, metadata.block_tables, query_seq, context_lens, block_size, scale,
-                      sliding_window=sliding_window, alibi_slopes=alibi_slopes)
+                      sliding_window=sliding_window, alibi_slopes=alibi_slopes, logits_soft_cap=logits_soft_cap)
     return out.astype(q.dtype), k_cache, v_cache

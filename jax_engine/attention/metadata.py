@@ -9,10 +9,12 @@ A backend writes each token's new K/V at `slot_mapping` first, then attends over
 table up to its context length, causal within a chunk:
 
     attention(q [T, N, D], k [T, K, D], v [T, K, D], k_cache [L, S, K, D], v_cache, layer, metadata,
-              block_size, scale, *, sliding_window=None, alibi_slopes=None) -> (out [T, N, D], k_cache, v_cache)
+              block_size, scale, *, sliding_window=None, alibi_slopes=None, logits_soft_cap=None)
+        -> (out [T, N, D], k_cache, v_cache)
 
-The two keyword arguments come from the model's config; sliding_window is a Python int (static: part of the
-compiled step) or, for a model whose layers differ, a traced int32 scalar (each layer's), alibi_slopes an array:
+The keyword arguments come from the model's config; sliding_window is a Python int (static: part of the
+compiled step) or, for a model whose layers differ, a traced int32 scalar (each layer's), alibi_slopes an array,
+logits_soft_cap a Python float (static):
 - sliding_window: int | None. The token at position p sees key position t only if p - sliding_window < t <= p,
   its last `sliding_window` keys, itself included (Mistral; Hugging Face's `kv_idx > q_idx - sliding_window`).
   None: plain causal. Backends that page may skip the blocks wholly before a token's window. Gemma 3 interleaves
@@ -21,6 +23,7 @@ compiled step) or, for a model whose layers differ, a traced int32 scalar (each 
 - alibi_slopes: float32 [N] or None, one slope per query head (BLOOM, MPT). The scaled score q.k * scale of
   position p and key position t in head h gets + alibi_slopes[h] * (t - p) before the softmax. (BLOOM adds
   slope * t, which differs by a constant per row: same softmax; t - p keeps numbers small at long positions.)
+- logits_soft_cap: float | None (Gemma 2). Every scaled score s becomes cap * tanh(s / cap), before ALiBi.
 
 This module imports no backend, so every backend imports it and backend.py picks among them.
 """

@@ -18,14 +18,14 @@ from pallas_kernels.write_kv import write_kv
 
 def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                     layer: jax.Array, metadata: AttentionMetadata, block_size: int, scale: float, *,
-                    interpret: bool, sliding_window: int | None = None,
-                    alibi_slopes: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Same contract as jax_engine.attention.xla.paged_attention (sliding_window and alibi_slopes included),
+                    interpret: bool, sliding_window: int | None = None, alibi_slopes: jax.Array | None = None,
+                    logits_soft_cap: float | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Same contract as jax_engine.attention.xla.paged_attention (its keyword arguments included),
     computed by the Pallas kernels, which with a window read only the blocks it reaches. Their window is static
-    (it sizes the blocks read): a model whose layers' windows differ (Gemma 3) runs on xla (worker.py)."""
+    (it sizes the blocks read): a model whose layers' windows differ (Gemma 2, Gemma 3) runs on xla (worker.py)."""
     if sliding_window is not None and not isinstance(sliding_window, int):
         raise ValueError("the pallas attention backend takes one sliding window for every layer; a model whose "
-                         "layers' windows differ (Gemma 3) runs on attention_backend 'xla' or 'cpu'")
+                         "layers' windows differ (Gemma 2, Gemma 3) runs on attention_backend 'xla' or 'cpu'")
     k_cache, v_cache = write_kv(k, v, k_cache, v_cache, metadata.slot_mapping, layer, interpret=interpret)
     num_layers, num_slots, num_kv_heads, head_dim = k_cache.shape
     paged = (num_layers, num_slots // block_size, block_size, num_kv_heads, head_dim)  # a free reshape
@@ -36,11 +36,13 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
         q_decode = jnp.take(q, rows, axis=0, mode="fill", fill_value=0)
         out = paged_decode_attention(q_decode, k_blocks, v_blocks, metadata.block_tables[:num_decode],
                                      metadata.seq_lens[:num_decode], layer, scale=scale,
-                                     sliding_window=sliding_window, alibi_slopes=alibi_slopes, interpret=interpret)
+                                     sliding_window=sliding_window, alibi_slopes=alibi_slopes,
+                                     logits_soft_cap=logits_soft_cap, interpret=interpret)
         return jnp.zeros_like(q).at[rows].set(out, mode="drop"), k_cache, v_cache
     out = ragged_paged_attention(q, k_blocks, v_blocks, metadata.block_tables, metadata.seq_lens,
                                  metadata.query_start_loc, layer, max_q_len=metadata.max_query_len, scale=scale,
-                                 sliding_window=sliding_window, alibi_slopes=alibi_slopes, interpret=interpret)
+                                 sliding_window=sliding_window, alibi_slopes=alibi_slopes,
+                                 logits_soft_cap=logits_soft_cap, interpret=interpret)
     return out, k_cache, v_cache
 
 

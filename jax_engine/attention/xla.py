@@ -25,8 +25,8 @@ def _gather_context(cache: jax.Array, layer: jax.Array, block_tables: jax.Array,
 
 
 def _masked_scores(scores: jax.Array, query_pos: jax.Array, key_pos: jax.Array, sliding_window: int | None,
-                   alibi_slopes: jax.Array | None) -> jax.Array:
-    """scores [B, K, G, Q, T] -> float32, ALiBi added and keys a query may not see at _MASKED.
+                   alibi_slopes: jax.Array | None, logits_soft_cap: float | None) -> jax.Array:
+    """scores [B, K, G, Q, T] -> float32, soft-capped, ALiBi added and keys a query may not see at _MASKED.
 
     query_pos [B, Q], key_pos [T]. A query at p sees key t when 0 <= p - t (causal) and p - t < sliding_window.
     """
@@ -35,6 +35,8 @@ def _masked_scores(scores: jax.Array, query_pos: jax.Array, key_pos: jax.Array, 
     if sliding_window is not None:
         visible &= distance < sliding_window
     scores = scores.astype(jnp.float32)
+    if logits_soft_cap is not None:
+        scores = logits_soft_cap * jnp.tanh(scores / logits_soft_cap)
     if alibi_slopes is not None:
         num_kv_heads, group = scores.shape[1:3]
         slopes = jnp.asarray(alibi_slopes, jnp.float32).reshape(num_kv_heads, group)[None, :, :, None, None]
@@ -47,20 +49,20 @@ def _softmax_attend(scores: jax.Array, v: jax.Array, spec: str) -> jax.Array:
     return jnp.einsum(spec, probs, v)
 
 
-def _decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale, sliding_window, alibi_slopes):
+def _decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale, variant):
     """q [Bd, K, G, D] -> [Bd, K, G, D]: one query per sequence, at position seq_len - 1, over its context."""
     k, v = _gather_context(k_cache, layer, tables, block_size), _gather_context(v_cache, layer, tables, block_size)
     scores = jnp.einsum("bkgd,btkd->bkgt", q, k) * scale
     query_pos = (seq_lens - 1)[:, None]  # [Bd, 1]; padding rows (seq_len 0) see nothing
-    scores = _masked_scores(scores[..., None, :], query_pos, jnp.arange(k.shape[1]), sliding_window, alibi_slopes)
+    scores = _masked_scores(scores[..., None, :], query_pos, jnp.arange(k.shape[1]), *variant)
     return _softmax_attend(scores[..., 0, :], v, "bkgt,btkd->bkgd")
 
 
-def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale, sliding_window, alibi_slopes):
+def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale, variant):
     """q [Bp, Qp, K, G, D], positions [Bp, Qp] -> [Bp, Qp, K, G, D], causal over the context."""
     k, v = _gather_context(k_cache, layer, tables, block_size), _gather_context(v_cache, layer, tables, block_size)
     scores = jnp.einsum("bqkgd,btkd->bkgqt", q, k) * scale
-    scores = _masked_scores(scores, positions, jnp.arange(k.shape[1]), sliding_window, alibi_slopes)
+    scores = _masked_scores(scores, positions, jnp.arange(k.shape[1]), *variant)
     return _softmax_attend(scores, v, "bkgqt,btkd->bqkgd")
 
 
@@ -80,8 +82,8 @@ def write_kv(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
 
 def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
                     layer: jax.Array, metadata: AttentionMetadata, block_size: int, scale: float, *,
-                    sliding_window: int | None = None,
-                    alibi_slopes: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+                    sliding_window: int | None = None, alibi_slopes: jax.Array | None = None,
+                    logits_soft_cap: float | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Write the step's keys and values, then attend every new token over its sequence's context.
 
     Every sequence's context is gathered whole: a sliding window masks keys here but saves no reads.
@@ -98,6 +100,7 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
         sliding_window: each token sees only its last `sliding_window` keys, itself included (None: all).
         alibi_slopes: [N] float32 ALiBi slope of each query head: slope * (t - p) is added to the scaled
             score of key position t for the token at position p (None: no ALiBi).
+        logits_soft_cap: scaled scores become cap * tanh(score / cap) before ALiBi (None: uncapped).
 
     Returns:
         ([T, N, D] attention output, rows of padding tokens zeros or garbage but never NaN; k_cache; v_cache).
@@ -107,18 +110,19 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
     num_kv_heads = k_cache.shape[2]
     grouped = q.reshape(num_tokens, num_kv_heads, num_heads // num_kv_heads, head_dim)
     out = jnp.zeros_like(grouped)
+    variant = (sliding_window, alibi_slopes, logits_soft_cap)
     num_decode = metadata.decode_token_index.shape[0]
     if num_decode:
         rows = metadata.decode_token_index
         qd = jnp.take(grouped, rows, axis=0, mode="fill", fill_value=0)
         o = _decode(qd, k_cache, v_cache, layer, metadata.block_tables[:num_decode],
-                    metadata.seq_lens[:num_decode], block_size, scale, sliding_window, alibi_slopes)
+                    metadata.seq_lens[:num_decode], block_size, scale, variant)
         out = out.at[rows].set(o, mode="drop")
     if metadata.prefill_token_index.shape[0]:
         rows = metadata.prefill_token_index  # [Bp, Qp]
         qp = jnp.take(grouped, rows, axis=0, mode="fill", fill_value=0)
         positions = jnp.take(metadata.positions, rows, axis=0, mode="fill", fill_value=0)
         o = _prefill(qp, positions, k_cache, v_cache, layer, metadata.block_tables[num_decode:], block_size, scale,
-                     sliding_window, alibi_slopes)
+                     variant)
         out = out.at[rows].set(o, mode="drop")
     return out.reshape(num_tokens, num_heads, head_dim), k_cache, v_cache

@@ -26,9 +26,9 @@ class Sizes:
     interpret: bool  # Pallas interpreter (CPU)
 
 
-# Every family but Gemma 3, whose layers have two sliding windows: the Pallas kernels take one static window, so
-# it serves on xla (worker.py) and has no Pallas run to compare.
-PALLAS_FAMILIES_LEFT_OUT = ("gemma3_text",)
+# Every family but Gemma 2 and 3, whose layers have two sliding windows: the Pallas kernels take one static window,
+# so they serve on xla (worker.py) and have no Pallas run to compare.
+PALLAS_FAMILIES_LEFT_OUT = ("gemma2", "gemma3_text")
 ALL_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "opt", "gpt2", "gpt_bigcode", "gpt_neox", "gptj", "falcon",
                 "bloom", "phi3", "gemma", "mpt")
 GPU = Sizes(

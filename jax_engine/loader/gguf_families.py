@@ -81,6 +81,19 @@ _LLAMA_ROPE_ROWS = {"attn_q.weight": lambda w, cfg: undo_rope_permutation(w, cfg
 _QKV_ROWS = {"attn_qkv.weight": group_qkv, "attn_qkv.bias": group_qkv}
 
 
+def _gemma2_config(get, hidden: int, num_layers: int) -> dict:
+    """llama.cpp's LLM_ARCH_GEMMA2: every other layer windowed, the first included (set_swa_pattern(2)), soft caps
+    (50 and 30 where the file has none); scores scaled by 1/sqrt(key_length), except the 27B's 1/sqrt(hidden /
+    heads)."""
+    head_dim, heads = int(get("attention.key_length")), int(get("attention.head_count"))
+    query_scalar = hidden / heads if num_layers == 46 else head_dim  # 46 layers: Gemma 2 27B
+    return {"hidden_act": "gelu_pytorch_tanh", "embedding_multiplier": math.sqrt(hidden),
+            "softmax_scale": query_scalar**-0.5, "sliding_window": int(get("attention.sliding_window", 4096)),
+            "sliding_window_layers": tuple(i % 2 == 0 for i in range(num_layers)),
+            "attn_logit_softcapping": float(get("attn_logit_softcapping", 50.0)),
+            "final_logit_softcapping": float(get("final_logit_softcapping", 30.0))}
+
+
 def _gemma3_config(get, hidden: int, num_layers: int) -> dict:
     """llama.cpp's LLM_ARCH_GEMMA3: every sixth layer global (set_swa_pattern(6)), the others windowed with RoPE
     base 10,000 unscaled; scores scaled by 1/sqrt(key_length), except the 27B's 1/sqrt(hidden / heads)."""
@@ -185,6 +198,8 @@ FAMILIES = {
     "phi3": GGUFFamily("phi3", {**LLAMA_LAYERS, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
                        config=_phi3_config),
     "gemma": GGUFFamily("gemma", norms_plus_one=True, config=_gemma_config, end_of_turn_tokens=("<end_of_turn>",)),
+    "gemma2": GGUFFamily("gemma2", {**LLAMA_LAYERS, **_GEMMA_NORMS}, norms_plus_one=True, config=_gemma2_config,
+                         end_of_turn_tokens=("<end_of_turn>",), chat_template=GEMMA3_CHAT_TEMPLATE),
     "gemma3": GGUFFamily("gemma3_text", {**LLAMA_LAYERS, **_GEMMA_NORMS}, norms_plus_one=True, config=_gemma3_config,
                          end_of_turn_tokens=("<end_of_turn>",), chat_template=GEMMA3_CHAT_TEMPLATE),
     "gptneox": GGUFFamily("gpt_neox", _NEOX_LAYERS, {"token_embd": "gpt_neox.embed_in", "output": "embed_out",

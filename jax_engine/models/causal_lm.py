@@ -165,19 +165,23 @@ class CausalLM(nnx.Module):
                                                             lora_slots)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """[S, H] -> [S, V] float32 logits (under tensor parallelism, every device's vocabulary rows gathered)."""
+        """[S, H] -> [S, V] float32 logits (under tensor parallelism, every device's vocabulary rows gathered),
+        soft-capped where the model caps them (Gemma 2)."""
         name = "embed" if self.cfg.tie_word_embeddings else "lm_head"
         head = {n: self.top[n][...] for n in (name, f"{name}_scale", "lm_head_bias") if n in self.top}
         formats = dict(self.block_formats).get(name)
         if self.parallel is None:
-            return _logits(name, head, hidden, formats)
+            logits = _logits(name, head, hidden, formats)
+        else:
+            def gathered(head, hidden):
+                return jax.lax.all_gather(_logits(name, head, hidden, formats), AXIS, axis=1, tiled=True)
 
-        def gathered(head, hidden):
-            return jax.lax.all_gather(_logits(name, head, hidden, formats), AXIS, axis=1, tiled=True)
-
-        logits = jax.shard_map(gathered, mesh=self.parallel.mesh, check_vma=False,
-                               in_specs=(self.parallel.specs(head, stacked=False), P()), out_specs=P())(head, hidden)
-        return logits[:, : self.cfg.vocab_size]  # the padding rows of the last device's share
+            logits = jax.shard_map(gathered, mesh=self.parallel.mesh, check_vma=False,
+                                   in_specs=(self.parallel.specs(head, stacked=False), P()),
+                                   out_specs=P())(head, hidden)
+            logits = logits[:, : self.cfg.vocab_size]  # the padding rows of the last device's share
+        cap = self.cfg.final_logit_softcapping
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
 def _logits(name: str, head: dict, hidden: jax.Array, formats: tuple[str, ...] | None) -> jax.Array:

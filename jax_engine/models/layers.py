@@ -109,7 +109,8 @@ class StepContext:
             k, v = jnp.repeat(k, copies, axis=1), jnp.repeat(v, copies, axis=1)
         out, self.k_flat, self.v_flat = self.attention(
             q, k, v, self.k_flat, self.v_flat, layer, self.metadata, self.block_size, cfg.attention_scale,
-            sliding_window=self.sliding_window, alibi_slopes=self.alibi_slopes)
+            sliding_window=self.sliding_window, alibi_slopes=self.alibi_slopes,
+            logits_soft_cap=cfg.attn_logit_softcapping)
         return out
 
 

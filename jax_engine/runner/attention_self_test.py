@@ -51,11 +51,12 @@ class AttentionShapes:
     dtype: object  # the KV cache's (and activations') dtype
     block_size: int
     max_model_len: int
+    logits_soft_cap: float | None = None
 
     @classmethod
     def of(cls, cfg: ModelConfig, dtype, block_size: int, max_model_len: int) -> "AttentionShapes":
         return cls(cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_scale, cfg.sliding_window,
-                   cfg.alibi_slopes, dtype, block_size, max_model_len)
+                   cfg.alibi_slopes, dtype, block_size, max_model_len, cfg.attn_logit_softcapping)
 
 
 def tolerance(dtype, compiled: bool, keys: int) -> float:
@@ -162,7 +163,8 @@ def _attend(attend: AttentionFn, step: _Step, shapes: AttentionShapes, dtype) ->
 
     def run(q, k, v, k_cache, v_cache, metadata):
         return attend(q, k, v, k_cache, v_cache, jnp.int32(LAYER), metadata, shapes.block_size, shapes.scale,
-                      sliding_window=shapes.sliding_window, alibi_slopes=slopes)[0]
+                      sliding_window=shapes.sliding_window, alibi_slopes=slopes,
+                      logits_soft_cap=shapes.logits_soft_cap)[0]
 
     out = jax.jit(run)(*(jnp.asarray(x, dtype) for x in step.arrays), step.metadata)
     return np.asarray(out[step.real_rows].astype(jnp.float32))

@@ -29,7 +29,8 @@
 //   alibi_slopes [N]  float32     ALiBi slope of each query head: slope * (t - p) is added to the scaled
 //                                 score of key t for the query at p = len - 1; all zero = no ALiBi
 //   out          [R, N, D]
-// Attributes: block_size; scale.
+// Attributes: block_size; scale; logits_soft_cap (Gemma 2: scaled scores s become cap * tanh(s / cap), before
+// ALiBi; 0 = none).
 
 #include <algorithm>
 #include <atomic>
@@ -64,6 +65,7 @@ struct Problem {
   int64_t num_rows, num_heads, num_kv_heads, head_dim, max_blocks, block_size;
   int64_t sliding_window;  // 0: none
   float scale;
+  float logits_soft_cap;  // 0: none
 };
 
 // The first key a query with n keys of context sees: 0, or the start of its last `sliding_window` keys.
@@ -104,6 +106,12 @@ inline void add_alibi(float* row, int64_t count, float slope, int64_t begin, int
   for (int32_t i = 0; i < static_cast<int32_t>(count); ++i) row[i] += offset + slope * static_cast<float>(i);
 }
 
+// Gemma 2's soft cap: row[i] = cap * tanh(row[i] / cap).
+inline void soft_cap(float* row, int64_t count, float cap) {
+  const float inverse = 1.0f / cap;
+  for (int64_t i = 0; i < count; ++i) row[i] = cap * std::tanh(row[i] * inverse);
+}
+
 // Attend one query row's heads that share KV heads kv .. kv + kv_count - 1 (H = kv_count x G query heads)
 // over its context. `scores` and `acc` are scratch reused between items.
 template <typename T>
@@ -137,10 +145,11 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
       scores[h * m + t - begin] = dot * p.scale;
     }
   });
-  // Softmax over each head's row, in place (ALiBi first: a loop of its own, so the dot products stay as fast
-  // without it).
+  // Softmax over each head's row, in place (soft cap and ALiBi first: loops of their own, so the dot products
+  // stay as fast without them).
   for (int64_t h = 0; h < H; ++h) {
     float* row_scores = scores.data() + h * m;
+    if (p.logits_soft_cap > 0.0f) soft_cap(row_scores, m, p.logits_soft_cap);
     if (p.alibi_slopes) add_alibi(row_scores, m, p.alibi_slopes[kv * G + h], begin, n - 1);
     const float peak = *std::max_element(row_scores, row_scores + m);
     for (int64_t t = 0; t < m; ++t) row_scores[t] = std::exp(row_scores[t] - peak);  // a loop of its own: vectorized
@@ -229,7 +238,8 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
                               ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> layer, ffi::Buffer<ffi::S32> window,
                               ffi::Buffer<ffi::S32> tables, ffi::Buffer<ffi::S32> query_seq,
                               ffi::Buffer<ffi::S32> context_lens, ffi::Buffer<ffi::F32> alibi_slopes,
-                              ffi::ResultBuffer<ffi::F32> out, int64_t block_size, float scale) {
+                              ffi::ResultBuffer<ffi::F32> out, int64_t block_size, float scale,
+                              float logits_soft_cap) {
   const auto q_dims = q.dimensions();
   const auto cache_dims = k_cache.dimensions();
   const auto table_dims = tables.dimensions();
@@ -249,6 +259,9 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
       context_lens.element_count() != static_cast<size_t>(num_rows) ||
       alibi_slopes.element_count() != static_cast<size_t>(num_heads) || block_size <= 0 || num_slots % block_size) {
     return ffi::Error::InvalidArgument("paged_attention: inconsistent shapes");
+  }
+  if (!(logits_soft_cap >= 0.0f)) {  // NaN too
+    return ffi::Error::InvalidArgument("paged_attention: logits_soft_cap " + std::to_string(logits_soft_cap));
   }
   const int64_t sliding_window = window.typed_data()[0];
   if (sliding_window < 0) {
@@ -278,7 +291,8 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
                           context_lens.typed_data(),
                           alibi ? slopes : nullptr,
                           out->typed_data(),
-                          num_rows, num_heads, num_kv_heads, head_dim, max_blocks, block_size, sliding_window, scale};
+                          num_rows, num_heads, num_kv_heads, head_dim, max_blocks, block_size, sliding_window, scale,
+                          logits_soft_cap};
   work->dtype = dtype;
   work->kv_per_item = num_rows < 2 * pool.num_threads() ? 1 : num_kv_heads;
   work->num_items = num_rows * (num_kv_heads / work->kv_per_item);
@@ -307,4 +321,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(PagedAttention, PagedAttentionImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // alibi_slopes
                                   .Ret<ffi::Buffer<ffi::F32>>()  // out
                                   .Attr<int64_t>("block_size")
-                                  .Attr<float>("scale"));
+                                  .Attr<float>("scale")
+                                  .Attr<float>("logits_soft_cap"));
