@@ -99,6 +99,29 @@ def test_the_tokenizer_gives_llama_cpps_ids(ours, theirs):
         assert ours.get_tokenizer().encode(text) == theirs.tokenize(text.encode(), add_bos=True, special=True), text
 
 
+@pytest.mark.parametrize("architecture", ["gemma", "gemma2"])
+def test_gemma_1_and_2_files_tokenize_as_llama_cpp_does(path, tmp_path, architecture):
+    """The file's vocabulary (SentencePiece, as Gemma 1's and 2's) in a file of no tensors under their names:
+    llama.cpp tokenizes it as it does Gemma 3's, and so does the tokenizer we rebuild."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    from jax_engine.loader.gguf_tokenizer import tokenizer_from_gguf
+
+    vocabulary = tmp_path / f"{architecture}.gguf"
+    writer = GGUFWriter(str(vocabulary), architecture)
+    for key, field in GGUFReader(path).fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            writer.add_key_value(key.replace("gemma3.", f"{architecture}."), field.contents(), field.types[0],
+                                 sub_type=field.types[1] if field.types[0] == GGUFValueType.ARRAY else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    mine = tokenizer_from_gguf(GGUFReader(str(vocabulary)))
+    theirs = llama_cpp.Llama(str(vocabulary), vocab_only=True, verbose=False)
+    for text in TEXTS:
+        assert mine.encode(text) == theirs.tokenize(text.encode(), add_bos=True, special=True), text
+
+
 def test_greedy_tokens_agree_with_llama_cpp_up_to_a_near_tie(ours, theirs):
     params = SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=20)
     agreed = []

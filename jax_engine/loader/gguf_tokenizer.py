@@ -80,11 +80,11 @@ PRE_TOKENIZERS: dict[str, _Pre] = {
     **dict.fromkeys(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], _Pre((_GPT4O,))),
 }
 TOKENIZER_MODELS = ("gpt2", "llama")
-# transformers rebuilds these architectures' SentencePiece files its own way (Gemma respells space tokens and
-# orders merges by position; Phi-3 prepends "▁" with a normalizer): not done here. Gemma 3's files are read as
-# llama.cpp reads them (no space prefix, merges from the scores): the same ids as llama.cpp's tokenizer on the
-# Gemma 3 270M file (tests/test_gemma3_gguf.py).
-_OTHER_SENTENCEPIECE_ARCHITECTURES = ("gemma", "gemma2", "phi3")
+# transformers rebuilds Phi-3's SentencePiece files its own way (it prepends "▁" with a normalizer): not done here.
+# Gemma's files (1, 2 and 3) are read as llama.cpp reads them (no space prefix, merges from the scores), which
+# transformers does not (it respells space tokens and orders merges by position): the same ids as llama.cpp's
+# tokenizer on the Gemma 3 270M file, and on its vocabulary under Gemma 1's and 2's names (tests/test_gemma3_gguf.py).
+_OTHER_SENTENCEPIECE_ARCHITECTURES = ("phi3",)
 
 
 # --------------------------------------------------------------------------------------------- metadata
