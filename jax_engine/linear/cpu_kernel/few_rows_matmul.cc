@@ -552,6 +552,82 @@ inline void block_gguf(const Problem& p, int64_t m0, const uint8_t* w, float* y)
   }
 }
 
+// GGUF blocks times more rows than one pass takes: a few output features' weights are unpacked once into int16
+// (their scales and minimums into float32), and every pass of rows multiplies them from L1. Unpacking costs a
+// format up to 17 instructions per run of 32 weights (Q5_0), which each pass of 4 rows paid again before: Gemma 3
+// 270M's 18 Q5_0 ffn_gate matrices took 47 ms at 32 rows, 1.9x their int8 requantization.
+//
+// Not for two passes: unpacking stores what the passes then load, which at 8 rows cost more than it saved (the
+// Q8_0 LM head, 262144 x 640, took 1.4x its int8 time against 1.2x streamed; Q5_0 the same either way), while
+// at 32 rows the LM head went from 1.3x int8's time to 1.1x and the Q5_0 matrices from 1.3-1.7x to 1.1-1.2x.
+constexpr int64_t kUnpackedAfterRows = 8;
+struct Unpacked {
+  std::vector<int16_t> weights;  // [F, K]
+  std::vector<float> scales;  // [F, runs of 32 (K-quants with a scale per 16: twice as many)]
+  std::vector<float> minimums;  // [F, runs of 32] (formats with minimums only)
+};
+
+template <typename T>
+void unpack_features(const Problem& p, const uint8_t* w, int features, Unpacked& u) {
+  constexpr int kRuns = T::kWeights / kBlock, kScales = kRuns * (T::kScalesPer16 ? 2 : 1);
+  const int64_t K = p.in_features, blocks = K / T::kWeights;
+  u.weights.resize(features * K);
+  u.scales.resize(features * blocks * kScales);
+  u.minimums.resize(features * blocks * kRuns);
+  for (int f = 0; f < features; ++f) {
+    const uint8_t* row = w + f * p.block_row_bytes;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* block = row + b * T::kBytes;
+      prefetch_ahead(block);
+      T::scales(block, &u.scales[(f * blocks + b) * kScales], &u.minimums[(f * blocks + b) * kRuns]);
+      for (int j = 0; j < kRuns; ++j) {
+        Int16x16 low, high;
+        T::weights(block, j, low, high);
+        int16_t* out = &u.weights[f * K + (b * kRuns + j) * kBlock];
+        std::memcpy(out, &low, sizeof low);
+        std::memcpy(out + kIntLanes, &high, sizeof high);
+      }
+    }
+  }
+}
+
+// block_gguf on unpacked weights: features f0 .. f0 + FEATURES - 1 of `u` times rows m0 .. m0 + ROWS - 1 of x.
+template <typename T, int ROWS, int FEATURES>
+inline void block_unpacked(const Problem& p, int64_t m0, const Unpacked& u, int f0, float* y) {
+  constexpr int kPer = T::kScalesPer16 ? 2 : 1;
+  const int64_t K = p.in_features, N = p.out_features, runs = K / kBlock;
+  Vec acc[ROWS][FEATURES] = {};
+  for (int64_t r = 0; r < runs; ++r) {
+    Int16x16 low[FEATURES], high[FEATURES];
+    for (int f = 0; f < FEATURES; ++f) {
+      low[f] = load16(&u.weights[(f0 + f) * K + r * kBlock]);
+      high[f] = load16(&u.weights[(f0 + f) * K + r * kBlock + kIntLanes]);
+    }
+    for (int m = 0; m < ROWS; ++m) {
+      const int16_t* x = p.x_int16 + (m0 + m) * K + r * kBlock;
+      const Int16x16 x_low = load16(x), x_high = load16(x + kIntLanes);
+      for (int f = 0; f < FEATURES; ++f) {
+        const IntVec first = multiply_add_pairs(x_low, low[f]), second = multiply_add_pairs(x_high, high[f]);
+        const float* scale = &u.scales[((f0 + f) * runs + r) * kPer];
+        if constexpr (T::kScalesPer16) {
+          acc[m][f] += __builtin_convertvector(first, Vec) * scale[0] + __builtin_convertvector(second, Vec) * scale[1];
+        } else {
+          acc[m][f] += __builtin_convertvector(first + second, Vec) * scale[0];
+        }
+      }
+    }
+  }
+  for (int m = 0; m < ROWS; ++m) {
+    for (int f = 0; f < FEATURES; ++f) {
+      float minimums = 0.0f;
+      for (int64_t r = 0; r < runs && T::kHasMinimum; ++r) {
+        minimums += u.minimums[(f0 + f) * runs + r] * p.x_block_sums[(m0 + m) * runs + r];
+      }
+      y[m * N + f] = (sum<float>(acc[m][f]) + minimums) * p.x_step[m0 + m];
+    }
+  }
+}
+
 // Rows m .. m + ROWS - 1 of x times the FEATURES output features from n, in register blocks.
 template <typename T, int ROWS, int FEATURES>
 inline void pass(const Problem& p, int64_t m, int64_t n) {
@@ -579,9 +655,33 @@ inline void pass(const Problem& p, int64_t m, int64_t n) {
   }
 }
 
+// pass() for GGUF blocks unpacked in `u` (features n .. n + FEATURES - 1).
+template <typename T, int ROWS, int FEATURES>
+inline void pass_unpacked(const Problem& p, int64_t m, int64_t n, const Unpacked& u) {
+  constexpr int kPerBlock = std::min(FEATURES, ROWS <= 2 ? 4 : 2);
+  for (int f = 0; f < FEATURES; f += kPerBlock) block_unpacked<T, ROWS, kPerBlock>(p, m, u, f, p.y + m * p.out_features + n + f);
+}
+
+template <typename T, int FEATURES>
+void features_unpacked(const Problem& p, int64_t n) {
+  thread_local Unpacked u;
+  unpack_features<T>(p, static_cast<const uint8_t*>(p.w) + n * p.block_row_bytes, FEATURES, u);
+  int64_t m = 0;
+  for (; m + kMaxRows <= p.rows; m += kMaxRows) pass_unpacked<T, kMaxRows, FEATURES>(p, m, n, u);
+  switch (p.rows - m) {
+    case 1: pass_unpacked<T, 1, FEATURES>(p, m, n, u); break;
+    case 2: pass_unpacked<T, 2, FEATURES>(p, m, n, u); break;
+    case 3: pass_unpacked<T, 3, FEATURES>(p, m, n, u); break;
+    default: break;
+  }
+}
+
 // Every row of x for FEATURES output features from n on: passes of kMaxRows rows while their weights stay in L1.
 template <typename T, int FEATURES>
 void features(const Problem& p, int64_t n) {
+  if constexpr (kIsBlockFormat<T>) {
+    if (p.rows > kUnpackedAfterRows) return features_unpacked<T, FEATURES>(p, n);
+  }
   int64_t m = 0;
   for (; m + kMaxRows <= p.rows; m += kMaxRows) pass<T, kMaxRows, FEATURES>(p, m, n);
   switch (p.rows - m) {  // the last, partial pass: one instantiation per row count keeps accumulators in registers
