@@ -659,7 +659,9 @@ inline void pass(const Problem& p, int64_t m, int64_t n) {
 template <typename T, int ROWS, int FEATURES>
 inline void pass_unpacked(const Problem& p, int64_t m, int64_t n, const Unpacked& u) {
   constexpr int kPerBlock = std::min(FEATURES, ROWS <= 2 ? 4 : 2);
-  for (int f = 0; f < FEATURES; f += kPerBlock) block_unpacked<T, ROWS, kPerBlock>(p, m, u, f, p.y + m * p.out_features + n + f);
+  for (int f = 0; f < FEATURES; f += kPerBlock) {
+    block_unpacked<T, ROWS, kPerBlock>(p, m, u, f, p.y + m * p.out_features + n + f);
+  }
 }
 
 template <typename T, int FEATURES>
