@@ -50,7 +50,8 @@ def _softmax_attend(scores: jax.Array, v: jax.Array, spec: str) -> jax.Array:
 
 
 def _decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale, variant):
-    """q [Bd, K, G, D] -> [Bd, K, G, D]: one query per sequence, at position seq_len - 1, over its context."""
+    """q [Bd, K, G, D] -> [Bd, K, G, D]: one query per sequence, at position seq_len - 1, over its context.
+    `variant`: (sliding_window, alibi_slopes, logits_soft_cap), as _masked_scores takes them."""
     k, v = _gather_context(k_cache, layer, tables, block_size), _gather_context(v_cache, layer, tables, block_size)
     scores = jnp.einsum("bkgd,btkd->bkgt", q, k) * scale
     query_pos = (seq_lens - 1)[:, None]  # [Bd, 1]; padding rows (seq_len 0) see nothing
