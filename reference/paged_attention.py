@@ -85,7 +85,7 @@ def soft_cap(scores: np.ndarray, cap: float | None) -> np.ndarray:
     return scores if cap is None else cap * np.tanh(scores / cap)
 
 
-def _attend_block(q, k, v, query_pos, key_pos, scale, sliding_window, alibi_slopes, logits_soft_cap):
+def _attend_block(q, k, v, query_pos, key_pos, scale, sliding_window, alibi_slopes, logits_soft_cap=None):
     """Partial softmax of queries [n, kv, g, d] over one block's keys [b, kv, d]: (m, l, o)."""
     n, num_kv_heads, group, _ = q.shape
     scores = soft_cap(np.einsum("nkgd,bkd->nkgb", q, k) * scale, logits_soft_cap)
