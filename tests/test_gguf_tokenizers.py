@@ -220,7 +220,7 @@ def test_sentencepiece_metadata_flags(tmp_path):
     ({"tokenizer.ggml.model": "bert"}, "llama", r"tokenizer.ggml.model='bert' is not supported; supported: \['gpt2'"),
     ({"tokenizer.ggml.pre": "falcon"}, "llama", r"tokenizer.ggml.pre='falcon' is not supported .*'llama-bpe'"),
     ({"tokenizer.ggml.pre": "deepseek-llm"}, "llama", r"tokenizer.ggml.pre='deepseek-llm'.*'qwen2'"),
-    ({"tokenizer.ggml.model": "llama"}, "gemma", r"general.architecture='gemma' is not supported"),
+    ({"tokenizer.ggml.model": "llama"}, "phi3", r"general.architecture='phi3' is not supported"),
 ])
 def test_unsupported_tokenizers_are_clear_errors(tmp_path, fields, architecture, message):
     path = write_gguf(tmp_path / "bad.gguf", byte_level_fields("gpt-2") | fields, tensors={},
