@@ -69,7 +69,10 @@ def test_a_full_queue_answers_503_at_once(tiny_checkpoint):
         try:
             with httpx.Client(base_url=url, timeout=60) as a, httpx.Client(base_url=url, timeout=60) as b:
                 with a.stream("POST", "/v1/completions", json=LONG) as running:
-                    next(_data_lines(running))  # the first request is running
+                    # Held: a dropped line iterator closes the connection, and the server then aborts the request
+                    # (which let the waiting one run and the chat request in, on a slow CI host).
+                    running_lines = _data_lines(running)
+                    next(running_lines)  # the first request is running
                     with b.stream("POST", "/v1/completions", json=LONG):
                         wait_for(lambda: metric(url, "vllm:num_requests_waiting") == 1, 10, "a waiting request")
                         gate.clear()
