@@ -29,6 +29,7 @@ import numpy as np
 
 from jax_engine.attention.metadata import AttentionMetadata
 from jax_engine.buckets import all_buckets, bucket, bucket_tokens
+from jax_engine.sample.greedy_argmax import greedy_tokens
 from jax_engine.sample.sampler import sample, token_logprobs
 from jax_engine.sample.sampling_batch import SAMPLER_PROGRAMS, empty_sampling_batch
 
@@ -66,7 +67,7 @@ def _logits(model, sampling_hidden, rows, logits_buffer):
 @jax.jit
 def _greedy_tokens(model, sampling_hidden, rows):
     """Each row's most likely next token: a draft model's proposal, without the sampler or the logits on the host."""
-    return jnp.argmax(model.logits(sampling_hidden[rows]), axis=-1).astype(jnp.int32)
+    return greedy_tokens(model.logits(sampling_hidden[rows]))
 
 
 @jax.jit

@@ -24,46 +24,22 @@
 //   y      [T, out]
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <functional>
-#include <memory>
-#include <thread>
 #include <vector>
 
+#include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
+using jax_engine::parallel_for;
+
 float dot(const float* a, const float* b, int64_t n) {
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];  // vectorized under -O3 -ffast-math
   return sum;
-}
-
-// Runs fn(item) for item in [0, items) on the calling thread and the pool's helpers; returns when all are done.
-void parallel_for(ffi::ThreadPool& pool, int64_t items, std::function<void(int64_t)> fn) {
-  struct Shared {
-    std::atomic<int64_t> next{0}, done{0};
-    std::function<void(int64_t)> fn;
-    int64_t items;
-    void run() {
-      for (int64_t i; (i = next.fetch_add(1)) < items;) {
-        fn(i);
-        done.fetch_add(1, std::memory_order_release);
-      }
-    }
-  };
-  auto shared = std::make_shared<Shared>();
-  shared->fn = std::move(fn);
-  shared->items = items;
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), items) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([shared] { shared->run(); });
-  shared->run();
-  // Wait for the items helpers took (never for a task not started: a busy pool cannot deadlock this call).
-  while (shared->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
 }
 
 ffi::Error LoRABgmvImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> a,
