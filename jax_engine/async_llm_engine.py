@@ -88,6 +88,7 @@ class AsyncLLMEngine:
     def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None,
                  max_waiting_per_tenant: int | None = None) -> None:
         self.engine = engine
+        self._remote = hasattr(engine, "next_outputs")  # an EngineCoreClient: the engine is in another process
         self.max_waiting_requests = max_waiting_requests
         self.max_waiting_per_tenant = max_waiting_per_tenant
         self.on_output: Callable[[RequestOutput], None] | None = None  # e.g. metrics, called per output
@@ -127,14 +128,15 @@ class AsyncLLMEngine:
         return self._task is not None and not self._task.done() and self.dead_error is None
 
     def num_waiting_requests(self) -> int:
-        return len(self._new) + len(self.engine.scheduler.waiting)
+        return len(self._new) + (self.engine.num_waiting_sequences() if self._remote
+                                 else len(self.engine.scheduler.waiting))
 
     def num_waiting_of(self, tenant: Tenant) -> int:
         """Requests of `tenant` waiting to enter the engine."""
         return self._new.count(tenant)
 
     def num_running_requests(self) -> int:
-        return len(self.engine.scheduler.running)
+        return self.engine.num_running_sequences() if self._remote else len(self.engine.scheduler.running)
 
     # ------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
@@ -199,8 +201,7 @@ class AsyncLLMEngine:
                     self._wakeup.clear()
                     await self._wakeup.wait()
                 self._apply_queued()
-                outputs = await asyncio.to_thread(self.engine.step)
-                self._dispatch(outputs)
+                self._dispatch(await self._next_outputs())
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # the engine is in an unknown state: fail every request, loudly
@@ -211,6 +212,14 @@ class AsyncLLMEngine:
             self._streams.clear()
             if self.on_dead is not None:
                 self.on_dead()
+
+    async def _next_outputs(self) -> list[RequestOutput]:
+        """A step of the engine in a worker thread (the loop stays free); or, with the engine in a process of its
+        own (EngineCoreClient), its next outputs or [] as soon as there is new work to send it."""
+        if not self._remote:
+            return await asyncio.to_thread(self.engine.step)
+        self._wakeup.clear()
+        return await self.engine.next_outputs(self._wakeup)
 
     def remove_lora(self, lora_id: int) -> None:
         """Forget adapter `lora_id` once no request uses it (at a loop turn: between steps, never during one)."""

@@ -90,7 +90,11 @@ class GrammarCompiler:
             check_spec(params.kind, spec, field)
         except (json.JSONDecodeError, RecursionError) as error:  # JSON text that does not parse
             raise ValueError(f"{field} is invalid: {error}") from None
-        text = self.worker.compile(params.kind, spec, params.disable_any_whitespace, field)
+        return self.from_text(self.worker.compile(params.kind, spec, params.disable_any_whitespace, field))
+
+    def from_text(self, text: str) -> CompiledGrammar:
+        """The grammar of llguidance `text` that compile() made and checked (in this process or another: the engine
+        core process builds its matchers from the API server's grammars)."""
         return CompiledGrammar(text, llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=parser_limits()))
 
     def matcher(self, grammar: CompiledGrammar) -> "GrammarMatcher":

@@ -1,0 +1,226 @@
+"""EngineCoreClient: the engine as the API server process sees it when the engine runs in a process of its own.
+
+It offers what AsyncLLMEngine and the server use of an LLMEngine (add_request, abort_request, the waiting and
+running counts, stats, request checks and the tokenizer), and, in place of step(), `next_outputs`: the next
+outputs the engine core process sent (core.py). Requests are checked and tokenized here, on the tokenizer and
+configs the core sent once it was ready (messages.EngineFacts); the core only schedules and steps.
+"""
+
+import asyncio
+import atexit
+import logging
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+
+import zmq
+import zmq.asyncio
+
+from jax_engine.config import EngineArgs
+from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts, decode, encode
+from jax_engine.engine_core.output_deltas import DeltaDecoder
+from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, RequestParams
+from jax_engine.lora.request import LoRARequest
+from jax_engine.outputs import CompletionOutput, RequestOutput
+from jax_engine.pooler import Pooler, check_task
+from jax_engine.sampling_params import SamplingParams
+from jax_engine.structured_output.grammar import GrammarCompiler
+
+logger = logging.getLogger(__name__)
+LIVENESS_CHECK_S = 1.0  # how often a client waiting on the core checks that its process is alive
+STOP_WAIT_S = 10.0  # how long shutdown() waits for the core to exit before it kills it
+
+
+class EngineCoreDiedError(RuntimeError):
+    """The engine core process failed or exited; the text says how (its traceback, when it could send one)."""
+
+
+class EngineCoreClient:
+    """An engine in another process, behind LLMEngine's face (see the module docstring).
+
+    Starting it starts the engine core process and waits until its engine is ready (the model loaded, its
+    shapes compiled); an error there raises EngineCoreDiedError with the core's traceback.
+    """
+
+    def __init__(self, args: EngineArgs, log_level: str = "INFO") -> None:
+        if args.enable_lora:
+            raise ValueError("enable_lora: LoRA adapters are not served across processes yet: run the engine in the "
+                             "server's process (--no-engine-core-process)")
+        self.args = args
+        self._dir = tempfile.mkdtemp(prefix="jax-engine-core-")  # mode 0700: only this user reaches the sockets
+        self._context = zmq.Context()
+        self._to_core = self._bound(zmq.PUSH, "inputs")
+        self._from_core = self._bound(zmq.PULL, "outputs")
+        # A fresh interpreter (no fork of this one's threads, no re-import of the caller's __main__): it reads
+        # its EngineArgs from stdin.
+        self._process = subprocess.Popen([sys.executable, "-m", "jax_engine.engine_core.core", self._address("inputs"),
+                                          self._address("outputs"), log_level], stdin=subprocess.PIPE)
+        self._process.stdin.write(pickle.dumps(args))
+        self._process.stdin.close()
+        atexit.register(self.shutdown)
+        self._outputs = DeltaDecoder()  # unfinished requests' outputs so far
+        self._adds_sent = 0
+        self._receiving: asyncio.Future | None = None
+        self._async_from_core: zmq.asyncio.Socket | None = None
+        try:
+            self._take_facts(self._wait_ready())
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _address(self, name: str) -> str:
+        return f"ipc://{os.path.join(self._dir, name)}"
+
+    def _bound(self, kind: int, name: str) -> zmq.Socket:
+        socket = self._context.socket(kind)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.bind(self._address(name))
+        return socket
+
+    def _wait_ready(self) -> EngineFacts:
+        while not self._from_core.poll(int(LIVENESS_CHECK_S * 1000)):
+            self._check_alive()
+        kind, body = decode(self._from_core.recv())
+        if kind != "ready":
+            raise self._died(kind, body)
+        return body
+
+    def _take_facts(self, facts: EngineFacts) -> None:
+        self.model_config, self.scheduler_config = facts.model_config, facts.scheduler_config
+        self.tokenizer, self.eos_token_ids = facts.tokenizer, facts.eos_token_ids
+        self.default_sampling_fields = facts.default_sampling_fields
+        self.startup_compile_seconds = facts.startup_compile_seconds
+        self._state = CoreOutputs([], 0, 0, 0, facts.stats)
+        self.speculator = _CoreSpeculator(self) if facts.speculative else None
+        self.pooler, _ = Pooler.for_engine(self.args)
+        self.runner = types.SimpleNamespace(lora=None)  # no adapters across processes (see __init__)
+        self.grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        self.input_processor = InputProcessor(self.tokenizer, self.model_config, self.scheduler_config,
+                                              self.grammar_compiler)
+
+    # ------------------------------------------------------------------- LLMEngine's face
+    def get_default_sampling_params(self) -> SamplingParams:
+        return SamplingParams(**self.default_sampling_fields)
+
+    def validate_request(self, prompt: Prompt, params: RequestParams) -> ProcessedRequest:
+        """Tokenize and check a request here, in the API server process (LLMEngine.validate_request)."""
+        check_task(self.pooler, params)
+        return self.input_processor.process(prompt, params)
+
+    def add_request(self, request_id: str, prompt: dict, params: RequestParams,
+                    lora_request: LoRARequest | None = None) -> None:
+        """Send a checked request (AsyncLLMEngine's prompt dict: text, token ids, cache_salt) to the core."""
+        grammar = getattr(params, "compiled_grammar", None)
+        if grammar is not None:  # its matcher stays here; the core builds its own from the text
+            params = params.derived(compiled_grammar=None)
+        self._outputs.start(request_id, prompt.get("prompt"), prompt["prompt_token_ids"])
+        self._adds_sent += 1
+        self._send("add", AddRequest(request_id, prompt, params, lora_request, grammar and grammar.text))
+
+    def abort_request(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self._send("abort", list(request_ids))
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return False  # no adapters across processes (see __init__)
+
+    def lora_users(self, lora_id: int) -> list[str]:
+        return []
+
+    def has_unfinished_requests(self) -> bool:
+        return len(self._outputs) > 0
+
+    def num_waiting_sequences(self) -> int:
+        """The core's waiting sequences, and the adds sent that it has not taken yet."""
+        return self._state.num_waiting + self._adds_sent - self._state.adds_applied
+
+    def num_running_sequences(self) -> int:
+        return self._state.num_running
+
+    def stats(self) -> dict:
+        """The engine's statistics as of the core's last message."""
+        return self._state.stats
+
+    # ----------------------------------------------------------------------------- outputs
+    async def next_outputs(self, wakeup: asyncio.Event) -> list:
+        """The outputs of the core's next message, or [] as soon as `wakeup` is set (there is new work to send).
+
+        Raises EngineCoreDiedError if the core reports an error of its loop, or its process exits.
+        """
+        if self._receiving is None:
+            if self._async_from_core is None:  # on the loop that drives the engine, from its first use
+                self._async_from_core = zmq.asyncio.Socket.from_socket(self._from_core)
+            self._receiving = asyncio.ensure_future(self._async_from_core.recv())
+        woken = asyncio.ensure_future(wakeup.wait())
+        try:
+            while not (self._receiving.done() or woken.done()):
+                await asyncio.wait({self._receiving, woken}, timeout=LIVENESS_CHECK_S,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if not self._receiving.done():
+                    self._check_alive()
+        finally:
+            woken.cancel()
+        if not self._receiving.done():
+            return []
+        frame, self._receiving = self._receiving.result(), None
+        return self._take_message(*decode(frame))
+
+    def _take_message(self, kind: str, body) -> list:
+        if kind == "rejected":  # the core refused an add that passed the checks here: it fails alone
+            request_id, error = body
+            logger.error("the engine core refused request %s: %s", request_id, error)
+            return [self._failed_output(request_id)]
+        if kind != "outputs":
+            raise self._died(kind, body)
+        self._state = body
+        return [self._outputs.decode(delta) for delta in body.outputs]
+
+    def _failed_output(self, request_id: str) -> RequestOutput:
+        output = self._outputs.forget(request_id)
+        output.outputs, output.finished = [CompletionOutput(0, "", [], None, None, "error")], True
+        return output
+
+    # --------------------------------------------------------------------------- lifecycle
+    def _send(self, kind: str, body) -> None:
+        self._to_core.send(encode(kind, body))
+
+    def _check_alive(self) -> None:
+        if self._process.poll() is not None:
+            raise EngineCoreDiedError(f"the engine core process exited with status {self._process.returncode}")
+
+    def _died(self, kind: str, body) -> EngineCoreDiedError:
+        if kind == "dead":
+            return EngineCoreDiedError(f"the engine core process failed:\n{body}")
+        return EngineCoreDiedError(f"unexpected message {kind!r} from the engine core process")
+
+    def shutdown(self) -> None:
+        """Stop the engine core process (at once: unfinished requests are dropped) and remove its sockets."""
+        atexit.unregister(self.shutdown)
+        if self._process.poll() is None:
+            self._send("shutdown", None)
+            try:
+                self._process.wait(STOP_WAIT_S)
+            except subprocess.TimeoutExpired:
+                logger.error("the engine core did not stop within %.0f s: killing it", STOP_WAIT_S)
+                self._process.kill()
+                self._process.wait()
+        if self._receiving is not None:
+            self._receiving.cancel()
+        self._context.destroy(linger=0)
+        shutil.rmtree(self._dir, ignore_errors=True)
+        if hasattr(self, "grammar_compiler"):  # made once the core was ready
+            self.grammar_compiler.close()
+
+
+class _CoreSpeculator:
+    """What /metrics reads of a speculator: its counters, as of the core's last message."""
+
+    def __init__(self, client: EngineCoreClient) -> None:
+        self._client = client
+
+    def stats(self) -> dict:
+        return self._client.stats().get("spec_decode", {})

@@ -1,0 +1,72 @@
+"""What the API server process and the engine core process say to each other, and how it goes over ZMQ.
+
+    API server -> engine core (one socket)         engine core -> API server (another socket)
+    ---------------------------------------        ------------------------------------------
+    ("add", AddRequest)                            ("ready", EngineFacts)        once, after start-up
+    ("abort", [request ids])                       ("outputs", CoreOutputs)      after every step or input
+    ("remove_lora", lora id)                       ("rejected", (request id, error))  an add it refused
+    ("shutdown", None)                             ("dead", traceback text)      the core's loop failed
+
+Messages are pickled (protocol 5): both ends are this package in processes of one user, on a socket in a
+directory only that user can open. Outputs travel as what changed since the last one (output_deltas.py): the
+API server has the prompt and the rest already.
+"""
+
+import pickle
+from dataclasses import dataclass, field
+
+from jax_engine.lora.request import LoRARequest
+from jax_engine.model_config import ModelConfig
+from reference.scheduler import SchedulerConfig
+
+
+@dataclass
+class EngineFacts:
+    """What the API server needs of the loaded engine to check and tokenize requests itself."""
+
+    model_config: ModelConfig
+    scheduler_config: SchedulerConfig
+    tokenizer: object | None  # the HF tokenizer (None with skip_tokenizer_init)
+    eos_token_ids: tuple[int, ...]
+    default_sampling_fields: dict
+    speculative: bool  # whether speculative decoding is on (its counters come with the outputs)
+    startup_compile_seconds: float
+    stats: dict  # LLMEngine.stats() at start-up
+
+
+@dataclass
+class AddRequest:
+    """A request the API server checked and tokenized, as AsyncLLMEngine lets it into the engine.
+
+    `params` travel without their compiled grammar (an llguidance matcher does not pickle): `grammar_text` is its
+    llguidance text, already checked in the API server's grammar worker, which the core builds a matcher from.
+    """
+
+    request_id: str
+    prompt: dict
+    params: object
+    lora_request: LoRARequest | None = None
+    grammar_text: str | None = None
+
+
+@dataclass
+class CoreOutputs:
+    """One turn of the core: the outputs of its step (if it stepped) and its state after it.
+
+    `adds_applied` counts every add the core has taken since it started: the API server counts the adds it sent
+    past that number as waiting too (its backpressure sees them before the core reports them).
+    """
+
+    outputs: list  # OutputDelta, or PoolingRequestOutput
+    adds_applied: int
+    num_waiting: int
+    num_running: int
+    stats: dict = field(default_factory=dict)
+
+
+def encode(kind: str, body) -> bytes:
+    return pickle.dumps((kind, body), protocol=5)
+
+
+def decode(frame: bytes) -> tuple[str, object]:
+    return pickle.loads(frame)
