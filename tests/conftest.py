@@ -59,6 +59,16 @@ def tiny_checkpoint(tiny_checkpoint_dir):
     return load_checkpoint(tiny_checkpoint_dir)
 
 
+@pytest.fixture(scope="session")
+def long_checkpoint_dir(tmp_path_factory) -> str:
+    """The tiny Llama with 4096 positions: room for streams long enough to act on while they run."""
+    from tests.tiny_checkpoints import make_tiny_checkpoint
+
+    directory = tmp_path_factory.mktemp("tiny-llama-4k")
+    make_tiny_checkpoint(directory, "llama", max_position_embeddings=4096)
+    return str(directory)
+
+
 # One engine per model for the whole session: every LLM compiles its own step shapes, and compiles are the
 # suite's main cost. Tests that need other engine arguments build their own, small ones. They compile each
 # shape on first use (enforce_eager): compiling every shape at start-up is tested in test_compile_shapes.py.

@@ -39,15 +39,6 @@ def keyed_server(tiny_checkpoint_dir, tmp_path_factory):
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
 
 
-@pytest.fixture(scope="module")
-def long_checkpoint_dir(tmp_path_factory) -> str:
-    from tests.tiny_checkpoints import make_tiny_checkpoint
-
-    directory = tmp_path_factory.mktemp("tiny-llama-4k")
-    make_tiny_checkpoint(directory, "llama", max_position_embeddings=4096)
-    return str(directory)
-
-
 def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1])
 

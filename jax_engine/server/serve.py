@@ -4,12 +4,16 @@ SIGTERM or Ctrl-C stops accepting connections, lets in-flight requests finish (f
 seconds, then disconnects their clients, which aborts them), stops the engine loop and exits with status 0. If
 the engine loop dies, in-flight requests get an error, /health answers 503, and the server shuts down and exits
 with status 1, so that a supervisor (systemd, Kubernetes) restarts it, as vLLM's server does.
+
+The engine runs in a process of its own (jax_engine/engine_core/, as vLLM v1's engine core) unless
+--no-engine-core-process; the server drives it through the same AsyncLLMEngine either way.
 """
 
 import argparse
 import contextlib
 import dataclasses
 import logging
+import os
 import signal
 import sys
 import threading
@@ -20,6 +24,7 @@ from jax_engine.server.state import PREFIX_CACHE_ISOLATION, ServerConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 ENGINE_DIED_EXIT_STATUS = 1
+MULTIPROCESSING_ENV = "JAX_ENGINE_MULTIPROCESSING"  # vLLM's VLLM_ENABLE_V1_MULTIPROCESSING
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,9 +70,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after SIGTERM, seconds in-flight requests have to finish before their clients are "
                         "disconnected")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add_process_arguments(parser)
+    _add_answer_arguments(parser)
+
+
+def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which processes serve: the engine's own beside the HTTP server's, or a worker host's."""
+    parser.add_argument("--engine-core-process", action=argparse.BooleanOptionalAction,
+                        default=os.environ.get(MULTIPROCESSING_ENV, "1") != "0",
+                        help="run the scheduler and the model in a process of their own, beside the HTTP server's "
+                        f"(the default, unless ${MULTIPROCESSING_ENV} is 0); --no-engine-core-process runs all in "
+                        "one process, for debugging")
     parser.add_argument("--headless", action="store_true",
                         help="a worker host (--node-rank > 0): no HTTP server, only the driver's device calls")
-    _add_answer_arguments(parser)
 
 
 def _add_answer_arguments(parser: argparse.ArgumentParser) -> None:
@@ -148,7 +163,6 @@ def _signals_end_the_server_only():
 
 
 def main(ns: argparse.Namespace) -> None:
-    from jax_engine.async_llm_engine import AsyncLLMEngine
     from jax_engine.config import EngineArgs
 
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(asctime)s %(name)s: %(message)s")
@@ -163,12 +177,27 @@ def main(ns: argparse.Namespace) -> None:
     config = server_config(ns, ns.served_model_name or args.model or DEFAULT_MODEL_NAME)
     if config.lora_modules and not args.enable_lora:  # before the model loads
         raise ValueError("--lora-modules needs --enable-lora")
-    if args.data_parallel_size > 1:
-        from jax_engine.server.data_parallel import DataParallelEngine
-
-        engine = DataParallelEngine.from_engine_args(args)
-    else:
-        engine = AsyncLLMEngine.from_engine_args(args)
+    engine = _engine(args, ns.engine_core_process, ns.log_level.upper())
     status = run_server(engine, config, ns.host, ns.port, ns.log_level)
     if status:
         sys.exit(status)
+
+
+def _engine(args, core_process: bool, log_level: str):
+    """The engine the server drives: in a process of its own (the default), or in this one."""
+    from jax_engine.async_llm_engine import AsyncLLMEngine
+
+    in_process = [why for why, holds in (("data_parallel_size > 1", args.data_parallel_size > 1),
+                                         ("--enable-lora", args.enable_lora), ("nnodes > 1", args.nnodes > 1)) if holds]
+    if core_process and in_process:
+        logging.getLogger(__name__).warning("the engine runs in the server's process: %s is not served across "
+                                            "processes yet", in_process[0])
+    if args.data_parallel_size > 1:
+        from jax_engine.server.data_parallel import DataParallelEngine
+
+        return DataParallelEngine.from_engine_args(args)
+    if core_process and not in_process:
+        from jax_engine.engine_core.core_client import EngineCoreClient
+
+        return AsyncLLMEngine(EngineCoreClient(args, log_level))
+    return AsyncLLMEngine.from_engine_args(args)

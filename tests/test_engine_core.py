@@ -1,0 +1,164 @@
+"""`jax-engine serve --engine-core-process`: the scheduler and the model in a process of their own (engine_core/).
+
+Real servers on 127.0.0.1 with the tiny checkpoint: what a client reads is what the in-process engine makes, the
+queue limit counts requests on their way to the core, and the core's death or a SIGTERM to the whole process
+group (as systemd sends it) end the server as they do with one process.
+"""
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+
+import httpx
+import openai
+import pytest
+
+from jax_engine import LLM, EngineArgs, SamplingParams
+from jax_engine.engine_core.core_client import EngineCoreClient
+from tests.server_helpers import TINY_ENGINE_ARGS, cli_flags, start_server_process, stop_server_process, wait_for
+
+# One running request at a time; room for streams long enough (4000 tokens, seconds) to act on while they run.
+ARGS = {**TINY_ENGINE_ARGS, "max_num_seqs": 1, "num_gpu_blocks_override": 520, "max_model_len": 4096}
+LONG = {"prompt": "hello there", "max_tokens": 4000, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True}}
+CORE_MODULE = "jax_engine.engine_core.core"
+
+
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes whose parent is `pid`."""
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    children.append((int(entry), cmdline.read().replace(b"\0", b" ").decode()))
+        except (OSError, ValueError, IndexError):  # not a process, or gone meanwhile
+            continue
+    return children
+
+
+def _core_pid(server_pid: int) -> int:
+    (pid,) = [pid for pid, cmdline in _children(server_pid) if CORE_MODULE in cmdline]
+    return pid
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has exited
+    except OSError:
+        return True
+
+
+def _data_lines(response: httpx.Response):
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            yield line[len("data: "):]
+
+
+def _start(checkpoint_dir: str, log_path, **server_flags):
+    return start_server_process(checkpoint_dir, "--engine-core-process", *cli_flags(**ARGS, **server_flags),
+                                log_path=str(log_path))
+
+
+@pytest.fixture(scope="module")
+def core_server(long_checkpoint_dir, tmp_path_factory):
+    log = tmp_path_factory.mktemp("core-server") / "server.log"
+    process, url = _start(long_checkpoint_dir, log, max_waiting_requests=2, served_model_name="tiny")
+    yield process, url
+    stop_server_process(process)
+    assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+def test_the_core_runs_apart_and_answers_as_the_engine_in_process(core_server, long_checkpoint_dir):
+    process, url = core_server
+    assert _core_pid(process.pid)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    prompts = ["hello there", "the quick brown fox"]
+    answer = client.completions.create(model="tiny", prompt=prompts, max_tokens=12, temperature=0,
+                                       logprobs=2, seed=0)
+    expected = LLM(long_checkpoint_dir, **ARGS).generate(prompts, SamplingParams(max_tokens=12, temperature=0,
+                                                                                  logprobs=2))
+    for choice, want in zip(sorted(answer.choices, key=lambda c: c.index), expected):
+        assert choice.text == want.outputs[0].text
+        assert choice.logprobs.tokens == [want.outputs[0].logprobs[i][t].decoded_token
+                                          for i, t in enumerate(want.outputs[0].token_ids)]
+    streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(
+        model="tiny", prompt=prompts[0], max_tokens=12, temperature=0, stream=True))
+    assert streamed == expected[0].outputs[0].text
+
+
+def test_a_full_queue_answers_503_and_aborts_reach_the_core(core_server):
+    """max_num_seqs 1 and max_waiting_requests 2: a running request, two waiting, then a 503."""
+    _, url = core_server
+    with contextlib.ExitStack() as streams:
+        running = streams.enter_context(httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60))
+        running_events = _data_lines(running)
+        next(running_events)
+        for _ in range(2):
+            waiting = streams.enter_context(httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60))
+            assert waiting.status_code == 200
+        refused = httpx.post(f"{url}/v1/completions", json={**LONG, "stream": False}, timeout=10)
+        assert refused.status_code == 503 and "Retry-After" in refused.headers
+    # Leaving the streams aborted their requests in the core: the queue takes requests again.
+    wait_for(lambda: httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2},
+                                timeout=30).status_code == 200, 30, "the aborted requests to leave the core")
+
+
+def test_the_server_exits_1_when_the_core_dies(long_checkpoint_dir, tmp_path):
+    """Killing the core fails the requests in flight (an SSE error), and the server exits 1 for its supervisor."""
+    process, url = _start(long_checkpoint_dir, tmp_path / "log")
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60) as response:
+            events = _data_lines(response)
+            next(events)
+            os.kill(_core_pid(process.pid), signal.SIGKILL)
+            rest = list(events)
+        assert json.loads(rest[-2])["error"]["code"] == "engine_dead"
+        assert process.wait(timeout=60) == 1
+    finally:
+        process.kill()
+    log = (tmp_path / "log").read_text()
+    assert "engine core process exited with status -9" in log and "shutting the server down" in log
+
+
+def test_sigterm_to_the_process_group_drains_then_stops_the_core(long_checkpoint_dir, tmp_path):
+    process, url = _start(long_checkpoint_dir, tmp_path / "log")
+    core = _core_pid(process.pid)
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "max_tokens": 500}, timeout=60) as response:
+            events = _data_lines(response)
+            next(events)
+            for pid in (process.pid, core):  # what systemd or Ctrl-C deliver: every process of the group
+                os.kill(pid, signal.SIGTERM)
+            rest = list(events)
+        assert rest[-1] == "[DONE]" and json.loads(rest[-2])["usage"]["completion_tokens"] == 500  # all of it
+        assert process.wait(timeout=60) == 0
+        wait_for(lambda: _gone(core), 30, "the engine core to exit")
+    finally:
+        process.kill()
+    assert "Traceback" not in (tmp_path / "log").read_text()
+
+
+def test_adds_count_as_waiting_until_the_core_reports_them(long_checkpoint_dir):
+    """The queue limit sees a request from the moment it is sent, not only once the core has reported it."""
+    client = EngineCoreClient(EngineArgs(long_checkpoint_dir, **ARGS))
+    try:
+        params = SamplingParams(max_tokens=4, temperature=0)
+        for i in range(3):
+            client.add_request(f"r{i}", {"prompt": None, "prompt_token_ids": [1, 2, 3]}, params)
+        assert client.num_waiting_sequences() == 3  # nothing reported yet: all three on their way
+
+        async def until_finished():
+            finished = 0
+            while finished < 3:
+                outputs = await client.next_outputs(asyncio.Event())
+                finished += sum(o.finished for o in outputs)
+                assert client.num_waiting_sequences() + client.num_running_sequences() + finished == 3
+
+        asyncio.run(until_finished())
+        assert client.num_waiting_sequences() == 0 and not client.has_unfinished_requests()
+    finally:
+        client.shutdown()
