@@ -97,6 +97,16 @@ def test_a_second_start_loads_every_program_without_tracing(make_llm, store, cap
     assert [o.outputs[0].token_ids for o in loaded] == [o.outputs[0].token_ids for o in jitted]
 
 
+def test_a_second_start_in_a_fresh_process_loads_every_program(store):
+    """As a restarted server does: a program that calls a native kernel (the greedy-token one) loads only once that
+    kernel is registered, which nothing in a fresh process had done before its first trace."""
+    second_start = ("import logging; logging.basicConfig(level='INFO'); from jax_engine import LLM; "
+                    f"LLM(compilation_cache_dir={str(store)!r}, **{SMALL!r})")
+    log = subprocess.run([sys.executable, "-c", second_start], check=True, capture_output=True, text=True).stderr
+    stored = len(list((store / "programs").rglob("*.bin")))
+    assert f"start-up: {stored} programs ({stored} loaded, 0 compiled)" in log, log[-3000:]
+
+
 def test_after_start_up_a_varied_workload_compiles_nothing(make_llm, store):
     llm = make_llm(enforce_eager=False, compilation_cache_dir=str(store), **SMALL)
     assert llm.llm_engine.startup_compile_seconds > 0
