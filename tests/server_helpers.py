@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+from collections.abc import Callable, Iterator
+
 import httpx
 
 
@@ -111,3 +113,19 @@ def wait_for(condition, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+def data_lines(response: httpx.Response) -> Iterator[str]:
+    """The data of a streamed response's server-sent events."""
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            yield line[len("data: "):]
+
+
+def events_after(url: str, body: dict, action: Callable[[], None], timeout: float = 120) -> list[str]:
+    """Stream a completion; once its first event has come, do `action`; return the events that follow."""
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=timeout) as response:
+        events = data_lines(response)
+        next(events)
+        action()
+        return list(events)

@@ -17,7 +17,8 @@ import pytest
 
 from jax_engine import LLM, EngineArgs, SamplingParams
 from jax_engine.engine_core.core_client import EngineCoreClient
-from tests.server_helpers import TINY_ENGINE_ARGS, cli_flags, start_server_process, stop_server_process, wait_for
+from tests.server_helpers import (TINY_ENGINE_ARGS, cli_flags, data_lines, events_after, start_server_process,
+                                  stop_server_process, wait_for)
 
 # One running request at a time; room for streams long enough (4000 tokens, seconds) to act on while they run.
 ARGS = {**TINY_ENGINE_ARGS, "max_num_seqs": 1, "num_gpu_blocks_override": 520, "max_model_len": 4096}
@@ -50,12 +51,6 @@ def _gone(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie has exited
     except OSError:
         return True
-
-
-def _data_lines(response: httpx.Response):
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            yield line[len("data: "):]
 
 
 def _start(checkpoint_dir: str, log_path, **server_flags):
@@ -95,7 +90,7 @@ def test_a_full_queue_answers_503_and_aborts_reach_the_core(core_server):
     _, url = core_server
     with contextlib.ExitStack() as streams:
         running = streams.enter_context(httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60))
-        running_events = _data_lines(running)
+        running_events = data_lines(running)
         next(running_events)
         for _ in range(2):
             waiting = streams.enter_context(httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60))
@@ -111,11 +106,7 @@ def test_the_server_exits_1_when_the_core_dies(long_checkpoint_dir, tmp_path):
     """Killing the core fails the requests in flight (an SSE error), and the server exits 1 for its supervisor."""
     process, url = _start(long_checkpoint_dir, tmp_path / "log")
     try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60) as response:
-            events = _data_lines(response)
-            next(events)
-            os.kill(_core_pid(process.pid), signal.SIGKILL)
-            rest = list(events)
+        rest = events_after(url, LONG, lambda: os.kill(_core_pid(process.pid), signal.SIGKILL))
         assert json.loads(rest[-2])["error"]["code"] == "engine_dead"
         assert process.wait(timeout=60) == 1
     finally:
@@ -128,12 +119,11 @@ def test_sigterm_to_the_process_group_drains_then_stops_the_core(long_checkpoint
     process, url = _start(long_checkpoint_dir, tmp_path / "log")
     core = _core_pid(process.pid)
     try:
-        with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "max_tokens": 500}, timeout=60) as response:
-            events = _data_lines(response)
-            next(events)
-            for pid in (process.pid, core):  # what systemd or Ctrl-C deliver: every process of the group
+        def terminate_the_group():  # what systemd or Ctrl-C deliver: the signal to every process of the group
+            for pid in (process.pid, core):
                 os.kill(pid, signal.SIGTERM)
-            rest = list(events)
+
+        rest = events_after(url, {**LONG, "max_tokens": 500}, terminate_the_group)
         assert rest[-1] == "[DONE]" and json.loads(rest[-2])["usage"]["completion_tokens"] == 500  # all of it
         assert process.wait(timeout=60) == 0
         wait_for(lambda: _gone(core), 30, "the engine core to exit")

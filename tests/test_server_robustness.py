@@ -21,7 +21,8 @@ from schemathesis.checks import not_a_server_error
 from jax_engine import EngineArgs, LLMEngine
 from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.server.state import ServerConfig
-from tests.server_helpers import TINY_ENGINE_ARGS, ThreadedServer, cli_flags, metric, start_server_process, wait_for
+from tests.server_helpers import (TINY_ENGINE_ARGS, ThreadedServer, cli_flags, data_lines, events_after, metric,
+                                  start_server_process, wait_for)
 
 ARGS = TINY_ENGINE_ARGS
 LONG = {"prompt": "hello there", "max_tokens": 100, "ignore_eos": True, "stream": True}
@@ -47,12 +48,6 @@ def tiny_server(checkpoint, step_delay: float = 0.0, gate: threading.Event | Non
         yield server.url, engine
 
 
-def _data_lines(response: httpx.Response):
-    for line in response.iter_lines():
-        if line.startswith("data: "):
-            yield line[len("data: "):]
-
-
 @pytest.fixture(scope="module")
 def shared_tiny_server(tiny_checkpoint):
     with tiny_server(tiny_checkpoint) as server:
@@ -71,7 +66,7 @@ def test_a_full_queue_answers_503_at_once(tiny_checkpoint):
                 with a.stream("POST", "/v1/completions", json=LONG) as running:
                     # Held: a dropped line iterator closes the connection, and the server then aborts the request
                     # (which let the waiting one run and the chat request in, on a slow CI host).
-                    running_lines = _data_lines(running)
+                    running_lines = data_lines(running)
                     next(running_lines)  # the first request is running
                     with b.stream("POST", "/v1/completions", json=LONG):
                         wait_for(lambda: metric(url, "vllm:num_requests_waiting") == 1, 10, "a waiting request")
@@ -97,7 +92,7 @@ def test_a_dead_engine_fails_in_flight_requests_then_the_server_shuts_down(tiny_
         url, release, shut_down = server.url, threading.Event(), engine.on_dead
         engine.on_dead = lambda: threading.Thread(target=lambda: (release.wait(30), shut_down())).start()
         with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60) as response:
-            events = _data_lines(response)
+            events = data_lines(response)
             next(events)
 
             def broken_device(inputs):
@@ -143,11 +138,7 @@ def test_jax_engine_serve_exits_non_zero_when_the_engine_dies(tiny_checkpoint_di
     process, url = start_server_process(tiny_checkpoint_dir, *cli_flags(**ARGS, engine_core_process=False),
                                         log_path=str(tmp_path / "log"), command=("-c", FAULTY_SERVE, str(trigger)))
     try:
-        with httpx.stream("POST", f"{url}/v1/completions", json=LONG, timeout=60) as response:
-            events = _data_lines(response)
-            next(events)
-            trigger.touch()
-            rest = list(events)
+        rest = events_after(url, LONG, trigger.touch)
         assert json.loads(rest[-2])["error"]["code"] == "engine_dead"
         assert process.wait(timeout=60) == 1
     finally:
@@ -176,8 +167,8 @@ def test_a_request_failing_inside_the_engine_fails_alone(shared_tiny_server):
         with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as healthy:
             failed = httpx.post(f"{url}/v1/completions", json={**body, "prompt": poison})
             with httpx.stream("POST", f"{url}/v1/completions", json={**body, "prompt": poison, "stream": True}) as s:
-                streamed_error = json.loads(list(_data_lines(s))[-2])["error"]
-            text = "".join(json.loads(e)["choices"][0]["text"] for e in _data_lines(healthy) if e != "[DONE]")
+                streamed_error = json.loads(list(data_lines(s))[-2])["error"]
+            text = "".join(json.loads(e)["choices"][0]["text"] for e in data_lines(healthy) if e != "[DONE]")
     finally:
         processor.process_token = process_token
     assert text == alone
@@ -219,7 +210,7 @@ def test_failing_requests_do_not_affect_others(shared_tiny_server):
     body = {"prompt": "abc", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
     alone = httpx.post(f"{url}/v1/completions", json=body).json()["choices"][0]["text"]
     with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as response:
-        events, pieces = _data_lines(response), []
+        events, pieces = data_lines(response), []
         for i, event in enumerate(events):
             if event == "[DONE]":
                 break
@@ -228,7 +219,7 @@ def test_failing_requests_do_not_affect_others(shared_tiny_server):
                 assert httpx.post(f"{url}/v1/completions", json={**body, "top_p": 2}).status_code == 400
                 assert httpx.post(f"{url}/v1/completions", json={"prompt": [1, 300]}).status_code == 400
                 with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}) as leaving:
-                    next(_data_lines(leaving))
+                    next(data_lines(leaving))
     assert "".join(pieces) == alone
 
 
@@ -258,11 +249,7 @@ def test_sigterm_lets_in_flight_requests_finish(tmp_path):
     try:
         body = {"prompt": "Once upon a time", "max_tokens": 120, "ignore_eos": True, "temperature": 0,
                 "stream": True, "stream_options": {"include_usage": True}}
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
-            events = _data_lines(response)
-            next(events)
-            process.send_signal(signal.SIGTERM)
-            rest = list(events)
+        rest = events_after(url, body, lambda: process.send_signal(signal.SIGTERM))
         # Every token, then the end (counted by usage: a stream whose reader is behind sends the newest text only).
         assert rest[-1] == "[DONE]" and json.loads(rest[-2])["usage"]["completion_tokens"] == 120
         assert process.wait(timeout=60) == 0  # a clean drain (uvicorn would end the process by the signal again)
