@@ -39,7 +39,6 @@ class EngineCore:
         self._inputs, self._outputs = inputs, outputs
         self._adds_applied = 0
         self._deltas = DeltaEncoder()
-        self._lora_removals: set[int] = set()  # adapters to forget once no request uses them
         self._running = True
 
     def run(self) -> None:
@@ -51,7 +50,6 @@ class EngineCore:
             idle = not self.engine.has_unfinished_requests()
             if not self._take_inputs(wait_ms=PARENT_CHECK_MS if idle else 0) and idle:
                 continue
-            self._forget_unused_loras()
             outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
             self._send_outputs(outputs)
 
@@ -68,8 +66,6 @@ class EngineCore:
             self._add(body)
         elif kind == "abort":
             self.engine.abort_request(body)
-        elif kind == "remove_lora":
-            self._lora_removals.add(body)
         elif kind == "shutdown":
             self._running = False
         else:
@@ -84,12 +80,6 @@ class EngineCore:
             self.engine.add_request(request.request_id, request.prompt, params, lora_request=request.lora_request)
         except ValueError as error:  # checked in the API server: only a difference of state could get here
             self._outputs.send(encode("rejected", (request.request_id, error)))
-
-    def _forget_unused_loras(self) -> None:
-        for lora_id in list(self._lora_removals):
-            if not self.engine.lora_users(lora_id):
-                self.engine.remove_lora(lora_id)
-                self._lora_removals.discard(lora_id)
 
     def _send_outputs(self, outputs: list) -> None:
         scheduler = self.engine.scheduler

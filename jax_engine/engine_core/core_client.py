@@ -125,12 +125,6 @@ class EngineCoreClient:
         if request_ids:
             self._send("abort", list(request_ids))
 
-    def remove_lora(self, lora_id: int) -> bool:
-        return False  # no adapters across processes (see __init__)
-
-    def lora_users(self, lora_id: int) -> list[str]:
-        return []
-
     def has_unfinished_requests(self) -> bool:
         return len(self._outputs) > 0
 

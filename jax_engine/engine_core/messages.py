@@ -4,8 +4,8 @@
     ---------------------------------------        ------------------------------------------
     ("add", AddRequest)                            ("ready", EngineFacts)        once, after start-up
     ("abort", [request ids])                       ("outputs", CoreOutputs)      after every step or input
-    ("remove_lora", lora id)                       ("rejected", (request id, error))  an add it refused
-    ("shutdown", None)                             ("dead", traceback text)      the core's loop failed
+    ("shutdown", None)                             ("rejected", (request id, error))  an add it refused
+                                                   ("dead", traceback text)      the core's loop failed
 
 Messages are pickled (protocol 5): both ends are this package in processes of one user, on a socket in a
 directory only that user can open. Outputs travel as what changed since the last one (output_deltas.py): the
