@@ -64,7 +64,7 @@ gpu-check: $(VENV)/.installed-cuda
 
 # llama.cpp's own server, the peer of `jax-engine bench serve --compare llama-server $(LLAMA_SERVER)` (optional,
 # never needed by make test): built with cmake from the llama.cpp source vendored in llama-cpp-python's sdist
-# (~15 minutes on 2 cores). Where llama.cpp's native build crashes in its AMX path (docs/benchmarks.md):
+# (~11 minutes on 2 cores). Where llama.cpp's native build crashes in its AMX path (docs/benchmarks.md):
 #     make llama-server LLAMA_SERVER_CMAKE_ARGS=-DGGML_NATIVE=OFF
 LLAMA_CPP_PYTHON_VERSION := 0.3.36
 LLAMA_SERVER_BUILD := build/llama-server
