@@ -12,7 +12,8 @@ LLAMA_SERVER = pathlib.Path(__file__).parents[1] / "build" / "llama-server" / "b
 
 
 @pytest.mark.parametrize("compare, error", [(["vllm", "/bin/true"], "the peer must be one of llama-server"),
-                                            (["llama-server", "/no/such/binary"], "is not an executable file")])
+                                            (["llama-server", "/no/such/binary"], "is not an executable file"),
+                                            (["llama-server", "/bin/true", "--rates", "0"], "--rates must be > 0")])
 def test_a_wrong_peer_is_refused_before_anything_starts(compare, error):
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "serve", "--compare", *compare])

@@ -44,12 +44,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-dir", default=None, help="with --compare: where the servers' logs go")
 
 
-def _checked_peer(compare: list[str]) -> str:
+def _checked_peer(compare: list[str], rates: list[float]) -> str:
     peer, binary = compare
     if peer not in PEERS:
         raise ValueError(f"--compare: the peer must be one of {', '.join(PEERS)}, got {peer!r}")
     if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
         raise ValueError(f"--compare: {binary!r} is not an executable file (build one with `make llama-server`)")
+    if any(rate <= 0 for rate in rates):
+        raise ValueError(f"--rates must be > 0 (inf: all at once), got {rates}")
     return binary
 
 
@@ -77,7 +79,8 @@ def _workloads(url: str, ns: argparse.Namespace) -> Workloads:
         async with serve_workload.client_for(url) as client:
             warm_up = argparse.Namespace(**{**vars(ns), "seed": WARM_UP_SEED})
             return Workloads(await serve_workload.make_workload(client, warm_up, math.inf),
-                             {rate: await serve_workload.make_workload(client, ns, rate) for rate in ns.rates})
+                             {rate: await serve_workload.make_workload(client, ns, rate)
+                              for rate in {*ns.rates, math.inf}})  # inf picks llama-server's slot count
     return asyncio.run(make())
 
 
@@ -127,7 +130,7 @@ def _summary(rows: list[dict], quantizations: list[str]) -> list[str]:
 
 
 def main(ns: argparse.Namespace) -> dict:
-    binary = _checked_peer(ns.compare)
+    binary = _checked_peer(ns.compare, ns.rates)
     if ns.model is None:
         from jax_engine.loader.load import default_model_path
 
