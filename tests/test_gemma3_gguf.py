@@ -105,6 +105,7 @@ def test_gemma_1_and_2_files_tokenize_as_llama_cpp_does(path, tmp_path, architec
     llama.cpp tokenizes it as it does Gemma 3's, and so does the tokenizer we rebuild."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+    from jax_engine.loader.gguf_file import GGUFFile
     from jax_engine.loader.gguf_tokenizer import tokenizer_from_gguf
 
     vocabulary = tmp_path / f"{architecture}.gguf"
@@ -116,7 +117,7 @@ def test_gemma_1_and_2_files_tokenize_as_llama_cpp_does(path, tmp_path, architec
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.close()
-    mine = tokenizer_from_gguf(GGUFReader(str(vocabulary)))
+    mine = tokenizer_from_gguf(GGUFFile(str(vocabulary)))
     theirs = llama_cpp.Llama(str(vocabulary), vocab_only=True, verbose=False)
     for text in TEXTS:
         assert mine.encode(text) == theirs.tokenize(text.encode(), add_bos=True, special=True), text

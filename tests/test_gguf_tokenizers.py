@@ -12,10 +12,11 @@ from functools import cache
 
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFWriter
+from gguf import GGUFWriter
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
 from jax_engine.loader import load_checkpoint
+from jax_engine.loader.gguf_file import GGUFFile
 from jax_engine.loader.gguf_tokenizer import PRE_TOKENIZERS, tokenizer_from_gguf
 from jax_engine.models.rope import RopeScaling, rope_frequencies
 
@@ -140,7 +141,7 @@ def sentencepiece_fields(**extra) -> dict:
 
 
 def ours(path: str):
-    return tokenizer_from_gguf(GGUFReader(path))
+    return tokenizer_from_gguf(GGUFFile(path))
 
 
 # --------------------------------------------------------------------------------------------- byte-level BPE

@@ -1,13 +1,15 @@
-"""Load a llama.cpp GGUF file: config, dequantized weights and tokenizer, with NumPy only."""
+"""Load a llama.cpp GGUF file: config, weights (dequantized when read) and tokenizer, with NumPy only."""
 
 import re
+from collections.abc import Iterator, Mapping
 
 import numpy as np
-from gguf import GGUFReader, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from jax_engine.linear.gguf_blocks import FORMATS, BlockRows
 from jax_engine.loader.checkpoint import Checkpoint
+from jax_engine.loader.gguf_file import GGUFFile, GGUFTensor
 from jax_engine.loader.gguf_families import GGUFFamily, gguf_family
 from jax_engine.loader.gguf_tokenizer import tokenizer_from_gguf
 from jax_engine.model_config import ModelConfig
@@ -18,9 +20,8 @@ _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(.+)")
 _ROPE_FREQS = "rope_freqs.weight"
 
 
-def _field(reader: GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _field(gguf_file: GGUFFile, key: str, default=None):
+    return gguf_file.fields.get(key, default)
 
 
 def _hf_name(gguf_name: str, family: GGUFFamily) -> str:
@@ -33,32 +34,32 @@ def _hf_name(gguf_name: str, family: GGUFFamily) -> str:
     return f"{family.layer_prefix.format(i=match.group(1))}{family.layer_names[match.group(2)]}.{kind}"
 
 
-def _rope_freq_factors(reader: GGUFReader) -> tuple[float, ...] | None:
+def _rope_freq_factors(gguf_file: GGUFFile) -> tuple[float, ...] | None:
     # NOTE: llama.cpp's converter writes no rope.scaling.type for llama3 scaling: these factors are all of it.
-    tensor = next((t for t in reader.tensors if t.name == _ROPE_FREQS), None)
+    tensor = next((t for t in gguf_file.tensors if t.name == _ROPE_FREQS), None)
     return None if tensor is None else tuple(float(f) for f in _dequantized(tensor).reshape(-1))
 
 
-def _rope_scaling(reader: GGUFReader, arch: str, max_positions: int) -> RopeScaling | None:
+def _rope_scaling(gguf_file: GGUFFile, arch: str, max_positions: int) -> RopeScaling | None:
     """llama.cpp's linear scaling: every frequency times 1 / rope.scaling.factor (rope.scale_linear in older files).
 
     NOTE: llama.cpp applies that factor whether rope.scaling.type says "linear" or "none" (the default is
     "linear"); yarn and longrope take more than it, which we do not read.
     """
-    kind = _field(reader, f"{arch}.rope.scaling.type", "linear")
+    kind = _field(gguf_file, f"{arch}.rope.scaling.type", "linear")
     if kind not in ("none", "linear"):
         raise ValueError(f"{arch}.rope.scaling.type={kind!r} is not supported; supported: ['none', 'linear']")
-    factor = _field(reader, f"{arch}.rope.scaling.factor") or _field(reader, f"{arch}.rope.scale_linear")
+    factor = _field(gguf_file, f"{arch}.rope.scaling.factor") or _field(gguf_file, f"{arch}.rope.scale_linear")
     return None if factor in (None, 0.0, 1.0) else RopeScaling("linear", float(factor), max_positions)
 
 
-def _read_config(reader: GGUFReader, family: GGUFFamily) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
-    get = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+def _read_config(gguf_file: GGUFFile, family: GGUFFamily) -> ModelConfig:
+    arch = _field(gguf_file, "general.architecture")
+    get = lambda key, default=None: _field(gguf_file, f"{arch}.{key}", default)  # noqa: E731
     hidden, num_layers = int(get("embedding_length")), int(get("block_count"))
     num_heads = int(get("attention.head_count"))
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    tokens = _field(gguf_file, "tokenizer.ggml.tokens")
+    eos = _field(gguf_file, "tokenizer.ggml.eos_token_id")
     end_of_turn = tuple(tokens.index(name) for name in family.end_of_turn_tokens if name in tokens)
     max_positions = int(get("context_length"))
     fields = dict(
@@ -73,71 +74,82 @@ def _read_config(reader: GGUFReader, family: GGUFFamily) -> ModelConfig:
         rope_theta=float(get("rope.freq_base", 10000.0)),
         norm_eps=float(get(family.norm_eps_key)),
         max_position_embeddings=max_positions,
-        tie_word_embeddings="output.weight" not in {t.name for t in reader.tensors},
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        tie_word_embeddings="output.weight" not in {t.name for t in gguf_file.tensors},
+        bos_token_id=_field(gguf_file, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=(() if eos is None else (int(eos),)) + end_of_turn,
-        rope_scaling=_rope_scaling(reader, arch, max_positions),
-        rope_freq_factors=_rope_freq_factors(reader),
+        rope_scaling=_rope_scaling(gguf_file, arch, max_positions),
+        rope_freq_factors=_rope_freq_factors(gguf_file),
     )
     return ModelConfig(**{**fields, **family.config(get, hidden, num_layers)})
 
 
-def _dequantized(tensor) -> np.ndarray:
+def _dequantized(tensor: GGUFTensor) -> np.ndarray:
     if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
         array = np.asarray(tensor.data, dtype=np.float32)
     else:
         array = dequantize(tensor.data, tensor.tensor_type)
     # GGUF lists dimensions fastest-first; NumPy's order is the reverse, which is HF's [out, in].
-    return array.reshape(tuple(reversed([int(d) for d in tensor.shape]))).astype(np.float32)
+    return array.reshape(tuple(reversed(tensor.shape))).astype(np.float32)
 
 
-class _Reader(GGUFReader):
-    """gguf's reader over a plain ndarray view of the mapped file instead of an np.memmap.
+def _within_layer(tensor: GGUFTensor) -> str:
+    match = _LAYER_PATTERN.fullmatch(tensor.name)
+    return tensor.name if match is None else match.group(2)  # "attn_qkv.weight"
 
-    The reader slices its data twice per metadata string; each memmap slice runs memmap's Python
-    `__array_finalize__`, and a 49k-token vocabulary took ~3.7 s to parse. A plain view of the same mapping
-    slices in C.
-    """
 
-    @property
-    def data(self) -> np.ndarray:
-        return self._data
+class GGUFWeights(Mapping):
+    """A GGUF file's tensors under HF names, as the family's HF checkpoint has them, each dequantized to float32
+    when asked for: quantization="gguf" keeps most matrices as the file's blocks (Checkpoint.blocks) and never
+    asks for them, and dequantizing them all took 2.3 s of the default model's start-up."""
 
-    @data.setter
-    def data(self, value: np.ndarray) -> None:
-        self._data = np.asarray(value)  # a base-class view; it keeps the memmap (and so the mapping) alive
+    def __init__(self, tensors: dict[str, GGUFTensor], family: GGUFFamily, config: ModelConfig) -> None:
+        self._tensors, self._family, self._config = tensors, family, config
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        tensor, family = self._tensors[name], self._family
+        within_layer = _within_layer(tensor)
+        weight = _dequantized(tensor)
+        if within_layer in family.transposed:
+            return weight.T
+        if within_layer in family.row_order:
+            weight = family.row_order[within_layer](weight, self._config)
+        return weight - 1.0 if family.norms_plus_one and name.endswith("norm.weight") else weight
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        tensor = self._tensors[name]
+        hf_order = tuple(reversed(tensor.shape))  # a row permutation keeps the shape
+        return hf_order[::-1] if _within_layer(tensor) in self._family.transposed else hf_order
+
+    def __contains__(self, name) -> bool:  # Mapping's own would dequantize the tensor to find it
+        return name in self._tensors
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+
+def _kept_blocks(tensor: GGUFTensor, family: GGUFFamily, config: ModelConfig) -> BlockRows | None:
+    """The tensor's raw block rows (uint8 [out, row bytes]) in the HF row order, where the engine keeps its format."""
+    within_layer, block_format = _within_layer(tensor), tensor.tensor_type.name.lower()
+    if block_format not in FORMATS or within_layer in family.transposed:  # a transpose mixes the blocks of rows
+        return None
+    rows = tensor.data
+    if within_layer in family.row_order:  # a permutation of rows: the raw ones permute alike
+        rows = family.row_order[within_layer](rows, config)
+    return BlockRows(block_format, rows)
 
 
 def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
-    """Load a GGUF file into float32 NumPy weights under HF names, its tokenizer (unless not `tokenizer`), and
-    the raw blocks of its matrices in the formats the engine keeps (linear/gguf_blocks.py: Q8_0, Q4_0, Q4_1,
-    Q5_0, Q4_K, Q5_K, Q6_K)."""
-    reader = _Reader(path)
-    family = gguf_family(_field(reader, "general.architecture"), [t.name for t in reader.tensors])
-    config = _read_config(reader, family)
-    weights, blocks = {}, {}
-    for tensor in reader.tensors:
-        if tensor.name == _ROPE_FREQS:  # read into config.rope_freq_factors
-            continue
-        name = _hf_name(tensor.name, family)
-        weights[name], kept = _in_hf_layout(tensor, name, family, config)
-        if kept is not None:
-            blocks[name] = kept
-    return Checkpoint(config, weights, tokenizer_from_gguf(reader, family.chat_template) if tokenizer else None,
-                      blocks)
-
-
-def _in_hf_layout(tensor, name: str, family: GGUFFamily, config: ModelConfig) -> tuple[np.ndarray, BlockRows | None]:
-    """A tensor as the family's HF checkpoint has it (`name`), and its raw block rows alike where the engine keeps
-    its format."""
-    match = _LAYER_PATTERN.fullmatch(tensor.name)
-    within_layer = tensor.name if match is None else match.group(2)  # "attn_qkv.weight"
-    if within_layer in family.transposed:  # a transpose mixes the blocks of rows: no raw rows kept
-        return _dequantized(tensor).T, None
-    block_format = tensor.tensor_type.name.lower()
-    kept = [tensor.data] if block_format in FORMATS else []  # raw rows [out, row bytes]
-    arrays = [_dequantized(tensor), *kept]
-    if within_layer in family.row_order:  # a permutation of rows: the raw ones permute alike
-        arrays = [family.row_order[within_layer](a, config) for a in arrays]
-    weight = arrays[0] - 1.0 if family.norms_plus_one and name.endswith("norm.weight") else arrays[0]
-    return weight, BlockRows(block_format, arrays[1]) if kept else None
+    """Load a GGUF file: its config, its weights under HF names (float32, dequantized as they are read), its
+    tokenizer (unless not `tokenizer`), and the raw blocks of its matrices in the formats the engine keeps
+    (linear/gguf_blocks.py: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K)."""
+    gguf_file = GGUFFile(path)
+    family = gguf_family(_field(gguf_file, "general.architecture"), [t.name for t in gguf_file.tensors])
+    config = _read_config(gguf_file, family)
+    # rope_freqs.weight is read into config.rope_freq_factors
+    tensors = {_hf_name(t.name, family): t for t in gguf_file.tensors if t.name != _ROPE_FREQS}
+    blocks = {name: kept for name, t in tensors.items() if (kept := _kept_blocks(t, family, config)) is not None}
+    return Checkpoint(config, GGUFWeights(tensors, family, config),
+                      tokenizer_from_gguf(gguf_file, family.chat_template) if tokenizer else None, blocks)

@@ -17,9 +17,10 @@ and quietly.
 
 from dataclasses import dataclass
 
-from gguf import GGUFReader
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+
+from jax_engine.loader.gguf_file import GGUFFile
 
 # llama.cpp token types (gguf.TokenType): CONTROL tokens are special; USER_DEFINED ones (`<think>`) are added
 # tokens that are never split but are not special.
@@ -88,13 +89,12 @@ _OTHER_SENTENCEPIECE_ARCHITECTURES = ("phi3",)
 
 
 # --------------------------------------------------------------------------------------------- metadata
-def _field(reader: GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _field(gguf_file: GGUFFile, key: str, default=None):
+    return gguf_file.fields.get(key, default)
 
 
-def _special(reader: GGUFReader, tokens: list[str], key: str) -> str | None:
-    token_id = _field(reader, key)
+def _special(gguf_file: GGUFFile, tokens: list[str], key: str) -> str | None:
+    token_id = _field(gguf_file, key)
     return None if token_id is None else tokens[int(token_id)]
 
 
@@ -126,21 +126,21 @@ def _merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[st
     return [(left, right) for left, right, _ in merges]
 
 
-def _sentencepiece(reader: GGUFReader, tokens: list[str]) -> tuple[Tokenizer, dict[str, int]]:
-    architecture = _field(reader, "general.architecture")
+def _sentencepiece(gguf_file: GGUFFile, tokens: list[str]) -> tuple[Tokenizer, dict[str, int]]:
+    architecture = _field(gguf_file, "general.architecture")
     if architecture in _OTHER_SENTENCEPIECE_ARCHITECTURES:
         raise ValueError(f"tokenizer.ggml.model='llama' with general.architecture={architecture!r} is not supported:"
                          f" {_OTHER_SENTENCEPIECE_ARCHITECTURES} tokenize SentencePiece their own way")
-    merges = _field(reader, "tokenizer.ggml.merges")
+    merges = _field(gguf_file, "tokenizer.ggml.merges")
     merges = ([tuple(m.split(" ", 1)) for m in merges] if merges is not None
-              else _merges_from_scores(tokens, _field(reader, "tokenizer.ggml.scores", [0.0] * len(tokens))))
+              else _merges_from_scores(tokens, _field(gguf_file, "tokenizer.ggml.scores", [0.0] * len(tokens))))
     vocab = {token: i for i, token in enumerate(tokens)}
     # Unknown characters fall back to their UTF-8 bytes (<0xE6> <0x97> <0xA5>), as llama.cpp and sentencepiece.
     backend = Tokenizer(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True,
-                                   unk_token=_special(reader, tokens, "tokenizer.ggml.unknown_token_id")))
+                                   unk_token=_special(gguf_file, tokens, "tokenizer.ggml.unknown_token_id")))
     # NOTE: "first": "▁" goes before the text, not after each special token in it. transformers does the same;
     # llama.cpp also prefixes the text that follows a special token.
-    prefix = bool(_field(reader, "tokenizer.ggml.add_space_prefix", True))
+    prefix = bool(_field(gguf_file, "tokenizer.ggml.add_space_prefix", True))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(_SPACE, prepend_scheme="first" if prefix else "never",
                                                      split=False)
     steps = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
@@ -174,14 +174,14 @@ def _byte_alphabet() -> list[str]:
     return [chr(b) if b in printable else chr(next(shifted)) for b in range(256)]
 
 
-def _byte_level(reader: GGUFReader, tokens: list[str], token_types: list[int]
+def _byte_level(gguf_file: GGUFFile, tokens: list[str], token_types: list[int]
                 ) -> tuple[Tokenizer, dict[str, int], _Pre]:
-    name = _field(reader, "tokenizer.ggml.pre", "default")  # llama.cpp reads a missing one as "default"
+    name = _field(gguf_file, "tokenizer.ggml.pre", "default")  # llama.cpp reads a missing one as "default"
     if name not in PRE_TOKENIZERS:
         raise ValueError(f"tokenizer.ggml.pre={name!r} is not supported for tokenizer.ggml.model='gpt2'; "
                          f"supported: {sorted(PRE_TOKENIZERS)}")
     pre = PRE_TOKENIZERS[name]
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", [])]
+    merges = [tuple(m.split(" ", 1)) for m in _field(gguf_file, "tokenizer.ggml.merges", [])]
     vocab = _byte_level_vocab(tokens, token_types)
     backend = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False,
                                    ignore_merges=pre.ignore_merges))
@@ -193,11 +193,11 @@ def _byte_level(reader: GGUFReader, tokens: list[str], token_types: list[int]
 
 
 # --------------------------------------------------------------------------------------------- entry point
-def tokenizer_from_gguf(reader: GGUFReader, default_chat_template: str | None = None) -> PreTrainedTokenizerFast:
+def tokenizer_from_gguf(gguf_file: GGUFFile, default_chat_template: str | None = None) -> PreTrainedTokenizerFast:
     """The tokenizer a GGUF file describes, with its special tokens, BOS/EOS rules and chat template.
 
     Args:
-        reader: the opened GGUF file.
+        gguf_file: the opened GGUF file.
         default_chat_template: the chat template of a file that has none (its family's, gguf_families.py).
 
     Returns:
@@ -209,27 +209,27 @@ def tokenizer_from_gguf(reader: GGUFReader, default_chat_template: str | None = 
             `tokenizer.ggml.pre` is not in PRE_TOKENIZERS, or a SentencePiece file of an architecture that
             tokenizes it differently (Gemma, Phi-3); the message names the field, its value and what is supported.
     """
-    kind = _field(reader, "tokenizer.ggml.model")
+    kind = _field(gguf_file, "tokenizer.ggml.model")
     if kind not in TOKENIZER_MODELS:
         raise ValueError(f"tokenizer.ggml.model={kind!r} is not supported; supported: {list(TOKENIZER_MODELS)}")
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    token_types = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    tokens = _field(gguf_file, "tokenizer.ggml.tokens")
+    token_types = _field(gguf_file, "tokenizer.ggml.token_type") or [1] * len(tokens)
     if kind == "llama":
-        backend, vocab = _sentencepiece(reader, tokens)
+        backend, vocab = _sentencepiece(gguf_file, tokens)
         add_bos = True  # llama.cpp's SentencePiece defaults: BOS yes, EOS no
     else:
-        backend, vocab, pre = _byte_level(reader, tokens, token_types)
+        backend, vocab, pre = _byte_level(gguf_file, tokens, token_types)
         add_bos = pre.add_bos
     added = _added_tokens(tokens, token_types, vocab)
     backend.add_tokens([token for token in added if not token.special])
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        bos_token=_special(reader, tokens, "tokenizer.ggml.bos_token_id"),
-        eos_token=_special(reader, tokens, "tokenizer.ggml.eos_token_id"),
-        unk_token=_special(reader, tokens, "tokenizer.ggml.unknown_token_id"),
-        pad_token=_special(reader, tokens, "tokenizer.ggml.padding_token_id"),
+        bos_token=_special(gguf_file, tokens, "tokenizer.ggml.bos_token_id"),
+        eos_token=_special(gguf_file, tokens, "tokenizer.ggml.eos_token_id"),
+        unk_token=_special(gguf_file, tokens, "tokenizer.ggml.unknown_token_id"),
+        pad_token=_special(gguf_file, tokens, "tokenizer.ggml.padding_token_id"),
         additional_special_tokens=[token for token in added if token.special],
-        add_bos_token=bool(_field(reader, "tokenizer.ggml.add_bos_token", add_bos)),
-        add_eos_token=bool(_field(reader, "tokenizer.ggml.add_eos_token", False)),
-        chat_template=_field(reader, "tokenizer.chat_template") or default_chat_template,
+        add_bos_token=bool(_field(gguf_file, "tokenizer.ggml.add_bos_token", add_bos)),
+        add_eos_token=bool(_field(gguf_file, "tokenizer.ggml.add_eos_token", False)),
+        chat_template=_field(gguf_file, "tokenizer.chat_template") or default_chat_template,
     )

@@ -48,6 +48,9 @@ class SafetensorsWeights(Mapping):
         """A tensor's shape, from the file's header: nothing read or widened."""
         return self._tensors[name][0].shape
 
+    def __contains__(self, name) -> bool:  # Mapping's own would read and widen the tensor to find it
+        return name in self._tensors
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._tensors)
 

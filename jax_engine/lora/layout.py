@@ -23,6 +23,7 @@ import numpy as np
 
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.registry import architecture
+from jax_engine.models.weights import tensor_shape
 from reference.lora import LoRAAdapter
 
 WEIGHT = ".weight"
@@ -63,7 +64,7 @@ class LoRALayout:
             plain = source.combine is None and not source.alternatives
             if not (name.startswith("w_") and plain and first + source.names[0] in weights):
                 continue
-            shapes = [weights[first + n].shape for n in source.names]
+            shapes = [tensor_shape(weights, first + n) for n in source.names]
             stops = np.cumsum([out for out, _ in shapes])
             targets.append(LoRATarget(name.removeprefix("w_"), tuple(n.removesuffix(WEIGHT) for n in source.names),
                                       tuple(zip([0, *stops[:-1].tolist()], stops.tolist())), shapes[0][1]))

@@ -59,6 +59,12 @@ def first_of(*names: str, optional: bool = False) -> Source:
     return Source(names, optional=optional, alternatives=True)
 
 
+def tensor_shape(weights: Mapping[str, np.ndarray], name: str) -> tuple[int, ...]:
+    """A checkpoint tensor's shape, without reading it where the mapping can tell (SafetensorsWeights, GGUFWeights,
+    which read or dequantize a tensor only when asked for it)."""
+    return tuple(weights.shape(name)) if hasattr(weights, "shape") else weights[name].shape
+
+
 @dataclass(frozen=True)
 class WeightMap:
     """A family's weights: per-layer sources under `layer_prefix` ("model.layers.{i}."), and the others."""
@@ -128,7 +134,7 @@ class StoredWeights:
         names = [[p + n for n in source.names] for p in prefixes]
         if not all(n in self.blocks for row in names for n in row):
             return None
-        layers = [self._fused([self.blocks[n] for n in row], self.weights[row[0]].shape[1]) for row in names]
+        layers = [self._fused([self.blocks[n] for n in row], tensor_shape(self.weights, row[0])[1]) for row in names]
         if any(layer is None for layer in layers) or len({len(layer.rows) for layer in layers}) != 1:
             return None
         return layers
