@@ -4,11 +4,11 @@ import argparse
 import importlib
 import sys
 
-from jax_engine.config import EngineArgs
-from jax_engine.server import run_batch as run_batch_command, serve as serve_command
+from jax_engine.engine_core.launch import start_early
 
 
 def _llm(ns: argparse.Namespace):
+    from jax_engine.config import EngineArgs
     from jax_engine.llm import LLM
     from jax_engine.llm_engine import LLMEngine
 
@@ -60,6 +60,10 @@ def chat(ns: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # Imported here, not above: main() starts `serve`'s engine core process before these imports (launch.py).
+    from jax_engine.config import EngineArgs
+    from jax_engine.server import run_batch as run_batch_command, serve as serve_command
+
     parser = argparse.ArgumentParser(prog="jax-engine", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="complete prompts and print the results")
@@ -97,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    start_early(argv)  # `serve`: the engine core process imports the engine while this one imports the server
     ns = build_parser().parse_args(argv)
     try:
         ns.run(ns)

@@ -78,6 +78,19 @@ def stop_server_process(process: subprocess.Popen) -> None:
             process.kill()
 
 
+def child_processes(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes whose parent is `pid`."""
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    children.append((int(entry), cmdline.read().replace(b"\0", b" ").decode()))
+        except (OSError, ValueError, IndexError):  # not a process, or gone meanwhile
+            continue
+    return children
+
+
 class ThreadedServer:
     """The server `jax-engine serve` runs (uvicorn with the same settings), from a thread of the test process."""
 

@@ -17,31 +17,18 @@ import pytest
 
 from jax_engine import LLM, EngineArgs, SamplingParams
 from jax_engine.engine_core.core_client import EngineCoreClient
-from tests.server_helpers import (TINY_ENGINE_ARGS, cli_flags, data_lines, events_after, start_server_process,
-                                  stop_server_process, wait_for)
+from jax_engine.engine_core.launch import CORE_MODULE
+from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, data_lines, events_after,
+                                  start_server_process, stop_server_process, wait_for)
 
 # One running request at a time; room for streams long enough (4000 tokens, seconds) to act on while they run.
 ARGS = {**TINY_ENGINE_ARGS, "max_num_seqs": 1, "num_gpu_blocks_override": 520, "max_model_len": 4096}
 LONG = {"prompt": "hello there", "max_tokens": 4000, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True}}
-CORE_MODULE = "jax_engine.engine_core.core"
-
-
-def _children(pid: int) -> list[tuple[int, str]]:
-    """(pid, command line) of the processes whose parent is `pid`."""
-    children = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/stat") as stat, open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    children.append((int(entry), cmdline.read().replace(b"\0", b" ").decode()))
-        except (OSError, ValueError, IndexError):  # not a process, or gone meanwhile
-            continue
-    return children
 
 
 def _core_pid(server_pid: int) -> int:
-    (pid,) = [pid for pid, cmdline in _children(server_pid) if CORE_MODULE in cmdline]
+    (pid,) = [pid for pid, cmdline in child_processes(server_pid) if CORE_MODULE in cmdline]
     return pid
 
 

@@ -9,7 +9,8 @@ import httpx
 import openai
 import pytest
 
-from tests.server_helpers import TINY_ENGINE_ARGS, cli_flags, start_server_process, stop_server_process
+from jax_engine.engine_core.launch import CORE_MODULE
+from tests.server_helpers import TINY_ENGINE_ARGS, child_processes, cli_flags, start_server_process, stop_server_process
 from tests.test_lora_engine import adapters  # noqa: F401 (the fixture)
 
 LORA_FLAGS = cli_flags(**TINY_ENGINE_ARGS, enable_lora=True, max_loras=2, max_lora_rank=8)
@@ -23,7 +24,7 @@ def server(adapters, tmp_path_factory):  # noqa: F811
     modules = [f"{r.lora_name}={r.lora_path}" for r in requests[:2]]
     process, url = start_server_process(str(base), *LORA_FLAGS, "--lora-modules", *modules, log_path=str(log),
                                         env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"})
-    yield url, str(base)
+    yield url, str(base), process
     stop_server_process(process)
 
 
@@ -34,7 +35,7 @@ def complete(client, model: str) -> str:
 def test_the_request_model_picks_the_adapter(server, adapters):  # noqa: F811
     from jax_engine import LLM, SamplingParams
 
-    url, base = server
+    url, base, _ = server
     _, requests = adapters
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
     listed = client.models.list().data
@@ -52,7 +53,7 @@ def test_the_request_model_picks_the_adapter(server, adapters):  # noqa: F811
 
 
 def test_adapters_are_loaded_and_unloaded_at_run_time(server, adapters, tmp_path):  # noqa: F811
-    url, _ = server
+    url, _, _ = server
     _, requests = adapters
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
     load = {"lora_name": "a2", "lora_path": requests[2].lora_path}
@@ -78,3 +79,10 @@ def test_lora_modules_need_enable_lora(adapters):  # noqa: F811
     bad = subprocess.run([sys.executable, "-m", "jax_engine", "serve", str(base), "--lora-modules", "a0"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "expected name=path" in bad.stderr
+
+
+def test_no_engine_core_process_is_left_beside_the_in_process_engine(server):
+    """LoRA is served in the server's process: the core process `jax-engine serve` started before parsing its flags
+    (engine_core/launch.py) is stopped, not left idle beside it."""
+    _, _, process = server
+    assert not [cmdline for _, cmdline in child_processes(process.pid) if CORE_MODULE in cmdline]

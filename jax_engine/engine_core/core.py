@@ -117,5 +117,9 @@ def run_engine_core(args: EngineArgs, input_address: str, output_address: str, l
     context.destroy(linger=LAST_WORD_MS)
 
 
-if __name__ == "__main__":  # started by EngineCoreClient: the socket addresses and log level as arguments
-    run_engine_core(pickle.load(sys.stdin.buffer), *sys.argv[1:])
+if __name__ == "__main__":  # started by launch.py; its arguments come on stdin once the imports above are done
+    try:
+        arguments = pickle.load(sys.stdin.buffer)
+    except EOFError:  # the server exited before it wrote them
+        sys.exit("engine core: no arguments came (the server that started it is gone)")
+    run_engine_core(*arguments)

@@ -13,7 +13,6 @@ import os
 import pickle
 import shutil
 import subprocess
-import sys
 import tempfile
 import types
 
@@ -21,6 +20,7 @@ import zmq
 import zmq.asyncio
 
 from jax_engine.config import EngineArgs
+from jax_engine.engine_core.launch import take_core_process
 from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts, decode, encode
 from jax_engine.engine_core.output_deltas import DeltaDecoder
 from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, RequestParams
@@ -55,11 +55,8 @@ class EngineCoreClient:
         self._context = zmq.Context()
         self._to_core = self._bound(zmq.PUSH, "inputs")
         self._from_core = self._bound(zmq.PULL, "outputs")
-        # A fresh interpreter (no fork of this one's threads, no re-import of the caller's __main__): it reads
-        # its EngineArgs from stdin.
-        self._process = subprocess.Popen([sys.executable, "-m", "jax_engine.engine_core.core", self._address("inputs"),
-                                          self._address("outputs"), log_level], stdin=subprocess.PIPE)
-        self._process.stdin.write(pickle.dumps(args))
+        self._process = take_core_process()  # started early by `jax-engine serve`, or now
+        self._process.stdin.write(pickle.dumps((args, self._address("inputs"), self._address("outputs"), log_level)))
         self._process.stdin.close()
         atexit.register(self.shutdown)
         self._outputs = DeltaDecoder()  # unfinished requests' outputs so far

@@ -13,18 +13,17 @@ import argparse
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import sys
 import threading
 
+from jax_engine.engine_core.launch import MULTIPROCESSING_ENV, discard_early, multiprocessing_by_default
 from jax_engine.server.lora_adapters import parse_lora_module
 from jax_engine.server.reasoning import REASONING_PARSERS
 from jax_engine.server.state import PREFIX_CACHE_ISOLATION, ServerConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 ENGINE_DIED_EXIT_STATUS = 1
-MULTIPROCESSING_ENV = "JAX_ENGINE_MULTIPROCESSING"  # vLLM's VLLM_ENABLE_V1_MULTIPROCESSING
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
     """Which processes serve: the engine's own beside the HTTP server's, or a worker host's."""
     parser.add_argument("--engine-core-process", action=argparse.BooleanOptionalAction,
-                        default=os.environ.get(MULTIPROCESSING_ENV, "1") != "0",
+                        default=multiprocessing_by_default(),
                         help="run the scheduler and the model in a process of their own, beside the HTTP server's "
                         f"(the default, unless ${MULTIPROCESSING_ENV} is 0); --no-engine-core-process runs all in "
                         "one process, for debugging")
@@ -192,12 +191,13 @@ def _engine(args, core_process: bool, log_level: str):
     if core_process and in_process:
         logging.getLogger(__name__).warning("the engine runs in the server's process: %s is not served across "
                                             "processes yet", in_process[0])
-    if args.data_parallel_size > 1:
-        from jax_engine.server.data_parallel import DataParallelEngine
-
-        return DataParallelEngine.from_engine_args(args)
     if core_process and not in_process:
         from jax_engine.engine_core.core_client import EngineCoreClient
 
         return AsyncLLMEngine(EngineCoreClient(args, log_level))
+    discard_early()  # cli.main may have started one, before the flags were parsed
+    if args.data_parallel_size > 1:
+        from jax_engine.server.data_parallel import DataParallelEngine
+
+        return DataParallelEngine.from_engine_args(args)
     return AsyncLLMEngine.from_engine_args(args)

@@ -1,0 +1,54 @@
+"""Starting the engine core process, as early as `jax-engine serve` can.
+
+The core's interpreter imports the engine (jax, flax, transformers: ~4.5 s here) before it reads what to serve
+from its stdin: the pickled (EngineArgs, input socket address, output socket address, log level). So `jax-engine
+serve` starts it first thing (`start_early`, from cli.main, before any import of its own), and the two processes'
+imports run at once, on different cores; EngineCoreClient then takes it (`take_core_process`) and writes its
+arguments. This module imports nothing of the engine's, so that starting early costs nothing.
+"""
+
+import atexit
+import os
+import subprocess
+import sys
+
+MULTIPROCESSING_ENV = "JAX_ENGINE_MULTIPROCESSING"  # vLLM's VLLM_ENABLE_V1_MULTIPROCESSING
+CORE_MODULE = "jax_engine.engine_core.core"
+# Words after which `jax-engine serve` runs no engine core process, or prints its help and exits.
+_NO_CORE_WORDS = frozenset({"--no-engine-core-process", "--headless", "-h", "--help"})
+
+_early: subprocess.Popen | None = None
+
+
+def multiprocessing_by_default() -> bool:
+    return os.environ.get(MULTIPROCESSING_ENV, "1") != "0"
+
+
+def start_core_process() -> subprocess.Popen:
+    """A fresh interpreter (no fork of this one's threads, no re-import of the caller's __main__) running core.py."""
+    return subprocess.Popen([sys.executable, "-m", CORE_MODULE], stdin=subprocess.PIPE)
+
+
+def start_early(argv: list[str]) -> None:
+    """Start the core process now if `jax-engine ARGV` will serve with one, as far as its words tell before they are
+    parsed; a core started here and not taken is stopped at exit (`discard_early`)."""
+    global _early
+    if argv[:1] == ["serve"] and multiprocessing_by_default() and not _NO_CORE_WORDS & set(argv):
+        _early = start_core_process()
+        atexit.register(discard_early)
+
+
+def take_core_process() -> subprocess.Popen:
+    """The core process started early, else a new one: it waits for its arguments on stdin."""
+    global _early
+    process, _early = _early, None
+    return process if process is not None and process.poll() is None else start_core_process()
+
+
+def discard_early() -> None:
+    """Stop the core process started early, if nothing took it (the server runs its engine in its own process)."""
+    global _early
+    if _early is not None:
+        _early.kill()
+        _early.wait()
+        _early = None
