@@ -15,7 +15,8 @@ class Checkpoint:
     """A loaded model: its config, float32 weights under HF names, and its tokenizer."""
 
     config: ModelConfig
-    weights: Mapping[str, np.ndarray]  # a dict, or SafetensorsWeights reading each tensor when asked for it
+    # A dict, or SafetensorsWeights / GGUFWeights, which read (and dequantize) each tensor when asked for it.
+    weights: Mapping[str, np.ndarray]
     tokenizer: PreTrainedTokenizerBase | None  # None: loaded with skip_tokenizer_init
     # A GGUF file's matrices in the block formats the engine keeps, as the file stores them (each its format and
     # raw rows, uint8 [out, row bytes], views of the mapped file), under the same names: what quantization="gguf"
