@@ -8,6 +8,7 @@ Weights use Hugging Face names and shapes ([out, in]), as `jax_engine.loader` re
 biases and Qwen3's per-head q/k RMSNorm are applied when the weights contain them.
 """
 
+from collections.abc import Mapping
 from typing import Protocol
 
 import numpy as np
@@ -54,9 +55,11 @@ def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
 class LlamaModel:
     """Forward pass over a batch of new tokens from many sequences (prefill chunks and decodes mixed)."""
 
-    def __init__(self, config: LlamaConfig, weights: dict[str, np.ndarray]) -> None:
+    def __init__(self, config: LlamaConfig, weights: Mapping[str, np.ndarray]) -> None:
         self.config = config
-        self.weights = weights
+        # Read once: a checkpoint's weights may be a mapping that reads (and dequantizes) a tensor each time it is
+        # asked for one (jax_engine.loader's GGUFWeights and SafetensorsWeights), and a step asks for all of them.
+        self.weights = dict(weights)
         self.lm_head = weights["model.embed_tokens.weight"] if config.tie_word_embeddings else weights["lm_head.weight"]
 
     def _w(self, layer: int, name: str) -> np.ndarray | None:

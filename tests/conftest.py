@@ -21,9 +21,13 @@ collect_ignore = [] if "xla_force_host_platform_device_count" in os.environ.get(
 
 @pytest.fixture(scope="session")
 def default_checkpoint():
+    import dataclasses
+
     from jax_engine.loader import load_checkpoint
 
-    return load_checkpoint()
+    checkpoint = load_checkpoint()
+    # Dequantized once for the session: the loader's GGUFWeights dequantizes a tensor each time it is read.
+    return dataclasses.replace(checkpoint, weights=dict(checkpoint.weights))
 
 
 @pytest.fixture(scope="session")

@@ -245,9 +245,10 @@ def test_requests_with_any_sampler_options_compile_nothing_after_start_up(make_l
     print(f"240 requests: {maps:+d} memory maps, {resident / 2**20:+.1f} MB resident; the same again: "
           f"{maps_again:+d}, {resident_again / 2**20:+.1f} MB")
     assert compiles(events) == [] and llm.llm_engine.runner.programs.num_late_compiles == 0
-    # One late sampler program alone added ~175 maps and ~5.5 MB.
-    # Trimmed, the second pass measured +0.02 MB here.
-    assert maps <= 20 and maps_again <= 5 and resident_again <= 4 * 2**20
+    # One late sampler program alone added ~175 maps and ~5.5 MB: the maps catch it. The trimmed second pass grew
+    # 0.02-1.4 MB with this file alone and 4.7 MB after the whole suite's earlier tests (heap fragmentation that a
+    # trim cannot return); 8 MB still fails a leak of 35 KB a request.
+    assert maps <= 20 and maps_again <= 5 and resident_again <= 8 * 2**20
 
 
 def test_the_store_key_covers_every_source_file_of_the_engine():

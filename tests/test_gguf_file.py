@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from jax_engine.loader.gguf_file import GGUFFile
 from jax_engine.loader.gguf_loader import GGUFWeights
-from jax_engine.loader.load import default_model_path
+from jax_engine.loader.load import default_model_path, load_checkpoint
 
 _INTEGERS = {GGUFValueType.UINT8: (0, 255), GGUFValueType.INT8: (-128, 127), GGUFValueType.UINT16: (0, 65535),
              GGUFValueType.INT16: (-32768, 32767), GGUFValueType.UINT32: (0, 2**32 - 1),
@@ -113,16 +113,16 @@ class _CountingReads(dict):
         return self.weights.shape(name)
 
 
-def test_gguf_quantization_dequantizes_only_what_it_stores_as_floats(default_checkpoint):
+def test_gguf_quantization_dequantizes_only_what_it_stores_as_floats():
     """quantization="gguf" keeps the file's blocks: the float32 matrices are never made (they were 2.3 s of the
     default model's start-up), only the norms; and each tensor's shape is known without reading it."""
     from jax_engine.models import CausalLM
 
-    weights = default_checkpoint.weights
+    checkpoint = load_checkpoint(skip_tokenizer_init=True)
+    weights = checkpoint.weights
     assert isinstance(weights, GGUFWeights)
     assert all(weights.shape(name) == weights[name].shape for name in weights)
     counting = _CountingReads(weights)
-    CausalLM.from_hf_weights(default_checkpoint.config, counting, quantization="gguf",
-                             blocks=default_checkpoint.blocks)
+    CausalLM.from_hf_weights(checkpoint.config, counting, quantization="gguf", blocks=checkpoint.blocks)
     assert counting.read and all(name.endswith("norm.weight") for name in counting.read)
-    assert not set(counting.read) & set(default_checkpoint.blocks)
+    assert not set(counting.read) & set(checkpoint.blocks)
