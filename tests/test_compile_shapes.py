@@ -224,8 +224,9 @@ def test_requests_with_any_sampler_options_compile_nothing_after_start_up(make_l
     """Issue 40: every combination of sampler options used to compile a sampler program mid-stream (~0.5 s
     during which all requests waited, ~5.5 MB and ~175 memory maps never freed: a few hundred requests killed a
     server). Now 240 requests of random options, in batches of up to 8 beside one another, compile nothing and
-    leave the process's memory maps and resident memory flat: the same 240 requests again grow neither (the
-    first pass warms the allocator's arenas and maps each program's code on first use)."""
+    leave the process's memory maps and resident memory flat. The same 240 requests are sent four times: the
+    first pass maps each program's code on first use and warms the allocator's arenas, which may grow in a later
+    pass or two (+60-70, +5, +5.5, 0 MB after this file's earlier tests); a leak grows in every pass."""
     llm = make_llm(enforce_eager=False, compilation_cache_dir=str(store), **SMALL)
     prompts = [f"Request {i} says:" for i in range(8)]
 
@@ -237,18 +238,18 @@ def test_requests_with_any_sampler_options_compile_nothing_after_start_up(make_l
 
     footprints = [_process_footprint()]
     with jax_events() as events:
-        for _ in range(2):
+        for _ in range(4):
             batch_of_requests()  # derandomized: the same requests each time
             footprints.append(_process_footprint())
-    (maps, resident), (maps_again, resident_again) = ((after - start for after, start in zip(*pair))
-                                                      for pair in zip(footprints[1:], footprints))
-    print(f"240 requests: {maps:+d} memory maps, {resident / 2**20:+.1f} MB resident; the same again: "
-          f"{maps_again:+d}, {resident_again / 2**20:+.1f} MB")
+    growth = [(after[0] - before[0], after[1] - before[1]) for before, after in zip(footprints, footprints[1:])]
+    print("240 requests, four times:", ", ".join(f"{maps:+d} maps, {resident / 2**20:+.1f} MB"
+                                                 for maps, resident in growth))
     assert compiles(events) == [] and llm.llm_engine.runner.programs.num_late_compiles == 0
-    # One late sampler program alone added ~175 maps and ~5.5 MB: the maps catch it. The trimmed second pass grew
-    # 0.02-1.4 MB with this file alone and 4.7 MB after the whole suite's earlier tests (heap fragmentation that a
-    # trim cannot return); 8 MB still fails a leak of 35 KB a request.
-    assert maps <= 20 and maps_again <= 5 and resident_again <= 8 * 2**20
+    # One late sampler program alone added ~175 maps and ~5.5 MB: the maps catch it in any pass. The allocator's
+    # growth comes in some passes (+5.2, +5.5, 0.0 MB in one run; +0.1, 0.0, +1.5 MB in another); a leak comes in
+    # every pass: the least of the later passes' growth fails a leak of 9 KB a request.
+    assert growth[0][0] <= 20 and all(maps <= 5 for maps, _ in growth[1:])
+    assert min(resident for _, resident in growth[1:]) <= 2 * 2**20
 
 
 def test_the_store_key_covers_every_source_file_of_the_engine():
