@@ -20,10 +20,6 @@ _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(.+)")
 _ROPE_FREQS = "rope_freqs.weight"
 
 
-def _field(gguf_file: GGUFFile, key: str, default=None):
-    return gguf_file.fields.get(key, default)
-
-
 def _hf_name(gguf_name: str, family: GGUFFamily) -> str:
     module, _, kind = gguf_name.rpartition(".")  # kind: weight or bias
     if module in family.global_names:
@@ -46,20 +42,20 @@ def _rope_scaling(gguf_file: GGUFFile, arch: str, max_positions: int) -> RopeSca
     NOTE: llama.cpp applies that factor whether rope.scaling.type says "linear" or "none" (the default is
     "linear"); yarn and longrope take more than it, which we do not read.
     """
-    kind = _field(gguf_file, f"{arch}.rope.scaling.type", "linear")
+    kind = gguf_file.fields.get(f"{arch}.rope.scaling.type", "linear")
     if kind not in ("none", "linear"):
         raise ValueError(f"{arch}.rope.scaling.type={kind!r} is not supported; supported: ['none', 'linear']")
-    factor = _field(gguf_file, f"{arch}.rope.scaling.factor") or _field(gguf_file, f"{arch}.rope.scale_linear")
+    factor = gguf_file.fields.get(f"{arch}.rope.scaling.factor") or gguf_file.fields.get(f"{arch}.rope.scale_linear")
     return None if factor in (None, 0.0, 1.0) else RopeScaling("linear", float(factor), max_positions)
 
 
 def _read_config(gguf_file: GGUFFile, family: GGUFFamily) -> ModelConfig:
-    arch = _field(gguf_file, "general.architecture")
-    get = lambda key, default=None: _field(gguf_file, f"{arch}.{key}", default)  # noqa: E731
+    arch = gguf_file.fields.get("general.architecture")
+    get = lambda key, default=None: gguf_file.fields.get(f"{arch}.{key}", default)  # noqa: E731
     hidden, num_layers = int(get("embedding_length")), int(get("block_count"))
     num_heads = int(get("attention.head_count"))
-    tokens = _field(gguf_file, "tokenizer.ggml.tokens")
-    eos = _field(gguf_file, "tokenizer.ggml.eos_token_id")
+    tokens = gguf_file.fields.get("tokenizer.ggml.tokens")
+    eos = gguf_file.fields.get("tokenizer.ggml.eos_token_id")
     end_of_turn = tuple(tokens.index(name) for name in family.end_of_turn_tokens if name in tokens)
     max_positions = int(get("context_length"))
     fields = dict(
@@ -75,7 +71,7 @@ def _read_config(gguf_file: GGUFFile, family: GGUFFamily) -> ModelConfig:
         norm_eps=float(get(family.norm_eps_key)),
         max_position_embeddings=max_positions,
         tie_word_embeddings="output.weight" not in {t.name for t in gguf_file.tensors},
-        bos_token_id=_field(gguf_file, "tokenizer.ggml.bos_token_id"),
+        bos_token_id=gguf_file.fields.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=(() if eos is None else (int(eos),)) + end_of_turn,
         rope_scaling=_rope_scaling(gguf_file, arch, max_positions),
         rope_freq_factors=_rope_freq_factors(gguf_file),
@@ -146,7 +142,7 @@ def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
     tokenizer (unless not `tokenizer`), and the raw blocks of its matrices in the formats the engine keeps
     (linear/gguf_blocks.py: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K)."""
     gguf_file = GGUFFile(path)
-    family = gguf_family(_field(gguf_file, "general.architecture"), [t.name for t in gguf_file.tensors])
+    family = gguf_family(gguf_file.fields.get("general.architecture"), [t.name for t in gguf_file.tensors])
     config = _read_config(gguf_file, family)
     # rope_freqs.weight is read into config.rope_freq_factors
     tensors = {_hf_name(t.name, family): t for t in gguf_file.tensors if t.name != _ROPE_FREQS}

@@ -89,12 +89,8 @@ _OTHER_SENTENCEPIECE_ARCHITECTURES = ("phi3",)
 
 
 # --------------------------------------------------------------------------------------------- metadata
-def _field(gguf_file: GGUFFile, key: str, default=None):
-    return gguf_file.fields.get(key, default)
-
-
 def _special(gguf_file: GGUFFile, tokens: list[str], key: str) -> str | None:
-    token_id = _field(gguf_file, key)
+    token_id = gguf_file.fields.get(key)
     return None if token_id is None else tokens[int(token_id)]
 
 
@@ -127,20 +123,20 @@ def _merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[st
 
 
 def _sentencepiece(gguf_file: GGUFFile, tokens: list[str]) -> tuple[Tokenizer, dict[str, int]]:
-    architecture = _field(gguf_file, "general.architecture")
+    architecture = gguf_file.fields.get("general.architecture")
     if architecture in _OTHER_SENTENCEPIECE_ARCHITECTURES:
         raise ValueError(f"tokenizer.ggml.model='llama' with general.architecture={architecture!r} is not supported:"
                          f" {_OTHER_SENTENCEPIECE_ARCHITECTURES} tokenize SentencePiece their own way")
-    merges = _field(gguf_file, "tokenizer.ggml.merges")
+    merges = gguf_file.fields.get("tokenizer.ggml.merges")
     merges = ([tuple(m.split(" ", 1)) for m in merges] if merges is not None
-              else _merges_from_scores(tokens, _field(gguf_file, "tokenizer.ggml.scores", [0.0] * len(tokens))))
+              else _merges_from_scores(tokens, gguf_file.fields.get("tokenizer.ggml.scores", [0.0] * len(tokens))))
     vocab = {token: i for i, token in enumerate(tokens)}
     # Unknown characters fall back to their UTF-8 bytes (<0xE6> <0x97> <0xA5>), as llama.cpp and sentencepiece.
     backend = Tokenizer(models.BPE(vocab, merges, fuse_unk=True, byte_fallback=True,
                                    unk_token=_special(gguf_file, tokens, "tokenizer.ggml.unknown_token_id")))
     # NOTE: "first": "▁" goes before the text, not after each special token in it. transformers does the same;
     # llama.cpp also prefixes the text that follows a special token.
-    prefix = bool(_field(gguf_file, "tokenizer.ggml.add_space_prefix", True))
+    prefix = bool(gguf_file.fields.get("tokenizer.ggml.add_space_prefix", True))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(_SPACE, prepend_scheme="first" if prefix else "never",
                                                      split=False)
     steps = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
@@ -176,12 +172,12 @@ def _byte_alphabet() -> list[str]:
 
 def _byte_level(gguf_file: GGUFFile, tokens: list[str], token_types: list[int]
                 ) -> tuple[Tokenizer, dict[str, int], _Pre]:
-    name = _field(gguf_file, "tokenizer.ggml.pre", "default")  # llama.cpp reads a missing one as "default"
+    name = gguf_file.fields.get("tokenizer.ggml.pre", "default")  # llama.cpp reads a missing one as "default"
     if name not in PRE_TOKENIZERS:
         raise ValueError(f"tokenizer.ggml.pre={name!r} is not supported for tokenizer.ggml.model='gpt2'; "
                          f"supported: {sorted(PRE_TOKENIZERS)}")
     pre = PRE_TOKENIZERS[name]
-    merges = [tuple(m.split(" ", 1)) for m in _field(gguf_file, "tokenizer.ggml.merges", [])]
+    merges = [tuple(m.split(" ", 1)) for m in gguf_file.fields.get("tokenizer.ggml.merges", [])]
     vocab = _byte_level_vocab(tokens, token_types)
     backend = Tokenizer(models.BPE(vocab, merges, fuse_unk=False, byte_fallback=False,
                                    ignore_merges=pre.ignore_merges))
@@ -209,11 +205,11 @@ def tokenizer_from_gguf(gguf_file: GGUFFile, default_chat_template: str | None =
             `tokenizer.ggml.pre` is not in PRE_TOKENIZERS, or a SentencePiece file of an architecture that
             tokenizes it differently (Gemma, Phi-3); the message names the field, its value and what is supported.
     """
-    kind = _field(gguf_file, "tokenizer.ggml.model")
+    kind = gguf_file.fields.get("tokenizer.ggml.model")
     if kind not in TOKENIZER_MODELS:
         raise ValueError(f"tokenizer.ggml.model={kind!r} is not supported; supported: {list(TOKENIZER_MODELS)}")
-    tokens = _field(gguf_file, "tokenizer.ggml.tokens")
-    token_types = _field(gguf_file, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    tokens = gguf_file.fields.get("tokenizer.ggml.tokens")
+    token_types = gguf_file.fields.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     if kind == "llama":
         backend, vocab = _sentencepiece(gguf_file, tokens)
         add_bos = True  # llama.cpp's SentencePiece defaults: BOS yes, EOS no
@@ -229,7 +225,7 @@ def tokenizer_from_gguf(gguf_file: GGUFFile, default_chat_template: str | None =
         unk_token=_special(gguf_file, tokens, "tokenizer.ggml.unknown_token_id"),
         pad_token=_special(gguf_file, tokens, "tokenizer.ggml.padding_token_id"),
         additional_special_tokens=[token for token in added if token.special],
-        add_bos_token=bool(_field(gguf_file, "tokenizer.ggml.add_bos_token", add_bos)),
-        add_eos_token=bool(_field(gguf_file, "tokenizer.ggml.add_eos_token", False)),
-        chat_template=_field(gguf_file, "tokenizer.chat_template") or default_chat_template,
+        add_bos_token=bool(gguf_file.fields.get("tokenizer.ggml.add_bos_token", add_bos)),
+        add_eos_token=bool(gguf_file.fields.get("tokenizer.ggml.add_eos_token", False)),
+        chat_template=gguf_file.fields.get("tokenizer.chat_template") or default_chat_template,
     )
