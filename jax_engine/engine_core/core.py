@@ -8,8 +8,12 @@
 
 The core steps for as long as it has work, without waiting for the API server to read what it sent: the
 server's HTTP and streaming work and the core's steps run at once, on different cores. When idle, the core
-blocks on its input socket. It ends on a "shutdown" message, when the process that started it is gone, or on
-an error of its loop, which it reports ("dead", with the traceback) before it exits with status 1.
+blocks on its input sockets. It ends once every API server has sent "shutdown", when the process that started
+it is gone, or on an error of its loop, which it reports ("dead", with the traceback) before it exits with status 1.
+
+With `--api-server-count N` (jax_engine/server/api_servers.py) N API servers share the core, each over a pair of
+sockets of its own: the core remembers which one added each request and sends each its own requests' outputs,
+and all of them the engine's state.
 """
 
 import logging
@@ -32,18 +36,23 @@ LAST_WORD_MS = 5000  # how long a stopping core waits for its last message (outp
 
 
 class EngineCore:
-    """An LLMEngine driven by the messages of one API server (see the module docstring)."""
+    """An LLMEngine driven by the messages of its API servers: API server i sends on inputs[i] and reads outputs[i]
+    (see the module docstring)."""
 
-    def __init__(self, engine: LLMEngine, inputs: zmq.Socket, outputs: zmq.Socket) -> None:
+    def __init__(self, engine: LLMEngine, inputs: list[zmq.Socket], outputs: list[zmq.Socket]) -> None:
         self.engine = engine
         self._inputs, self._outputs = inputs, outputs
-        self._adds_applied = 0
+        self._poller = zmq.Poller()
+        for socket in inputs:
+            self._poller.register(socket, zmq.POLLIN)
+        self._adds_applied = [0] * len(inputs)
+        self._server_of: dict[str, int] = {}  # unfinished request id -> the API server that added it
+        self._attached = set(range(len(inputs)))  # the API servers that have not said "shutdown"
         self._deltas = DeltaEncoder()
-        self._running = True
 
     def run(self) -> None:
         parent = os.getppid()
-        while self._running:
+        while self._attached:
             if os.getppid() != parent:  # the API server died without a word: nobody would read our outputs
                 logger.error("the API server process is gone: the engine core stops")
                 return
@@ -54,38 +63,48 @@ class EngineCore:
             self._send_outputs(outputs)
 
     def _take_inputs(self, wait_ms: int) -> bool:
-        """Apply every message waiting on the input socket (after waiting up to `wait_ms` for the first)."""
+        """Apply every message waiting on the input sockets (after waiting up to `wait_ms` for the first)."""
         took = False
-        while self._inputs.poll(wait_ms if not took else 0):
-            self._apply(*decode(self._inputs.recv()))
+        while ready := dict(self._poller.poll(wait_ms if not took else 0)):
+            for server, socket in enumerate(self._inputs):
+                if socket in ready:
+                    self._apply(server, *decode(socket.recv()))
             took = True
         return took
 
-    def _apply(self, kind: str, body) -> None:
+    def _apply(self, server: int, kind: str, body) -> None:
         if kind == "add":
-            self._add(body)
+            self._add(server, body)
         elif kind == "abort":
             self.engine.abort_request(body)
-        elif kind == "shutdown":
-            self._running = False
+        elif kind == "shutdown":  # that API server is gone: its requests (none, after a drain) end with it
+            self._attached.discard(server)
+            self.engine.abort_request([r for r, s in self._server_of.items() if s == server])
         else:
             raise ValueError(f"unknown message {kind!r}")
 
-    def _add(self, request: AddRequest) -> None:
-        self._adds_applied += 1
+    def _add(self, server: int, request: AddRequest) -> None:
+        self._adds_applied[server] += 1
         params = request.params
         if request.grammar_text is not None:
             params._set("compiled_grammar", self.engine.grammar_compiler.from_text(request.grammar_text))
         try:
             self.engine.add_request(request.request_id, request.prompt, params, lora_request=request.lora_request)
-        except ValueError as error:  # checked in the API server: only a difference of state could get here
-            self._outputs.send(encode("rejected", (request.request_id, error)))
+        except ValueError as error:  # checked in the API server: only a difference of state (or of two API
+            self._outputs[server].send(encode("rejected", (request.request_id, error)))  # servers' ids) gets here
+            return
+        self._server_of[request.request_id] = server
 
     def _send_outputs(self, outputs: list) -> None:
+        """Each attached API server gets its own requests' outputs and the engine's state."""
+        mine = [[] for _ in self._outputs]
+        for output in outputs:
+            server = self._server_of.pop(output.request_id) if output.finished else self._server_of[output.request_id]
+            mine[server].append(self._deltas.encode(output))
         scheduler = self.engine.scheduler
-        stats = self.engine.stats()
-        self._outputs.send(encode("outputs", CoreOutputs([self._deltas.encode(o) for o in outputs], self._adds_applied,
-                                                         len(scheduler.waiting), len(scheduler.running), stats)))
+        state = (len(scheduler.waiting), len(scheduler.running), self.engine.stats())
+        for server in self._attached:
+            self._outputs[server].send(encode("outputs", CoreOutputs(mine[server], self._adds_applied[server], *state)))
 
 
 def engine_facts(engine: LLMEngine) -> EngineFacts:
@@ -94,27 +113,37 @@ def engine_facts(engine: LLMEngine) -> EngineFacts:
                        engine.stats())
 
 
-def run_engine_core(args: EngineArgs, input_address: str, output_address: str, log_level: str = "INFO") -> None:
-    """The engine core process's main: load the engine, say "ready", serve the API server until told to stop."""
+def run_engine_core(args: EngineArgs, addresses: list[tuple[str, str]], log_level: str = "INFO") -> None:
+    """The engine core process's main: load the engine, say "ready", serve the API servers until they stop.
+
+    `addresses`: each API server's (input, output) socket addresses, which it binds and the core connects to.
+    """
     logging.basicConfig(level=log_level, format="%(levelname)s %(asctime)s engine-core %(name)s: %(message)s")
     # Ctrl-C and a supervisor's SIGTERM reach the whole process group: the API server drains its requests and
     # then stops the core ("shutdown"), which must not die under them first.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     context = zmq.Context()
-    inputs, outputs = context.socket(zmq.PULL), context.socket(zmq.PUSH)
-    inputs.connect(input_address)
-    outputs.connect(output_address)
+    inputs = [_connected(context, zmq.PULL, address) for address, _ in addresses]
+    outputs = [_connected(context, zmq.PUSH, address) for _, address in addresses]
     try:
         engine = LLMEngine(args)
-        outputs.send(encode("ready", engine_facts(engine)))
+        for socket in outputs:
+            socket.send(encode("ready", engine_facts(engine)))
         EngineCore(engine, inputs, outputs).run()
     except BaseException:
         logger.exception("the engine core died")
-        outputs.send(encode("dead", traceback.format_exc()))
+        for socket in outputs:
+            socket.send(encode("dead", traceback.format_exc()))
         context.destroy(linger=LAST_WORD_MS)
         sys.exit(1)
     context.destroy(linger=LAST_WORD_MS)
+
+
+def _connected(context: zmq.Context, kind: int, address: str) -> zmq.Socket:
+    socket = context.socket(kind)
+    socket.connect(address)
+    return socket
 
 
 if __name__ == "__main__":  # started by launch.py; its arguments come on stdin once the imports above are done

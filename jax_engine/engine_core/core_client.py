@@ -4,10 +4,14 @@ It offers what AsyncLLMEngine and the server use of an LLMEngine (add_request, a
 running counts, stats, request checks and the tokenizer), and, in place of step(), `next_outputs`: the next
 outputs the engine core process sent (core.py). Requests are checked and tokenized here, on the tokenizer and
 configs the core sent once it was ready (messages.EngineFacts); the core only schedules and steps.
+
+A client starts its own core process and stops it, or, with `--api-server-count N`, binds the sockets of a core
+that jax_engine/server/api_servers.py started for N API servers, and only tells it that it leaves.
 """
 
 import asyncio
 import atexit
+import contextlib
 import logging
 import os
 import pickle
@@ -33,6 +37,7 @@ from jax_engine.structured_output.grammar import GrammarCompiler
 logger = logging.getLogger(__name__)
 LIVENESS_CHECK_S = 1.0  # how often a client waiting on the core checks that its process is alive
 STOP_WAIT_S = 10.0  # how long shutdown() waits for the core to exit before it kills it
+SHARED_CORE_LINGER_MS = 2000  # how long a client of a shared core tries to deliver its "shutdown"
 
 
 class EngineCoreDiedError(RuntimeError):
@@ -42,22 +47,28 @@ class EngineCoreDiedError(RuntimeError):
 class EngineCoreClient:
     """An engine in another process, behind LLMEngine's face (see the module docstring).
 
-    Starting it starts the engine core process and waits until its engine is ready (the model loaded, its
-    shapes compiled); an error there raises EngineCoreDiedError with the core's traceback.
+    Starting it starts the engine core process (or, given `shared_core`'s (input, output) socket addresses, takes
+    the place of one of the API servers a supervisor started the core for) and waits until its engine is ready
+    (the model loaded, its shapes compiled); an error there raises EngineCoreDiedError with the core's traceback.
     """
 
-    def __init__(self, args: EngineArgs, log_level: str = "INFO") -> None:
+    def __init__(self, args: EngineArgs, log_level: str = "INFO", shared_core: tuple[str, str] | None = None) -> None:
         if args.enable_lora:
             raise ValueError("enable_lora: LoRA adapters are not served across processes yet: run the engine in the "
                              "server's process (--no-engine-core-process)")
         self.args = args
-        self._dir = tempfile.mkdtemp(prefix="jax-engine-core-")  # mode 0700: only this user reaches the sockets
+        # A directory of mode 0700 for the sockets of a core of our own: only this user reaches them.
+        self._dir = None if shared_core else tempfile.mkdtemp(prefix="jax-engine-core-")
+        inputs, outputs = shared_core or (self._address("inputs"), self._address("outputs"))
         self._context = zmq.Context()
-        self._to_core = self._bound(zmq.PUSH, "inputs")
-        self._from_core = self._bound(zmq.PULL, "outputs")
-        self._process = take_core_process()  # started early by `jax-engine serve`, or now
-        self._process.stdin.write(pickle.dumps((args, self._address("inputs"), self._address("outputs"), log_level)))
-        self._process.stdin.close()
+        self._to_core = self._bound(zmq.PUSH, inputs)
+        self._from_core = self._bound(zmq.PULL, outputs)
+        if shared_core:
+            self._process = _Supervisor()
+        else:
+            self._process = take_core_process()  # started early by `jax-engine serve`, or now
+            self._process.stdin.write(pickle.dumps((args, [(inputs, outputs)], log_level)))
+            self._process.stdin.close()
         atexit.register(self.shutdown)
         self._outputs = DeltaDecoder()  # unfinished requests' outputs so far
         self._adds_sent = 0
@@ -72,10 +83,10 @@ class EngineCoreClient:
     def _address(self, name: str) -> str:
         return f"ipc://{os.path.join(self._dir, name)}"
 
-    def _bound(self, kind: int, name: str) -> zmq.Socket:
+    def _bound(self, kind: int, address: str) -> zmq.Socket:
         socket = self._context.socket(kind)
         socket.setsockopt(zmq.LINGER, 0)
-        socket.bind(self._address(name))
+        socket.bind(address)
         return socket
 
     def _wait_ready(self) -> EngineFacts:
@@ -181,6 +192,8 @@ class EngineCoreClient:
 
     def _check_alive(self) -> None:
         if self._process.poll() is not None:
+            if isinstance(self._process, _Supervisor):
+                raise EngineCoreDiedError("the supervising `jax-engine serve` process is gone")
             raise EngineCoreDiedError(f"the engine core process exited with status {self._process.returncode}")
 
     def _died(self, kind: str, body) -> EngineCoreDiedError:
@@ -189,9 +202,15 @@ class EngineCoreClient:
         return EngineCoreDiedError(f"unexpected message {kind!r} from the engine core process")
 
     def shutdown(self) -> None:
-        """Stop the engine core process (at once: unfinished requests are dropped) and remove its sockets."""
+        """Stop the engine core process (at once: unfinished requests are dropped) and remove its sockets; a shared
+        core is told that this API server leaves (it stops once all have)."""
         atexit.unregister(self.shutdown)
-        if self._process.poll() is None:
+        linger = 0
+        if isinstance(self._process, _Supervisor):
+            with contextlib.suppress(zmq.Again):  # no core connected (it died): nobody to tell, and no waiting
+                self._to_core.send(encode("shutdown", None), zmq.NOBLOCK)
+            linger = SHARED_CORE_LINGER_MS
+        elif self._process.poll() is None:
             self._send("shutdown", None)
             try:
                 self._process.wait(STOP_WAIT_S)
@@ -201,10 +220,25 @@ class EngineCoreClient:
                 self._process.wait()
         if self._receiving is not None:
             self._receiving.cancel()
-        self._context.destroy(linger=0)
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._context.destroy(linger=linger)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
         if hasattr(self, "grammar_compiler"):  # made once the core was ready
             self.grammar_compiler.close()
+
+
+class _Supervisor:
+    """Stands for the core process where a supervisor started it (api_servers.py): it watches the core and tells
+    each API server if it dies ("dead"); here we watch the supervisor, our parent."""
+
+    def __init__(self) -> None:
+        self._parent = os.getppid()
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and os.getppid() != self._parent:
+            self.returncode = -1  # its status is its own parent's to read
+        return self.returncode
 
 
 class _CoreSpeculator:

@@ -1,7 +1,7 @@
 """Starting the engine core process, as early as `jax-engine serve` can.
 
 The core's interpreter imports the engine (jax, flax, transformers: ~4.5 s here) before it reads what to serve
-from its stdin: the pickled (EngineArgs, input socket address, output socket address, log level). So `jax-engine
+from its stdin: the pickled (EngineArgs, each API server's (input, output) socket addresses, log level). So `jax-engine
 serve` starts it first thing (`start_early`, from cli.main, before any import of its own), and the two processes'
 imports run at once, on different cores; EngineCoreClient then takes it (`take_core_process`) and writes its
 arguments. This module imports nothing of the engine's, so that starting early costs nothing.
@@ -22,6 +22,12 @@ _early: subprocess.Popen | None = None
 
 def multiprocessing_by_default() -> bool:
     return os.environ.get(MULTIPROCESSING_ENV, "1") != "0"
+
+
+def not_served_across_processes(args) -> list[str]:
+    """What of these EngineArgs keeps the engine in the server's process (nothing: it may run in a core of its own)."""
+    return [why for why, holds in (("data_parallel_size > 1", args.data_parallel_size > 1),
+                                   ("--enable-lora", args.enable_lora), ("nnodes > 1", args.nnodes > 1)) if holds]
 
 
 def start_core_process() -> subprocess.Popen:

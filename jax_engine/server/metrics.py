@@ -3,11 +3,18 @@
 Gauges and engine counters are read from the engine when scraped, from each data-parallel replica with the label
 engine="r" (vLLM's); latencies and token counts are observed as outputs arrive from any replica
 (AsyncLLMEngine.on_output). Speculative decoding's counters appear only when it is configured, as in vLLM.
+
+With `--api-server-count N` each API server process counts what it served in prometheus_client's multiprocess
+files (PROMETHEUS_MULTIPROC_DIR, set by api_servers.py), and /metrics, whichever process answers it, sums them; the
+engine's gauges and counters are the one core's, as every API server sees them. The process_* metrics are left
+out there, as in vLLM's multiprocess mode.
 """
 
+import os
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
@@ -101,7 +108,8 @@ class ServingMetrics:
     def __init__(self, engine: AsyncLLMEngine, model_name: str) -> None:
         self.registry = CollectorRegistry()
         labels = {"model_name": model_name}
-        self.registry.register(_EngineCollector(engine, model_name))
+        self._engine_collector = _EngineCollector(engine, model_name)
+        self.registry.register(self._engine_collector)
         ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and friends, as vLLM has
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.", list(labels),
                                      registry=self.registry).labels(**labels)
@@ -136,4 +144,9 @@ class ServingMetrics:
             self._seen.pop(output.request_id, None)
 
     def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # one of several API servers: all of their counts
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            registry.register(self._engine_collector)
+            return generate_latest(registry)
         return generate_latest(self.registry)

@@ -17,7 +17,8 @@ import signal
 import sys
 import threading
 
-from jax_engine.engine_core.launch import MULTIPROCESSING_ENV, discard_early, multiprocessing_by_default
+from jax_engine.engine_core.launch import (MULTIPROCESSING_ENV, discard_early, multiprocessing_by_default,
+                                           not_served_across_processes)
 from jax_engine.server.lora_adapters import parse_lora_module
 from jax_engine.server.reasoning import REASONING_PARSERS
 from jax_engine.server.state import PREFIX_CACHE_ISOLATION, ServerConfig
@@ -80,6 +81,9 @@ def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run the scheduler and the model in a process of their own, beside the HTTP server's "
                         f"(the default, unless ${MULTIPROCESSING_ENV} is 0); --no-engine-core-process runs all in "
                         "one process, for debugging")
+    parser.add_argument("--api-server-count", type=int, default=1, metavar="N",
+                        help="API server processes (HTTP, tokenization, streaming) on the one engine core, all "
+                        "accepting on --port; each applies the connection limits on its own")
     parser.add_argument("--headless", action="store_true",
                         help="a worker host (--node-rank > 0): no HTTP server, only the driver's device calls")
 
@@ -136,11 +140,13 @@ def make_server(engine, config: ServerConfig, host: str, port: int, log_level: s
     return server
 
 
-def run_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info") -> int:
-    """Serve until SIGTERM / Ctrl-C (returns 0) or until the engine loop dies (returns 1)."""
+def run_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info",
+               sockets: list | None = None) -> int:
+    """Serve until SIGTERM / Ctrl-C (returns 0) or until the engine loop dies (returns 1); on `sockets` (already
+    listening, as each of --api-server-count's servers is given) instead of binding host:port."""
     server = make_server(engine, config, host, port, log_level)
     with _signals_end_the_server_only():
-        server.run()
+        server.run(sockets=sockets)
     return ENGINE_DIED_EXIT_STATUS if engine.dead_error is not None else 0
 
 
@@ -176,6 +182,11 @@ def main(ns: argparse.Namespace) -> None:
     config = server_config(ns, ns.served_model_name or args.model or DEFAULT_MODEL_NAME)
     if config.lora_modules and not args.enable_lora:  # before the model loads
         raise ValueError("--lora-modules needs --enable-lora")
+    if ns.api_server_count != 1:
+        from jax_engine.server.api_servers import check_api_server_count, serve_with_api_servers
+
+        check_api_server_count(ns.api_server_count, args, ns.engine_core_process)  # before the model loads
+        sys.exit(serve_with_api_servers(ns.api_server_count, args, config, ns.host, ns.port, ns.log_level))
     engine = _engine(args, ns.engine_core_process, ns.log_level.upper())
     status = run_server(engine, config, ns.host, ns.port, ns.log_level)
     if status:
@@ -186,8 +197,7 @@ def _engine(args, core_process: bool, log_level: str):
     """The engine the server drives: in a process of its own (the default), or in this one."""
     from jax_engine.async_llm_engine import AsyncLLMEngine
 
-    in_process = [why for why, holds in (("data_parallel_size > 1", args.data_parallel_size > 1),
-                                         ("--enable-lora", args.enable_lora), ("nnodes > 1", args.nnodes > 1)) if holds]
+    in_process = not_served_across_processes(args)
     if core_process and in_process:
         logging.getLogger(__name__).warning("the engine runs in the server's process: %s is not served across "
                                             "processes yet", in_process[0])

@@ -1,0 +1,32 @@
+"""One API server of `jax-engine serve --api-server-count N` (started by api_servers.py): a whole server, on the
+listening socket it is given, driving the shared engine core through a socket pair of its own.
+
+Its arguments come pickled on stdin once its imports are done: (index, EngineArgs, ServerConfig, host, port, log
+level, the listening socket's file descriptor, its (input, output) socket addresses). It exits with run_server's
+status: 0 after a drain, 1 if the engine core died.
+"""
+
+import logging
+import pickle
+import socket
+import sys
+
+from jax_engine.async_llm_engine import AsyncLLMEngine
+from jax_engine.engine_core.core_client import EngineCoreClient
+from jax_engine.server.serve import run_server
+
+
+def main() -> int | str:
+    try:
+        index, args, config, host, port, log_level, listener_fd, addresses = pickle.load(sys.stdin.buffer)
+    except EOFError:  # the supervisor exited before it wrote them
+        return "API server: no arguments came (the `jax-engine serve` that started it is gone)"
+    logging.basicConfig(level=log_level.upper(),
+                        format=f"%(levelname)s %(asctime)s api-server-{index} %(name)s: %(message)s")
+    listener = socket.socket(fileno=listener_fd)
+    engine = AsyncLLMEngine(EngineCoreClient(args, log_level.upper(), shared_core=addresses))
+    return run_server(engine, config, host, port, log_level, sockets=[listener])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""`jax-engine serve --api-server-count N`: N API server processes on one engine core, as vLLM v1 scales out the
+front end (HTTP, checks, tokenization, streaming) once one Python process cannot keep up with the engine.
+
+    supervisor (`jax-engine serve`)   binds --port, starts the others, watches them, passes SIGTERM on
+      ├── engine core                 the scheduler and the model (engine_core/core.py), a socket pair per API server
+      └── API servers 0 .. N-1        each a whole server (api_server_process.py) accepting connections on the one
+                                      listening socket it was given: the kernel hands each connection to one of them
+
+Each API server has its own connection limits and /health; the engine is shared: the core sends each API server
+its own requests' outputs and all of them the engine's state, so a full queue's 503 counts every API server's
+waiting requests. /metrics sums the API servers' counters and histograms (prometheus_client's multiprocess mode,
+as vLLM's); the gauges are the engine's.
+
+It ends as one server does. SIGTERM (or Ctrl-C) drains every API server; each then leaves the core, which stops
+once all have: status 0. If the core dies, the supervisor tells each API server so (the "dead" message the core
+sends itself when its loop fails); they fail their requests in flight and exit, and the supervisor exits 1. If an
+API server dies, it stops the others and the core and exits 1.
+"""
+
+import contextlib
+import logging
+import os
+import pickle
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import zmq
+
+from jax_engine.engine_core.launch import not_served_across_processes, take_core_process
+from jax_engine.engine_core.messages import encode
+
+logger = logging.getLogger(__name__)
+API_SERVER_MODULE = "jax_engine.server.api_server_process"
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's: where each process keeps its counts
+WATCH_S = 0.2  # how often the supervisor looks at its processes
+STOP_WAIT_S = 30.0  # how long it waits for a process told to stop before it kills it
+LAST_WORD_MS = 2000  # how long it tries to deliver the news of the core's death
+
+
+def check_api_server_count(count: int, args, core_process: bool) -> None:
+    """A ValueError naming the flag if `count` API servers cannot serve this engine."""
+    if count < 1:
+        raise ValueError(f"--api-server-count must be at least 1 (got {count})")
+    if count > 1 and not core_process:
+        raise ValueError("--api-server-count > 1 needs the engine core process (--engine-core-process)")
+    if count > 1 and (in_process := not_served_across_processes(args)):
+        raise ValueError(f"--api-server-count > 1 needs the engine core process, and {in_process[0]} is not served "
+                         "across processes yet")
+
+
+def serve_with_api_servers(count: int, args, config, host: str, port: int, log_level: str) -> int:
+    """Run the engine core and `count` API servers on host:port; return 0 after a drain, 1 after a death."""
+    listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                    backlog=2048)  # uvicorn's backlog
+    directory = tempfile.mkdtemp(prefix="jax-engine-serve-")  # mode 0700: only this user reaches the sockets
+    addresses = [(f"ipc://{directory}/inputs-{i}", f"ipc://{directory}/outputs-{i}") for i in range(count)]
+    os.mkdir(metrics_dir := os.path.join(directory, "metrics"))
+    core = _given(take_core_process(), (args, addresses, log_level.upper()))
+    servers = [_given(subprocess.Popen([sys.executable, "-m", API_SERVER_MODULE], stdin=subprocess.PIPE,
+                                       pass_fds=(listener.fileno(),), env={**os.environ, METRICS_DIR_ENV: metrics_dir}),
+                      (i, args, config, host, port, log_level, listener.fileno(), addresses[i]))
+               for i in range(count)]
+    listener.close()  # the API servers hold it
+    logger.info("%d API servers on %s:%d, one engine core", count, host, port)
+    try:
+        with _sigterm_passed_on(servers):
+            return _watch(core, servers, addresses)
+    finally:
+        for process in [*servers, core]:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _given(process: subprocess.Popen, arguments: tuple) -> subprocess.Popen:
+    """`process`, once its arguments are written to its stdin (it reads them after its imports)."""
+    process.stdin.write(pickle.dumps(arguments))
+    process.stdin.close()
+    return process
+
+
+def _watch(core: subprocess.Popen, servers: list[subprocess.Popen], addresses: list[tuple[str, str]]) -> int:
+    while True:
+        statuses = [server.poll() for server in servers]
+        if all(status == 0 for status in statuses):  # drained: each left the core, which stops once all have
+            _stop(core)
+            return 0
+        if core.poll() is not None:
+            logger.error("the engine core process exited with status %d: stopping the API servers", core.returncode)
+            _tell_core_died(addresses, f"the engine core process exited with status {core.returncode}")
+            _terminate(servers)  # an idle API server reads nothing from the core until a request comes
+            _stop(*servers)
+            return 1
+        if failed := [(i, status) for i, status in enumerate(statuses) if status not in (None, 0)]:
+            logger.error("API server %d exited with status %d: stopping the others", *failed[0])
+            _terminate(servers)
+            _stop(*servers, core)  # the core waits for the failed one's "shutdown", which will not come
+            return 1
+        time.sleep(WATCH_S)
+
+
+def _terminate(servers: list[subprocess.Popen]) -> None:
+    """SIGTERM to the API servers still running: they drain, and leave the core."""
+    for server in servers:
+        if server.poll() is None:
+            server.terminate()
+
+
+def _stop(*processes: subprocess.Popen) -> None:
+    """Wait for `processes` to exit, killing those still there after STOP_WAIT_S (in all)."""
+    deadline = time.monotonic() + STOP_WAIT_S
+    for process in processes:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            logger.error("process %d did not stop within %.0f s: killing it", process.pid, STOP_WAIT_S)
+            process.kill()
+            process.wait()
+
+
+def _tell_core_died(addresses: list[tuple[str, str]], why: str) -> None:
+    """Send each API server what the core sends when its loop dies, on the socket it reads the core on."""
+    context = zmq.Context()
+    for _, outputs in addresses:
+        pusher = context.socket(zmq.PUSH)
+        pusher.connect(outputs)
+        pusher.send(encode("dead", why))
+    context.destroy(linger=LAST_WORD_MS)
+
+
+@contextlib.contextmanager
+def _sigterm_passed_on(servers: list[subprocess.Popen]):
+    """SIGTERM or SIGINT to the supervisor drains the API servers (SIGTERM, once: a second SIGINT would make
+    uvicorn quit without draining). Ctrl-C reaches them all anyway, as the process group's SIGINT."""
+    passed = False
+
+    def pass_on(*_) -> None:
+        nonlocal passed
+        if not passed:
+            passed = True
+            _terminate(servers)
+
+    previous = {sig: signal.signal(sig, pass_on) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
