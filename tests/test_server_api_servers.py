@@ -117,3 +117,15 @@ def test_flags_that_cannot_work_are_refused_before_the_model_loads(flags, error,
     with pytest.raises(SystemExit) as exit_:
         cli.main(["serve", "no-such-model", *flags])
     assert error in str(exit_.value.code)
+
+
+def test_an_api_server_s_death_stops_the_others_and_the_core_and_exits_1(long_checkpoint_dir, tmp_path):
+    process, url = _start(long_checkpoint_dir, tmp_path / "log")
+    children = [pid for pid, _ in child_processes(process.pid)]
+    try:
+        os.kill(_children(process.pid, API_SERVER_MODULE)[0], signal.SIGKILL)
+        assert process.wait(timeout=60) == 1
+        assert len(children) == 3 and all(_gone(pid) for pid in children)
+    finally:
+        process.kill()
+    assert "exited with status -9: stopping the others" in (tmp_path / "log").read_text()

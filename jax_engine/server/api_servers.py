@@ -100,7 +100,9 @@ def _watch(core: subprocess.Popen, servers: list[subprocess.Popen], addresses: l
         if failed := [(i, status) for i, status in enumerate(statuses) if status not in (None, 0)]:
             logger.error("API server %d exited with status %d: stopping the others", *failed[0])
             _terminate(servers)
-            _stop(*servers, core)  # the core waits for the failed one's "shutdown", which will not come
+            _stop(*servers)
+            core.kill()  # the others have drained; it would wait for the failed one's "shutdown", which won't come
+            core.wait()
             return 1
         time.sleep(WATCH_S)
 
