@@ -53,8 +53,8 @@ class EngineCore:
     def run(self) -> None:
         parent = os.getppid()
         while self._attached:
-            if os.getppid() != parent:  # the API server died without a word: nobody would read our outputs
-                logger.error("the API server process is gone: the engine core stops")
+            if os.getppid() != parent:  # its API server (or their supervisor) died without a word
+                logger.error("the process that started the engine core is gone: the engine core stops")
                 return
             idle = not self.engine.has_unfinished_requests()
             if not self._take_inputs(wait_ms=PARENT_CHECK_MS if idle else 0) and idle:
