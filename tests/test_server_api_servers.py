@@ -10,6 +10,7 @@ import concurrent.futures
 import json
 import os
 import signal
+import socket
 
 import httpx
 import openai
@@ -111,11 +112,12 @@ def test_the_core_s_death_fails_requests_in_flight_and_exits_1(long_checkpoint_d
     (["--api-server-count", "2", "--no-engine-core-process"], "--api-server-count > 1 needs the engine core process"),
     (["--api-server-count", "2", "--engine-core-process", "--enable-lora"],
      "--enable-lora is not served across processes yet"),
+    (["--api-server-count", "2", "--engine-core-process", "--port", "{taken}"], "cannot listen there"),
 ])
 def test_flags_that_cannot_work_are_refused_before_the_model_loads(flags, error, monkeypatch):
     monkeypatch.setenv(MULTIPROCESSING_ENV, "0")  # no core process started early, before the flags are parsed
-    with pytest.raises(SystemExit) as exit_:
-        cli.main(["serve", "no-such-model", *flags])
+    with socket.create_server(("127.0.0.1", 0)) as taken, pytest.raises(SystemExit) as exit_:
+        cli.main(["serve", "no-such-model", *[flag.format(taken=taken.getsockname()[1]) for flag in flags]])
     assert error in str(exit_.value.code)
 
 

@@ -55,8 +55,11 @@ def check_api_server_count(count: int, args, core_process: bool) -> None:
 
 def serve_with_api_servers(count: int, args, config, host: str, port: int, log_level: str) -> int:
     """Run the engine core and `count` API servers on host:port; return 0 after a drain, 1 after a death."""
-    listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
-                                    backlog=2048)  # uvicorn's backlog
+    try:
+        listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                        backlog=2048)  # uvicorn's backlog
+    except OSError as error:  # before anything has started: a message, as for any bad flag
+        raise ValueError(f"--host {host} --port {port}: cannot listen there ({error.strerror})") from None
     directory = tempfile.mkdtemp(prefix="jax-engine-serve-")  # mode 0700: only this user reaches the sockets
     addresses = [(f"ipc://{directory}/inputs-{i}", f"ipc://{directory}/outputs-{i}") for i in range(count)]
     os.mkdir(metrics_dir := os.path.join(directory, "metrics"))
