@@ -109,6 +109,7 @@ def test_the_core_s_death_fails_requests_in_flight_and_exits_1(long_checkpoint_d
 
 @pytest.mark.parametrize("flags, error", [
     (["--api-server-count", "0"], "--api-server-count must be at least 1 (got 0)"),
+    (["--api-server-count", str(os.cpu_count() + 1)], "--api-server-count must be at most the"),
     (["--api-server-count", "2", "--no-engine-core-process"], "--api-server-count > 1 needs the engine core process"),
     (["--api-server-count", "2", "--engine-core-process", "--enable-lora"],
      "--enable-lora is not served across processes yet"),

@@ -46,6 +46,8 @@ def check_api_server_count(count: int, args, core_process: bool) -> None:
     """A ValueError naming the flag if `count` API servers cannot serve this engine."""
     if count < 1:
         raise ValueError(f"--api-server-count must be at least 1 (got {count})")
+    if count > (cores := os.cpu_count() or 1):  # each is a Python process: more than the cores cannot serve faster
+        raise ValueError(f"--api-server-count must be at most the {cores} CPU cores of this machine (got {count})")
     if count > 1 and not core_process:
         raise ValueError("--api-server-count > 1 needs the engine core process (--engine-core-process)")
     if count > 1 and (in_process := not_served_across_processes(args)):

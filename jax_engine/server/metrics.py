@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.outputs import PoolingRequestOutput, RequestOutput
+from jax_engine.server.api_servers import METRICS_DIR_ENV
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 _ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -144,7 +145,7 @@ class ServingMetrics:
             self._seen.pop(output.request_id, None)
 
     def render(self) -> bytes:
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # one of several API servers: all of their counts
+        if os.environ.get(METRICS_DIR_ENV):  # one of several API servers: all of their counts
             registry = CollectorRegistry()
             MultiProcessCollector(registry)
             registry.register(self._engine_collector)
