@@ -216,13 +216,17 @@ def test_metrics_count_what_was_served(server):
     before = {name: metric(server, name, AUTH) for name in
               ("vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:time_to_first_token_seconds_count",
                "vllm:prefix_cache_queries_total")}
-    body = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    # Two prompts of ~200 tokens in one request: the second's prompt is computed in two steps (256-token budget),
+    # the first of which reports it with no token yet.
+    prompts = [f"{PROMPT} {' '.join([word] * 200)}" for word in ("red", "blue")]
+    body = {"prompt": prompts, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
     usage = httpx.post(f"{server}/v1/completions", json=body, headers=AUTH).json()["usage"]
+    assert usage["prompt_tokens"] > 400
     assert metric(server, "vllm:prompt_tokens_total", AUTH) - before["vllm:prompt_tokens_total"] == usage[
         "prompt_tokens"]
-    assert metric(server, "vllm:generation_tokens_total", AUTH) - before["vllm:generation_tokens_total"] == 5
+    assert metric(server, "vllm:generation_tokens_total", AUTH) - before["vllm:generation_tokens_total"] == 10
     assert metric(server, "vllm:time_to_first_token_seconds_count", AUTH) == before[
-        "vllm:time_to_first_token_seconds_count"] + 1
+        "vllm:time_to_first_token_seconds_count"] + 2
     assert metric(server, "vllm:prefix_cache_queries_total", AUTH) > before["vllm:prefix_cache_queries_total"]
     assert metric(server, "vllm:inter_token_latency_seconds_count", AUTH) >= 4
     for name in ("vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
