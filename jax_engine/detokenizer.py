@@ -12,6 +12,30 @@ from transformers import PreTrainedTokenizerBase
 _PROMPT_WINDOW = 5
 
 
+def decoded_text(tokenizer, token_ids: list[int]) -> str:
+    """Token ids' whole text ("" without a tokenizer): what beam search reports, its beams being reordered."""
+    return "" if tokenizer is None else tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def decoded_token(tokenizer, token: int) -> str | None:
+    """A token's text in logprobs (None without a tokenizer, as vLLM's decoded_token)."""
+    return None if tokenizer is None else tokenizer.decode([int(token)])
+
+
+def find_stop_string(text: str, new_chars: int, stops: tuple[str, ...]) -> tuple[int, str] | None:
+    """The first of `stops` that ends within the last `new_chars` characters of `text`: (where it starts, which)."""
+    for stop in stops:
+        index = text.find(stop, max(0, len(text) - new_chars - len(stop) + 1))
+        if index >= 0:
+            return index, stop
+    return None
+
+
+def cut_at_stop(text: str, index: int, stop: str, include_stop: bool) -> str:
+    """The text a stop string found at `index` ends: up to it, or through it with include_stop_str_in_output."""
+    return text[: index + (len(stop) if include_stop else 0)]
+
+
 class NoDetokenizer:
     """The detokenizer of an engine without a tokenizer (skip_tokenizer_init): no text, only token ids."""
 

@@ -48,11 +48,14 @@ LORA_DISABLED = "lora_request needs an engine started with enable_lora=True (--e
 class LLMEngine:
     """A continuous-batching engine over a paged KV cache."""
 
-    def __init__(self, args: EngineArgs, checkpoint: Checkpoint | None = None, *, devices: list | None = None) -> None:
+    def __init__(self, args: EngineArgs, checkpoint: Checkpoint | None = None, *, devices: list | None = None,
+                 detokenize: bool = True) -> None:
         """Load the model (or take an already loaded `checkpoint`), size the KV cache, build the loop.
 
         `devices`: the devices to run on, the mesh taking the first tensor_parallel_size of them (default:
         jax.devices()); a data-parallel replica gets its own (jax_engine/server/data_parallel.py).
+        `detokenize=False`: outputs carry token ids and logprobs but no text, and stop strings are not checked: an
+        engine core's API server does both (jax_engine/engine_core/text_processor.py).
         """
         if args.data_parallel_size > 1 and devices is None:
             raise ValueError(f"data_parallel_size > 1 (got {args.data_parallel_size}) is served by `jax-engine serve` "
@@ -63,9 +66,9 @@ class LLMEngine:
         first = None if devices is None else devices[0]
         self._on_devices = contextlib.nullcontext if first is None else functools.partial(jax.default_device, first)
         with self._on_devices():
-            self._build(args, checkpoint, devices)
+            self._build(args, checkpoint, devices, detokenize)
 
-    def _build(self, args: EngineArgs, checkpoint: Checkpoint | None, devices: list | None) -> None:
+    def _build(self, args: EngineArgs, checkpoint: Checkpoint | None, devices: list | None, detokenize: bool) -> None:
         started = time.perf_counter()
         self.pooler, args = Pooler.for_engine(args)  # task="embed": vectors instead of tokens (pooler.py)
         self.args = args
@@ -83,8 +86,9 @@ class LLMEngine:
                                                  token_ids(generation_config.get("eos_token_id"))))
         self.grammar_compiler = GrammarCompiler(self.tokenizer, cfg.vocab_size, self.eos_token_ids)
         self.input_processor = InputProcessor(self.tokenizer, cfg, self.scheduler_config, self.grammar_compiler)
-        self.output_processor = OutputProcessor(self.tokenizer, self.eos_token_ids)
-        self._new_sequence = SequenceFactory(self.tokenizer, self.eos_token_ids, args.seed, self.grammar_compiler)
+        text_tokenizer = self.tokenizer if detokenize else None
+        self.output_processor = OutputProcessor(text_tokenizer, self.eos_token_ids)
+        self._new_sequence = SequenceFactory(text_tokenizer, self.eos_token_ids, args.seed, self.grammar_compiler)
         self._groups: dict[str, SequenceGroup] = {}
         self._pending_outputs: list[RequestOutput] = []  # aborted requests, reported on the next step
         self._arrivals = 0
@@ -179,6 +183,17 @@ class LLMEngine:
                 self._finish_group(group, RequestStatus.FINISHED_ABORTED)
                 self._pending_outputs.append(self.output_processor.request_output(group) if self.pooler is None
                                              else self.pooler.output(group, None))
+
+    def stop_sequences(self, stops: list[tuple[str, int, str]]) -> None:
+        """Finish the sequences whose text an engine core's API server found a stop string in: (request id, index,
+        the stop string) each; the ones already finished or unknown are passed over."""
+        for request_id, index, stop in stops:
+            group = self._groups.get(request_id)
+            if group is not None and not (seq := group.seqs[index]).status.is_finished:
+                seq.stop_reason = stop
+                self.scheduler.finish_requests([seq.seq_id], RequestStatus.FINISHED_STOPPED)
+                if group.finished:  # reported at the next step, as an abort is
+                    self._pending_outputs.append(self.output_processor.request_output(self._groups.pop(request_id)))
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests() or bool(self._pending_outputs)

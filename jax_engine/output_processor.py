@@ -11,6 +11,7 @@ from contextlib import AbstractContextManager
 
 from jax_engine.beam_search import BeamSearchSequence, beam_score
 from jax_engine.core.scheduler_output import SchedulerOutput
+from jax_engine.detokenizer import cut_at_stop, decoded_text, decoded_token, find_stop_string
 from jax_engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from jax_engine.sample.sampler import SampledToken
 from jax_engine.sequence import Sequence
@@ -19,6 +20,9 @@ from reference.request import RequestStatus
 
 
 class OutputProcessor:
+    """`tokenizer` None makes no text: an engine without a tokenizer, or an engine core whose API server makes the
+    text (jax_engine/engine_core/text_processor.py)."""
+
     def __init__(self, tokenizer, eos_token_ids: tuple[int, ...]) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
@@ -62,29 +66,20 @@ class OutputProcessor:
 
     def logprob_entry(self, token: int, logprob: float, rank: int, top_ids, top_logprobs, k: int) -> PositionLogprobs:
         """vLLM's per-position logprobs: the chosen token, then the top k (ranks 1..k)."""
-        entry = {int(token): Logprob(float(logprob), int(rank), self._decoded(token))}
+        entry = {int(token): Logprob(float(logprob), int(rank), decoded_token(self.tokenizer, token))}
         for i, (tid, lp) in enumerate(zip(top_ids[:k], top_logprobs[:k])):
-            entry.setdefault(int(tid), Logprob(float(lp), i + 1, self._decoded(tid)))
+            entry.setdefault(int(tid), Logprob(float(lp), i + 1, decoded_token(self.tokenizer, tid)))
         return entry
-
-    def _text(self, token_ids: list[int]) -> str:
-        return "" if self.tokenizer is None else self.tokenizer.decode(token_ids, skip_special_tokens=True)
-
-    def _decoded(self, token: int) -> str | None:
-        """A token's text in logprobs (None without a tokenizer, as vLLM's decoded_token)."""
-        return None if self.tokenizer is None else self.tokenizer.decode([int(token)])
 
     @staticmethod
     def _check_stop_strings(seq: Sequence, delta_len: int) -> RequestStatus | None:
         detok, params = seq.detokenizer, seq.sampling_params
-        for stop in params.stop:
-            start = max(0, len(detok.text) - delta_len - len(stop) + 1)
-            index = detok.text.find(stop, start)
-            if index >= 0:
-                detok.text = detok.text[: index + (len(stop) if params.include_stop_str_in_output else 0)]
-                seq.stop_reason = stop
-                return RequestStatus.FINISHED_STOPPED
-        return None
+        found = find_stop_string(detok.text, delta_len, params.stop)
+        if found is None:
+            return None
+        detok.text = cut_at_stop(detok.text, *found, params.include_stop_str_in_output)
+        seq.stop_reason = found[1]
+        return RequestStatus.FINISHED_STOPPED
 
     # ------------------------------------------------------------------------------- outputs
     def request_output(self, group: SequenceGroup) -> RequestOutput:
@@ -106,7 +101,7 @@ class OutputProcessor:
         beams += group.completed_beams
         beams.sort(key=lambda b: beam_score(b.tokens, b.cum_logprob, self.eos_token_ids, params.length_penalty),
                    reverse=True)
-        return [CompletionOutput(i, self._text(b.tokens[n:]), b.tokens[n:],
+        return [CompletionOutput(i, decoded_text(self.tokenizer, b.tokens[n:]), b.tokens[n:],
                                  b.cum_logprob, None, b.finish_reason if group.finished else None)
                 for i, b in enumerate(beams[: params.beam_width])]
 

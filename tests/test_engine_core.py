@@ -70,6 +70,14 @@ def test_the_core_runs_apart_and_answers_as_the_engine_in_process(core_server, l
     streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(
         model="tiny", prompt=prompts[0], max_tokens=12, temperature=0, stream=True))
     assert streamed == expected[0].outputs[0].text
+    # Stop strings are found in the API server, which makes the text: the same cut, streamed or not.
+    text = expected[1].outputs[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    stopped = client.completions.create(model="tiny", prompt=prompts[1], max_tokens=12, temperature=0, stop=[stop])
+    assert stopped.choices[0].text == text[: text.index(stop)] and stopped.choices[0].finish_reason == "stop"
+    streamed = "".join(chunk.choices[0].text for chunk in client.completions.create(
+        model="tiny", prompt=prompts[1], max_tokens=12, temperature=0, stop=[stop], stream=True))
+    assert streamed == text[: text.index(stop)]
 
 
 def test_a_full_queue_answers_503_and_aborts_reach_the_core(core_server):
@@ -119,23 +127,55 @@ def test_sigterm_to_the_process_group_drains_then_stops_the_core(long_checkpoint
     assert "Traceback" not in (tmp_path / "log").read_text()
 
 
-def test_adds_count_as_waiting_until_the_core_reports_them(long_checkpoint_dir):
-    """The queue limit sees a request from the moment it is sent, not only once the core has reported it."""
+@pytest.fixture(scope="module")
+def core_client(long_checkpoint_dir):
+    """An API server's client of a core process of its own, driven by hand."""
     client = EngineCoreClient(EngineArgs(long_checkpoint_dir, **ARGS))
-    try:
-        params = SamplingParams(max_tokens=4, temperature=0)
-        for i in range(3):
-            client.add_request(f"r{i}", {"prompt": None, "prompt_token_ids": [1, 2, 3]}, params)
-        assert client.num_waiting_sequences() == 3  # nothing reported yet: all three on their way
+    yield client
+    client.shutdown()
 
-        async def until_finished():
-            finished = 0
-            while finished < 3:
-                outputs = await client.next_outputs(asyncio.Event())
-                finished += sum(o.finished for o in outputs)
-                assert client.num_waiting_sequences() + client.num_running_sequences() + finished == 3
 
-        asyncio.run(until_finished())
-        assert client.num_waiting_sequences() == 0 and not client.has_unfinished_requests()
-    finally:
-        client.shutdown()
+def _outputs_until(client: EngineCoreClient, done) -> list:
+    """Every output the core sends until `done(outputs so far)`."""
+    async def receive():
+        outputs = []
+        while not done(outputs):
+            outputs += await client.next_outputs(asyncio.Event())
+        return outputs
+
+    return asyncio.run(receive())
+
+
+def test_adds_count_as_waiting_until_the_core_reports_them(core_client):
+    """The queue limit sees a request from the moment it is sent, not only once the core has reported it."""
+    client = core_client
+    params = SamplingParams(max_tokens=4, temperature=0)
+    for i in range(3):
+        client.add_request(f"r{i}", {"prompt": None, "prompt_token_ids": [1, 2, 3]}, params)
+    assert client.num_waiting_sequences() == 3  # nothing reported yet: all three on their way
+
+    def all_finished(outputs):
+        finished = sum(o.finished for o in outputs)
+        assert client.num_waiting_sequences() + client.num_running_sequences() + finished == 3
+        return finished == 3
+
+    _outputs_until(client, all_finished)
+    assert client.num_waiting_sequences() == 0 and not client.has_unfinished_requests()
+
+
+def test_a_stop_string_found_in_the_api_server_stops_the_request_in_the_core(core_client):
+    """The core makes no text: the API server finds the stop string, and the core stops the request at its word
+    instead of making the 4000 tokens it asked for."""
+    client, prompt = core_client, {"prompt": None, "prompt_token_ids": [5, 6, 7]}
+    client.add_request("free", prompt, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    [free] = _outputs_until(client, lambda outputs: any(o.finished for o in outputs))[-1:]
+    text = free.outputs[0].text
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    steps_before = client.stats()["num_steps"]
+    client.add_request("stopped", prompt, SamplingParams(max_tokens=4000, temperature=0, ignore_eos=True, stop=stop))
+    [stopped] = _outputs_until(client, lambda outputs: any(o.finished for o in outputs))[-1:]
+    assert stopped.outputs[0].text == text[: text.index(stop)] and stopped.outputs[0].stop_reason == stop
+    assert stopped.outputs[0].token_ids == free.outputs[0].token_ids[: len(stopped.outputs[0].token_ids)]
+    assert not client.has_unfinished_requests()
+    _outputs_until(client, lambda _: client.num_running_sequences() == 0)
+    assert client.stats()["num_steps"] - steps_before < 20  # the core took the stop within a few steps

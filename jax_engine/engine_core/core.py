@@ -2,9 +2,9 @@
 
     API server process (core_client.py)            engine core process (here)
     -----------------------------------            --------------------------
-    HTTP, tokenization, grammars, streams  ---->   take every input that has arrived (never waiting for one
+    HTTP, tokenization, grammars           ---->   take every input that has arrived (never waiting for one
     AsyncLLMEngine over EngineCoreClient           while there is work), then step the LLMEngine
-                                           <----   the step's outputs and the engine's state
+    text, stop strings, streams            <----   the step's outputs (token ids, no text) and the engine's state
 
 The core steps for as long as it has work, without waiting for the API server to read what it sent: the
 server's HTTP and streaming work and the core's steps run at once, on different cores. When idle, the core
@@ -77,6 +77,8 @@ class EngineCore:
             self._add(server, body)
         elif kind == "abort":
             self.engine.abort_request(body)
+        elif kind == "stop":
+            self.engine.stop_sequences(body)
         elif kind == "shutdown":  # that API server is gone: its requests (none, after a drain) end with it
             self._attached.discard(server)
             self.engine.abort_request([r for r, s in self._server_of.items() if s == server])
@@ -127,7 +129,7 @@ def run_engine_core(args: EngineArgs, addresses: list[tuple[str, str]], log_leve
     inputs = [_connected(context, zmq.PULL, address) for address, _ in addresses]
     outputs = [_connected(context, zmq.PUSH, address) for _, address in addresses]
     try:
-        engine = LLMEngine(args)
+        engine = LLMEngine(args, detokenize=False)  # the API servers make the text
         for socket in outputs:
             socket.send(encode("ready", engine_facts(engine)))
         EngineCore(engine, inputs, outputs).run()

@@ -3,7 +3,8 @@
 It offers what AsyncLLMEngine and the server use of an LLMEngine (add_request, abort_request, the waiting and
 running counts, stats, request checks and the tokenizer), and, in place of step(), `next_outputs`: the next
 outputs the engine core process sent (core.py). Requests are checked and tokenized here, on the tokenizer and
-configs the core sent once it was ready (messages.EngineFacts); the core only schedules and steps.
+configs the core sent once it was ready (messages.EngineFacts), and outputs get their text and stop strings here
+(text_processor.py); the core only schedules, steps and samples.
 
 A client starts its own core process and stops it, or, with `--api-server-count N`, binds the sockets of a core
 that jax_engine/server/api_servers.py started for N API servers, and only tells it that it leaves.
@@ -27,6 +28,7 @@ from jax_engine.config import EngineArgs
 from jax_engine.engine_core.launch import take_core_process
 from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts, decode, encode
 from jax_engine.engine_core.output_deltas import DeltaDecoder
+from jax_engine.engine_core.text_processor import TextProcessor
 from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, RequestParams
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import CompletionOutput, RequestOutput
@@ -71,6 +73,7 @@ class EngineCoreClient:
             self._process.stdin.close()
         atexit.register(self.shutdown)
         self._outputs = DeltaDecoder()  # unfinished requests' outputs so far
+        self._text = None  # their text (a TextProcessor, once the core has sent the tokenizer)
         self._adds_sent = 0
         self._receiving: asyncio.Future | None = None
         self._async_from_core: zmq.asyncio.Socket | None = None
@@ -100,6 +103,7 @@ class EngineCoreClient:
     def _take_facts(self, facts: EngineFacts) -> None:
         self.model_config, self.scheduler_config = facts.model_config, facts.scheduler_config
         self.tokenizer, self.eos_token_ids = facts.tokenizer, facts.eos_token_ids
+        self._text = TextProcessor(self.tokenizer)
         self.default_sampling_fields = facts.default_sampling_fields
         self.startup_compile_seconds = facts.startup_compile_seconds
         self._state = CoreOutputs([], 0, 0, 0, facts.stats)
@@ -126,6 +130,7 @@ class EngineCoreClient:
         if grammar is not None:  # its matcher stays here; the core builds its own from the text
             params = params.derived(compiled_grammar=None)
         self._outputs.start(request_id, prompt.get("prompt"), prompt["prompt_token_ids"])
+        self._text.start(request_id, prompt["prompt_token_ids"], params)
         self._adds_sent += 1
         self._send("add", AddRequest(request_id, prompt, params, lora_request, grammar and grammar.text))
 
@@ -179,9 +184,20 @@ class EngineCoreClient:
         if kind != "outputs":
             raise self._died(kind, body)
         self._state = body
-        return [self._outputs.decode(delta) for delta in body.outputs]
+        outputs, stops = [], []
+        for delta in body.outputs:
+            if (output := self._outputs.decode(delta)) is not None:
+                output, stopped = self._text.process(output)
+                outputs.append(output)
+                stops += stopped
+                if output.finished:  # here, if a stop string finished it: what the core still sends is dropped
+                    self._outputs.forget(output.request_id)
+        if stops:
+            self._send("stop", stops)
+        return outputs
 
     def _failed_output(self, request_id: str) -> RequestOutput:
+        self._text.forget(request_id)
         output = self._outputs.forget(request_id)
         output.outputs, output.finished = [CompletionOutput(0, "", [], None, None, "error")], True
         return output

@@ -4,12 +4,13 @@
     ---------------------------------------        ------------------------------------------
     ("add", AddRequest)                            ("ready", EngineFacts)        once, after start-up
     ("abort", [request ids])                       ("outputs", CoreOutputs)      after every step or input
-    ("shutdown", None)                             ("rejected", (request id, error))  an add it refused
-                                                   ("dead", traceback text)      the core's loop failed
+    ("stop", [(request id, index, stop string)])   ("rejected", (request id, error))  an add it refused
+    ("shutdown", None)                             ("dead", traceback text)      the core's loop failed
 
 Messages are pickled (protocol 5): both ends are this package in processes of one user, on a socket in a
 directory only that user can open. Outputs travel as what changed since the last one (output_deltas.py): the
-API server has the prompt and the rest already.
+API server has the prompt and the rest already. They carry no text: the API server makes it, and says "stop" for
+the completions whose text reached a stop string (text_processor.py).
 """
 
 import pickle

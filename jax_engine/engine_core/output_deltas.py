@@ -109,8 +109,11 @@ class DeltaDecoder:
         return len(self._outputs)
 
     def decode(self, delta):
-        if not isinstance(delta, OutputDelta):
-            self._outputs.pop(delta.request_id, None)
+        """The request's whole output after `delta`; None for a request this side has forgotten (finished here)."""
+        if delta.request_id not in self._outputs:
+            return None
+        if not isinstance(delta, OutputDelta):  # an embedding: sent once, whole
+            del self._outputs[delta.request_id]
             return delta
         whole = self._outputs.pop(delta.request_id) if delta.finished else self._outputs[delta.request_id]
         completions = {c.index: c for c in whole.outputs}
