@@ -79,11 +79,24 @@ class EngineCore:
             self.engine.abort_request(body)
         elif kind == "stop":
             self.engine.stop_sequences(body)
+        elif kind in ("add_lora", "remove_lora"):
+            self._update_adapters(kind, body)
         elif kind == "shutdown":  # that API server is gone: its requests (none, after a drain) end with it
             self._attached.discard(server)
             self.engine.abort_request([r for r, s in self._server_of.items() if s == server])
         else:
             raise ValueError(f"unknown message {kind!r}")
+
+    def _update_adapters(self, kind: str, body) -> None:
+        """Load or forget a LoRA adapter. The API server checked the adapter's files and sends a removal once its
+        requests with it are done: an error here is a change on disk meanwhile, or a race, and is only logged."""
+        try:
+            if kind == "add_lora":
+                self.engine.add_lora(body)
+            else:
+                self.engine.remove_lora(body)
+        except ValueError as error:
+            logger.error("%s failed: %s", kind, error)
 
     def _add(self, server: int, request: AddRequest) -> None:
         self._adds_applied[server] += 1
@@ -110,9 +123,10 @@ class EngineCore:
 
 
 def engine_facts(engine: LLMEngine) -> EngineFacts:
+    lora = engine.runner.lora
     return EngineFacts(engine.model_config, engine.scheduler_config, engine.tokenizer, engine.eos_token_ids,
-                       engine.default_sampling_fields, engine.speculator is not None, engine.startup_compile_seconds,
-                       engine.stats())
+                       engine.default_sampling_fields, engine.speculator is not None, lora and lora.checker,
+                       engine.startup_compile_seconds, engine.stats())
 
 
 def run_engine_core(args: EngineArgs, addresses: list[tuple[str, str]], log_level: str = "INFO") -> None:

@@ -30,6 +30,7 @@ from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts
 from jax_engine.engine_core.output_deltas import DeltaDecoder
 from jax_engine.engine_core.text_processor import TextProcessor
 from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, RequestParams
+from jax_engine.llm_engine import LORA_DISABLED
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import CompletionOutput, RequestOutput
 from jax_engine.pooler import Pooler, check_task
@@ -55,9 +56,6 @@ class EngineCoreClient:
     """
 
     def __init__(self, args: EngineArgs, log_level: str = "INFO", shared_core: tuple[str, str] | None = None) -> None:
-        if args.enable_lora:
-            raise ValueError("enable_lora: LoRA adapters are not served across processes yet: run the engine in the "
-                             "server's process (--no-engine-core-process)")
         self.args = args
         # A directory of mode 0700 for the sockets of a core of our own: only this user reaches them.
         self._dir = None if shared_core else tempfile.mkdtemp(prefix="jax-engine-core-")
@@ -75,6 +73,7 @@ class EngineCoreClient:
         self._outputs = DeltaDecoder()  # unfinished requests' outputs so far
         self._text = None  # their text (a TextProcessor, once the core has sent the tokenizer)
         self._adds_sent = 0
+        self._adapter_of: dict[str, int] = {}  # unfinished request id -> its LoRA adapter's id
         self._receiving: asyncio.Future | None = None
         self._async_from_core: zmq.asyncio.Socket | None = None
         try:
@@ -109,7 +108,7 @@ class EngineCoreClient:
         self._state = CoreOutputs([], 0, 0, 0, facts.stats)
         self.speculator = _CoreSpeculator(self) if facts.speculative else None
         self.pooler, _ = Pooler.for_engine(self.args)
-        self.runner = types.SimpleNamespace(lora=None)  # no adapters across processes (see __init__)
+        self.runner = types.SimpleNamespace(lora=facts.lora_checker)  # what the server asks of runner.lora: check
         self.grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         self.input_processor = InputProcessor(self.tokenizer, self.model_config, self.scheduler_config,
                                               self.grammar_compiler)
@@ -131,12 +130,31 @@ class EngineCoreClient:
             params = params.derived(compiled_grammar=None)
         self._outputs.start(request_id, prompt.get("prompt"), prompt["prompt_token_ids"])
         self._text.start(request_id, prompt["prompt_token_ids"], params)
+        if lora_request is not None:
+            self._adapter_of[request_id] = lora_request.lora_int_id
         self._adds_sent += 1
         self._send("add", AddRequest(request_id, prompt, params, lora_request, grammar and grammar.text))
 
     def abort_request(self, request_ids: list[str]) -> None:
         if request_ids:
             self._send("abort", list(request_ids))
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Check an adapter here (ValueError if bad), and have the core load it now."""
+        if self.runner.lora is None:
+            raise ValueError(LORA_DISABLED)
+        self.runner.lora.check(lora_request)
+        self._send("add_lora", lora_request)
+        return True
+
+    def remove_lora(self, lora_id: int) -> bool:
+        """Have the core forget an adapter: AsyncLLMEngine asks once lora_users is empty, and the core hears of
+        every abort and stop before it."""
+        self._send("remove_lora", lora_id)
+        return True
+
+    def lora_users(self, lora_id: int) -> list[str]:
+        return [request_id for request_id, adapter in self._adapter_of.items() if adapter == lora_id]
 
     def has_unfinished_requests(self) -> bool:
         return len(self._outputs) > 0
@@ -190,15 +208,20 @@ class EngineCoreClient:
                 output, stopped = self._text.process(output)
                 outputs.append(output)
                 stops += stopped
-                if output.finished:  # here, if a stop string finished it: what the core still sends is dropped
-                    self._outputs.forget(output.request_id)
+                if output.finished:  # also when a stop string finished it here: what the core still sends of
+                    self._forget(output.request_id)  # it is dropped
         if stops:
             self._send("stop", stops)
         return outputs
 
-    def _failed_output(self, request_id: str) -> RequestOutput:
+    def _forget(self, request_id: str) -> RequestOutput | None:
+        """Forget a finished request; its output so far (None if forgotten already)."""
         self._text.forget(request_id)
-        output = self._outputs.forget(request_id)
+        self._adapter_of.pop(request_id, None)
+        return self._outputs.forget(request_id)
+
+    def _failed_output(self, request_id: str) -> RequestOutput:
+        output = self._forget(request_id)
         output.outputs, output.finished = [CompletionOutput(0, "", [], None, None, "error")], True
         return output
 

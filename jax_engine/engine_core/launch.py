@@ -27,7 +27,7 @@ def multiprocessing_by_default() -> bool:
 def not_served_across_processes(args) -> list[str]:
     """What of these EngineArgs keeps the engine in the server's process (nothing: it may run in a core of its own)."""
     return [why for why, holds in (("data_parallel_size > 1", args.data_parallel_size > 1),
-                                   ("--enable-lora", args.enable_lora), ("nnodes > 1", args.nnodes > 1)) if holds]
+                                   ("nnodes > 1", args.nnodes > 1)) if holds]
 
 
 def start_core_process() -> subprocess.Popen:

@@ -5,7 +5,9 @@
     ("add", AddRequest)                            ("ready", EngineFacts)        once, after start-up
     ("abort", [request ids])                       ("outputs", CoreOutputs)      after every step or input
     ("stop", [(request id, index, stop string)])   ("rejected", (request id, error))  an add it refused
-    ("shutdown", None)                             ("dead", traceback text)      the core's loop failed
+    ("add_lora", LoRARequest)                      ("dead", traceback text)      the core's loop failed
+    ("remove_lora", adapter id)
+    ("shutdown", None)
 
 Messages are pickled (protocol 5): both ends are this package in processes of one user, on a socket in a
 directory only that user can open. Outputs travel as what changed since the last one (output_deltas.py): the
@@ -31,6 +33,7 @@ class EngineFacts:
     eos_token_ids: tuple[int, ...]
     default_sampling_fields: dict
     speculative: bool  # whether speculative decoding is on (its counters come with the outputs)
+    lora_checker: object | None  # an AdapterChecker with --enable-lora: the API server checks adapters itself
     startup_compile_seconds: float
     stats: dict  # LLMEngine.stats() at start-up
 

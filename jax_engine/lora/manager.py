@@ -13,6 +13,7 @@ vLLM's LRUCacheWorkerLoRAManager, in one class. Writing a slot replaces its stac
 
 import collections
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,6 +25,19 @@ from reference.lora import LoRAAdapter
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class AdapterChecker:
+    """What reading and checking an adapter needs of the base model, and no more: it pickles, so an engine core's
+    API server checks adapters itself (jax_engine/engine_core/)."""
+
+    module_shapes: dict[str, tuple[int, int]]
+    max_rank: int
+
+    def check(self, request: LoRARequest) -> LoRAAdapter:
+        """The adapter of `request` read from its directory; ValueError naming the field if it does not fit."""
+        return load_lora_adapter(request.lora_path, self.module_shapes, request.lora_name, self.max_rank)
+
+
 class LoRAManager:
     """Host and device copies of the adapters of one model (CausalLM with add_lora_slots)."""
 
@@ -31,7 +45,7 @@ class LoRAManager:
         self.model = model
         self.layout: LoRALayout = model.lora_layout
         self.max_cpu_loras = max_cpu_loras
-        self._module_shapes = self.layout.module_shapes()
+        self.checker = AdapterChecker(self.layout.module_shapes(), self.layout.max_rank)
         self.requests: dict[int, LoRARequest] = {}  # every adapter added and not removed, by id
         self._host: collections.OrderedDict[int, LoRAAdapter] = collections.OrderedDict()  # by id, LRU first
         self.slots: list[int | None] = [None] * self.layout.max_loras  # the adapter id in each device slot
@@ -55,7 +69,7 @@ class LoRAManager:
         if request.lora_int_id in self._host:
             self._host.move_to_end(request.lora_int_id)
             return self._host[request.lora_int_id]
-        adapter = load_lora_adapter(request.lora_path, self._module_shapes, request.lora_name, self.layout.max_rank)
+        adapter = self.checker.check(request)
         self.requests[request.lora_int_id] = request
         self._host[request.lora_int_id] = adapter
         while len(self._host) > self.max_cpu_loras:
@@ -65,7 +79,7 @@ class LoRAManager:
 
     def check(self, request: LoRARequest) -> None:
         """Read and check an adapter's files, keeping nothing: safe beside a running step (a server's thread)."""
-        load_lora_adapter(request.lora_path, self._module_shapes, request.lora_name, self.layout.max_rank)
+        self.checker.check(request)
 
     def remove(self, lora_id: int, users: list[str]) -> bool:
         """Forget an adapter (its name, host copy and device slot): False if unknown, a ValueError if `users` (the

@@ -53,6 +53,9 @@ def check_api_server_count(count: int, args, core_process: bool) -> None:
     if count > 1 and (in_process := not_served_across_processes(args)):
         raise ValueError(f"--api-server-count > 1 needs the engine core process, and {in_process[0]} is not served "
                          "across processes yet")
+    if count > 1 and args.enable_lora:  # each API server numbers the adapters it loads: the numbers would collide
+        raise ValueError("--api-server-count > 1 cannot serve LoRA adapters (--enable-lora) yet: each API server "
+                         "would number its adapters on its own")
 
 
 def serve_with_api_servers(count: int, args, config, host: str, port: int, log_level: str) -> int:
