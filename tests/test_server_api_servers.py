@@ -114,7 +114,7 @@ def test_the_core_s_death_fails_requests_in_flight_and_exits_1(long_checkpoint_d
     (["--api-server-count", "2", "--engine-core-process", "--enable-lora"],
      "--api-server-count > 1 cannot serve LoRA adapters (--enable-lora) yet"),
     (["--api-server-count", "2", "--engine-core-process", "--data-parallel-size", "2"],
-     "data_parallel_size > 1 is not served across processes yet"),
+     "--api-server-count > 1 runs one engine core: not data parallelism"),
     (["--api-server-count", "2", "--engine-core-process", "--port", "{taken}"], "cannot listen there"),
 ])
 def test_flags_that_cannot_work_are_refused_before_the_model_loads(flags, error, monkeypatch):

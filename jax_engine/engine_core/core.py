@@ -26,6 +26,7 @@ import traceback
 import zmq
 
 from jax_engine.config import EngineArgs
+from jax_engine.distributed.replica_devices import replica_devices
 from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts, decode, encode
 from jax_engine.engine_core.output_deltas import DeltaEncoder
 from jax_engine.llm_engine import LLMEngine
@@ -129,12 +130,15 @@ def engine_facts(engine: LLMEngine) -> EngineFacts:
                        engine.startup_compile_seconds, engine.stats())
 
 
-def run_engine_core(args: EngineArgs, addresses: list[tuple[str, str]], log_level: str = "INFO") -> None:
+def run_engine_core(args: EngineArgs, addresses: list[tuple[str, str]], log_level: str = "INFO",
+                    replica: int | None = None) -> None:
     """The engine core process's main: load the engine, say "ready", serve the API servers until they stop.
 
     `addresses`: each API server's (input, output) socket addresses, which it binds and the core connects to.
+    `replica`: which data-parallel replica this core is (its devices: distributed/replica_devices.py).
     """
-    logging.basicConfig(level=log_level, format="%(levelname)s %(asctime)s engine-core %(name)s: %(message)s")
+    name = "engine-core" if replica is None else f"engine-core-dp{replica}"
+    logging.basicConfig(level=log_level, format=f"%(levelname)s %(asctime)s {name} %(name)s: %(message)s")
     # Ctrl-C and a supervisor's SIGTERM reach the whole process group: the API server drains its requests and
     # then stops the core ("shutdown"), which must not die under them first.
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -143,7 +147,8 @@ def run_engine_core(args: EngineArgs, addresses: list[tuple[str, str]], log_leve
     inputs = [_connected(context, zmq.PULL, address) for address, _ in addresses]
     outputs = [_connected(context, zmq.PUSH, address) for _, address in addresses]
     try:
-        engine = LLMEngine(args, detokenize=False)  # the API servers make the text
+        devices = None if replica is None else replica_devices(args)[replica]
+        engine = LLMEngine(args, devices=devices, detokenize=False)  # the API servers make the text
         for socket in outputs:
             socket.send(encode("ready", engine_facts(engine)))
         EngineCore(engine, inputs, outputs).run()

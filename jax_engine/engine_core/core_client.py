@@ -53,9 +53,11 @@ class EngineCoreClient:
     Starting it starts the engine core process (or, given `shared_core`'s (input, output) socket addresses, takes
     the place of one of the API servers a supervisor started the core for) and waits until its engine is ready
     (the model loaded, its shapes compiled); an error there raises EngineCoreDiedError with the core's traceback.
+    `replica`: the data-parallel replica the core runs (server/data_parallel.py), on that replica's devices.
     """
 
-    def __init__(self, args: EngineArgs, log_level: str = "INFO", shared_core: tuple[str, str] | None = None) -> None:
+    def __init__(self, args: EngineArgs, log_level: str = "INFO", shared_core: tuple[str, str] | None = None,
+                 replica: int | None = None) -> None:
         self.args = args
         # A directory of mode 0700 for the sockets of a core of our own: only this user reaches them.
         self._dir = None if shared_core else tempfile.mkdtemp(prefix="jax-engine-core-")
@@ -67,7 +69,7 @@ class EngineCoreClient:
             self._process = _Supervisor()
         else:
             self._process = take_core_process()  # started early by `jax-engine serve`, or now
-            self._process.stdin.write(pickle.dumps((args, [(inputs, outputs)], log_level)))
+            self._process.stdin.write(pickle.dumps((args, [(inputs, outputs)], log_level, replica)))
             self._process.stdin.close()
         atexit.register(self.shutdown)
         self._outputs = DeltaDecoder()  # unfinished requests' outputs so far
@@ -244,13 +246,13 @@ class EngineCoreClient:
         """Stop the engine core process (at once: unfinished requests are dropped) and remove its sockets; a shared
         core is told that this API server leaves (it stops once all have)."""
         atexit.unregister(self.shutdown)
-        linger = 0
-        if isinstance(self._process, _Supervisor):
-            with contextlib.suppress(zmq.Again):  # no core connected (it died): nobody to tell, and no waiting
+        shared = isinstance(self._process, _Supervisor)
+        if shared or self._process.poll() is None:
+            # Without a core connected (it died, or is exiting after it said why) there is nobody to tell: a
+            # blocking send would wait for one forever.
+            with contextlib.suppress(zmq.Again):
                 self._to_core.send(encode("shutdown", None), zmq.NOBLOCK)
-            linger = SHARED_CORE_LINGER_MS
-        elif self._process.poll() is None:
-            self._send("shutdown", None)
+        if not shared and self._process.poll() is None:
             try:
                 self._process.wait(STOP_WAIT_S)
             except subprocess.TimeoutExpired:
@@ -259,7 +261,7 @@ class EngineCoreClient:
                 self._process.wait()
         if self._receiving is not None:
             self._receiving.cancel()
-        self._context.destroy(linger=linger)
+        self._context.destroy(linger=SHARED_CORE_LINGER_MS if shared else 0)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
         if hasattr(self, "grammar_compiler"):  # made once the core was ready

@@ -1,16 +1,17 @@
 """Starting the engine core process, as early as `jax-engine serve` can.
 
 The core's interpreter imports the engine (jax, flax, transformers: ~4.5 s here) before it reads what to serve
-from its stdin: the pickled (EngineArgs, each API server's (input, output) socket addresses, log level). So `jax-engine
-serve` starts it first thing (`start_early`, from cli.main, before any import of its own), and the two processes'
-imports run at once, on different cores; EngineCoreClient then takes it (`take_core_process`) and writes its
-arguments. This module imports nothing of the engine's, so that starting early costs nothing.
+from its stdin: the pickled (EngineArgs, each API server's (input, output) socket addresses, log level, replica).
+So `jax-engine serve` starts it first thing (`start_early`, from cli.main, before any import of its own), and the
+two processes' imports run at once, on different cores; EngineCoreClient then takes it (`take_core_process`) and
+writes its arguments. This module imports nothing of the engine's, so that starting early costs nothing.
 """
 
 import atexit
 import os
 import subprocess
 import sys
+import threading
 
 MULTIPROCESSING_ENV = "JAX_ENGINE_MULTIPROCESSING"  # vLLM's VLLM_ENABLE_V1_MULTIPROCESSING
 CORE_MODULE = "jax_engine.engine_core.core"
@@ -18,6 +19,7 @@ CORE_MODULE = "jax_engine.engine_core.core"
 _NO_CORE_WORDS = frozenset({"--no-engine-core-process", "--headless", "-h", "--help"})
 
 _early: subprocess.Popen | None = None
+_taking = threading.Lock()
 
 
 def multiprocessing_by_default() -> bool:
@@ -26,8 +28,7 @@ def multiprocessing_by_default() -> bool:
 
 def not_served_across_processes(args) -> list[str]:
     """What of these EngineArgs keeps the engine in the server's process (nothing: it may run in a core of its own)."""
-    return [why for why, holds in (("data_parallel_size > 1", args.data_parallel_size > 1),
-                                   ("nnodes > 1", args.nnodes > 1)) if holds]
+    return ["nnodes > 1"] if args.nnodes > 1 else []
 
 
 def start_core_process() -> subprocess.Popen:
@@ -45,9 +46,11 @@ def start_early(argv: list[str]) -> None:
 
 
 def take_core_process() -> subprocess.Popen:
-    """The core process started early, else a new one: it waits for its arguments on stdin."""
+    """The core process started early, else a new one: it waits for its arguments on stdin. Data-parallel
+    replicas take theirs from threads of their own: one of them gets the early one."""
     global _early
-    process, _early = _early, None
+    with _taking:
+        process, _early = _early, None
     return process if process is not None and process.poll() is None else start_core_process()
 
 

@@ -56,6 +56,9 @@ def check_api_server_count(count: int, args, core_process: bool) -> None:
     if count > 1 and args.enable_lora:  # each API server numbers the adapters it loads: the numbers would collide
         raise ValueError("--api-server-count > 1 cannot serve LoRA adapters (--enable-lora) yet: each API server "
                          "would number its adapters on its own")
+    if count > 1 and args.data_parallel_size > 1:
+        raise ValueError("--api-server-count > 1 runs one engine core: not data parallelism (--data-parallel-size) "
+                         "yet")
 
 
 def serve_with_api_servers(count: int, args, config, host: str, port: int, log_level: str) -> int:

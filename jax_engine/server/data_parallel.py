@@ -1,36 +1,26 @@
 """Data parallelism (vLLM's data_parallel_size): N engine replicas behind one server.
 
-The replicas share nothing but the loaded checkpoint's host arrays: each is a whole AsyncLLMEngine (its own
-scheduler, KV cache and engine loop) on its own tensor_parallel_size devices, replica r on devices
-[r * tp, (r + 1) * tp). DataParallelEngine is the front: it offers the server AsyncLLMEngine's API, sends
-each new request to the replica with the fewest unfinished requests, and routes aborts to the replica that
-holds the request. Throughput grows with the replicas; a request's latency is that of one replica.
+Each replica is a whole AsyncLLMEngine (its own scheduler, KV cache and engine loop) on its own
+tensor_parallel_size devices, replica r on devices [r * tp, (r + 1) * tp). `jax-engine serve` runs each in an
+engine core process of its own (`in_core_processes`, as vLLM runs a core per data-parallel rank); with
+--no-engine-core-process they share the server's process and the loaded checkpoint's host arrays.
+DataParallelEngine is the front: it offers the server AsyncLLMEngine's API, sends each new request to the
+replica with the fewest unfinished requests, and routes aborts to the replica that holds the request. Throughput grows with the replicas; a request's latency is that of one replica.
 """
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-
-import jax
+from concurrent.futures import ThreadPoolExecutor
 
 from jax_engine.async_llm_engine import AsyncLLMEngine, QueueFullError, RequestStream
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.config import EngineArgs
+from jax_engine.distributed.replica_devices import replica_devices
 from jax_engine.llm_engine import LLMEngine, Prompt
 from jax_engine.loader import Checkpoint, load_checkpoint
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestOutput
 from jax_engine.sampling_params import SamplingParams
-
-
-def replica_devices(args: EngineArgs) -> list[list]:
-    """Each replica's devices, in jax.devices() order; ValueError when there are too few."""
-    if args.nnodes > 1:
-        raise ValueError(f"data_parallel_size > 1 runs on one host, got nnodes={args.nnodes}")
-    devices, tp, dp = jax.devices(), args.tensor_parallel_size, args.data_parallel_size
-    if dp * tp > len(devices):
-        raise ValueError(f"data_parallel_size * tensor_parallel_size must be <= the number of devices "
-                         f"({len(devices)}: {devices[0].platform}), got {dp} * {tp} = {dp * tp}")
-    return [devices[r * tp : (r + 1) * tp] for r in range(dp)]
 
 
 class DataParallelEngine:
@@ -63,6 +53,22 @@ class DataParallelEngine:
         devices = replica_devices(args)  # before the slow part
         checkpoint = checkpoint or load_checkpoint(args.model, args.skip_tokenizer_init)
         return cls([AsyncLLMEngine(LLMEngine(args, checkpoint, devices=d)) for d in devices], **kwargs)
+
+    @classmethod
+    def in_core_processes(cls, args: EngineArgs, log_level: str = "INFO", **kwargs) -> "DataParallelEngine":
+        """Each replica in an engine core process of its own (jax_engine/engine_core/), on its own devices; the
+        processes start and load at once. Each loads the checkpoint itself."""
+        from jax_engine.engine_core.core_client import EngineCoreClient
+
+        with ThreadPoolExecutor(args.data_parallel_size) as pool:
+            starting = [pool.submit(EngineCoreClient, args, log_level, replica=r)
+                        for r in range(args.data_parallel_size)]
+        failed = next((f.exception() for f in starting if f.exception() is not None), None)
+        if failed is not None:  # the others stop too
+            for started in (f.result() for f in starting if f.exception() is None):
+                started.shutdown()
+            raise failed
+        return cls([AsyncLLMEngine(f.result()) for f in starting], **kwargs)
 
     # ------------------------------------------------------------------------------ lifecycle
     def start(self) -> None:

@@ -201,13 +201,15 @@ def _engine(args, core_process: bool, log_level: str):
     if core_process and in_process:
         logging.getLogger(__name__).warning("the engine runs in the server's process: %s is not served across "
                                             "processes yet", in_process[0])
+    from jax_engine.server.data_parallel import DataParallelEngine
+
     if core_process and not in_process:
         from jax_engine.engine_core.core_client import EngineCoreClient
 
+        if args.data_parallel_size > 1:
+            return DataParallelEngine.in_core_processes(args, log_level)
         return AsyncLLMEngine(EngineCoreClient(args, log_level))
     discard_early()  # cli.main may have started one, before the flags were parsed
     if args.data_parallel_size > 1:
-        from jax_engine.server.data_parallel import DataParallelEngine
-
         return DataParallelEngine.from_engine_args(args)
     return AsyncLLMEngine.from_engine_args(args)

@@ -130,3 +130,31 @@ def test_data_parallel_size_is_refused_where_it_cannot_be_served():
     run = subprocess.run([sys.executable, "-m", "jax_engine", "serve", "--data-parallel-size", "5"],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "data_parallel_size * tensor_parallel_size" in run.stderr
+
+
+def test_serve_runs_each_replica_in_an_engine_core_process_of_its_own(tiny_checkpoint_dir, tmp_path):
+    """`jax-engine serve --data-parallel-size 2`: two core processes, one per replica on its own device (a core
+    per data-parallel rank, as vLLM runs them), answering as one engine in the server's process does."""
+    from jax_engine.engine_core.launch import CORE_MODULE
+    from tests.server_helpers import TINY_ENGINE_ARGS, child_processes, cli_flags, start_server_process, \
+        stop_server_process
+
+    process, url = start_server_process(tiny_checkpoint_dir, "--data-parallel-size", "2", "--served-model-name",
+                                        "tiny", *cli_flags(**TINY_ENGINE_ARGS), log_path=str(tmp_path / "log"))
+    try:
+        cores = [cmdline for _, cmdline in child_processes(process.pid) if CORE_MODULE in cmdline]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            texts = list(pool.map(lambda p: client.completions.create(
+                model="tiny", prompt=p, max_tokens=8, temperature=0, stop=["e"]).choices[0].text, PROMPTS))
+        want = LLM(tiny_checkpoint_dir, **TINY_ENGINE_ARGS).generate(
+            PROMPTS, SamplingParams(max_tokens=8, temperature=0, stop=["e"]), use_tqdm=False)
+        metrics = httpx.get(f"{url}/metrics").text
+    finally:
+        stop_server_process(process)
+    assert len(cores) == 2 and process.returncode == 0
+    assert texts == [o.outputs[0].text for o in want]
+    queries = dict(re.findall(r'^vllm:prefix_cache_queries_total\{.*engine="(\d+)".*\} (\S+)$', metrics, re.MULTILINE))
+    assert sorted(queries) == ["0", "1"] and all(float(q) > 0 for q in queries.values())  # both served prompts
+    log = (tmp_path / "log").read_text()
+    assert "engine-core-dp0" in log and "engine-core-dp1" in log and "Traceback" not in log
