@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_engine.linear import FEW_ROWS, few_rows_matmul, kernel_unavailable_reason, linear, quantize, uses_few_rows_kernel
+from jax_engine.linear import FEW_ROWS, GGUF_FEW_ROWS, few_rows_matmul, kernel_unavailable_reason, linear, quantize, uses_few_rows_kernel
 from jax_engine.linear.gguf_blocks import FORMATS, as_q8_0, dequantize_blocks
 from tests.engine_helpers import engine_logits
 
@@ -189,7 +189,7 @@ def test_linear_takes_the_kernel_for_few_rows_and_xla_beyond_with_the_same_resul
     k = 256 if kind in K_QUANTS else 64
     w, scale, _ = _weights(rng, 96, k, kind)
     formats = (kind,) if kind in GGUF_KINDS else None
-    limit = FEW_ROWS[w.dtype.itemsize]
+    limit = GGUF_FEW_ROWS if formats else FEW_ROWS[w.dtype.itemsize]
     assert uses_few_rows_kernel(limit, w) and not uses_few_rows_kernel(limit + 1, w)
     x = rng.standard_normal((limit + 1, k)).astype(np.float32)
     call = jax.jit(linear, static_argnames="formats")
