@@ -9,7 +9,8 @@ from gguf import GGMLQuantizationType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_engine.linear import FEW_ROWS, GGUF_FEW_ROWS, few_rows_matmul, kernel_unavailable_reason, linear, quantize, uses_few_rows_kernel
+from jax_engine.linear import (FEW_ROWS, GGUF_FEW_ROWS, few_rows_matmul,
+                               kernel_unavailable_reason, linear, quantize, uses_few_rows_kernel)
 from jax_engine.linear.gguf_blocks import FORMATS, as_q8_0, dequantize_blocks
 from tests.engine_helpers import engine_logits
 

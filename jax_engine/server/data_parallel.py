@@ -5,7 +5,8 @@ tensor_parallel_size devices, replica r on devices [r * tp, (r + 1) * tp). `jax-
 engine core process of its own (`in_core_processes`, as vLLM runs a core per data-parallel rank); with
 --no-engine-core-process they share the server's process and the loaded checkpoint's host arrays.
 DataParallelEngine is the front: it offers the server AsyncLLMEngine's API, sends each new request to the
-replica with the fewest unfinished requests, and routes aborts to the replica that holds the request. Throughput grows with the replicas; a request's latency is that of one replica.
+replica with the fewest unfinished requests, and routes aborts to the replica that holds the request.
+Throughput grows with the replicas; a request's latency is that of one replica.
 """
 
 import asyncio

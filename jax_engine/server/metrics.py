@@ -138,8 +138,9 @@ class ServingMetrics:
             gap = (now - previous[1]) / (num_tokens - previous[0])
             for _ in range(num_tokens - previous[0]):
                 self.itl.observe(gap)
-        if num_tokens > (previous[0] if previous else 0):  # not before its first token: a prompt computed in
-            self.generation_tokens.inc(num_tokens - (previous[0] if previous else 0))  # chunks reports 0 tokens
+        reported = previous[0] if previous else 0
+        if num_tokens > reported:  # not before its first token: a prompt computed in chunks reports 0 tokens
+            self.generation_tokens.inc(num_tokens - reported)
             self._seen[output.request_id] = (num_tokens, now)
         if output.finished:
             self._seen.pop(output.request_id, None)
