@@ -22,6 +22,11 @@ from jax.experimental.pallas import triton as plgpu
 from pallas_kernels._common import (MIN_ROWS, NEG, check_query_fits_cache, check_variant, load_blocks,
                                     online_softmax_step, pad_last_axis, padded_width, visible_and_bias, window_start)
 
+# KV blocks a loop step loads (64 keys with the engine's 16-token blocks). Timed on an H100 in two GPU checks
+# (docs/benchmarks.md#gpu-check): with the engine's 4 partitions, 4 beat 2 at all 8 shapes of the second, by
+# 4-17% (batch 64, context 2048: 264 against 304 us), as at the 3 shapes of the first; 8 lost to 4 at 7 of 8.
+BLOCKS_PER_STEP = 4
+
 
 def _decode_kernel(layer_ref, lens_ref, tables_ref, slopes_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *,
                    block_size: int, blocks_per_step: int, blocks_per_partition: int, scale: float,
@@ -126,8 +131,8 @@ def _launch_decode(layer, seq_lens, tables, q, alibi_slopes, k_cache, v_cache, *
 def paged_decode_attention(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, block_tables: jax.Array,
                            seq_lens: jax.Array, layer: jax.Array | int = 0, *, scale: float | None = None,
                            sliding_window: int | None = None, alibi_slopes: jax.Array | None = None,
-                           logits_soft_cap: float | None = None, num_partitions: int = 4, blocks_per_step: int = 2,
-                           interpret: bool = False) -> jax.Array:
+                           logits_soft_cap: float | None = None, num_partitions: int = 4,
+                           blocks_per_step: int = BLOCKS_PER_STEP, interpret: bool = False) -> jax.Array:
     """Attention of one new token per sequence over its paged context.
 
     Args:

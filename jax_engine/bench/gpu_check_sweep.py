@@ -18,7 +18,7 @@ from jax_engine.bench import roofline
 from jax_engine.bench.gpu_check_sizes import HEADLINE, Check, target
 from jax_engine.bench.kernels import peak_gbps, timed
 from pallas_kernels.contiguous_decode_attention import contiguous_decode_attention
-from pallas_kernels.paged_decode_attention import paged_decode_attention
+from pallas_kernels.paged_decode_attention import BLOCKS_PER_STEP, paged_decode_attention
 
 MIN_SHARE_OF_PEAK = 0.85  # decode kernel at the headline shape on an H100
 MAX_OVERHEAD = 0.15  # paged against contiguous, geometric mean over the sweep
@@ -34,9 +34,9 @@ def _kernels(batch: int, context: int, shape: dict, interpret: bool):
 
     paged = jax.jit(lambda q, k, v, lens, tables: paged_decode_attention(
         q, pages(k), pages(v), tables, lens, 0, num_partitions=P, interpret=interpret))
-    # Two blocks a step, as the paged kernel's default blocks_per_step: the same steps and partitions.
+    # As many keys a step as the paged kernel's default blocks_per_step: the same steps and partitions.
     contiguous = jax.jit(lambda q, k, v, lens: contiguous_decode_attention(
-        q, k, v, lens, 0, num_partitions=P, keys_per_step=2 * bs, interpret=interpret))
+        q, k, v, lens, 0, num_partitions=P, keys_per_step=BLOCKS_PER_STEP * bs, interpret=interpret))
     return paged, contiguous
 
 
