@@ -113,6 +113,19 @@ def test_latency_warm_up_prompts_have_the_timed_lengths_and_share_no_prefix(tiny
     assert len({tuple(p[:4]) for p in timed + warm_up}) == 16
 
 
+def test_latency_timed_runs_compile_nothing_after_their_warm_up(tiny_checkpoint_dir):
+    """The xla backend compiles each step shape on first use, as Pallas does on a GPU: after --num-iters-warmup 1
+    the timed runs meet only shapes the warm-up met, even where a batch's prompts repeat a smaller batch's (40
+    tokens: two whole blocks a prefix cache could serve)."""
+    command = [sys.executable, "-m", "jax_engine", "bench", "latency", "--model", tiny_checkpoint_dir,
+               "--attention-backend", "xla", "--batch-sizes", "1", "2", "--input-len", "40", "--output-len", "4",
+               "--quantizations", "none", "--max-num-batched-tokens", "64", "--num-iters-warmup", "1"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "compiled in the timed run" not in result.stdout
+    assert len([line for line in result.stdout.splitlines() if "TTFT" in line]) == 2
+
+
 @pytest.mark.parametrize("workload", ["chat", "copy"])
 def test_chat_and_copy_workloads_are_distinct_templated_prompts(tiny_checkpoint_dir, workload):
     from transformers import AutoTokenizer
