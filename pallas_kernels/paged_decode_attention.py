@@ -24,7 +24,8 @@ from pallas_kernels._common import (MIN_ROWS, NEG, check_query_fits_cache, check
 
 # KV blocks a loop step loads (64 keys with the engine's 16-token blocks). Timed on an H100 in two GPU checks
 # (docs/benchmarks.md#gpu-check): with the engine's 4 partitions, 4 beat 2 at all 8 shapes of the second, by
-# 4-17% (batch 64, context 2048: 264 against 304 us), as at the 3 shapes of the first; 8 lost to 4 at 7 of 8.
+# 4-17% (batch 64, context 2048: 264 against 304 us), as at the 3 shapes of the first; 8 lost to 4 by up to 19%
+# at 5 of the 8 and won by at most 4% at 3.
 BLOCKS_PER_STEP = 4
 
 
