@@ -22,6 +22,13 @@ def decoded_token(tokenizer, token: int) -> str | None:
     return None if tokenizer is None else tokenizer.decode([int(token)])
 
 
+def searches_stop_strings(params, output_len: int, stop_terminated: bool) -> bool:
+    """Whether the text a new token added is searched for stop strings, by vLLM's rule: once the output (this token
+    included, `output_len` tokens) is longer than min_tokens, and not where the token itself ended the sequence as
+    EOS or a stop token (`stop_terminated`). A token that reached max_tokens is searched."""
+    return bool(params.stop) and output_len > params.min_tokens and not stop_terminated
+
+
 def find_stop_string(text: str, new_chars: int, stops: tuple[str, ...]) -> tuple[int, str] | None:
     """The first of `stops` that ends within the last `new_chars` characters of `text`: (where it starts, which)."""
     for stop in stops:

@@ -6,12 +6,14 @@ the token's delta, a stop string found in it finishes the sequence, and logprobs
 """
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 from jax_engine.beam_search import BeamSearchSequence, beam_score
 from jax_engine.core.scheduler_output import SchedulerOutput
-from jax_engine.detokenizer import cut_at_stop, decoded_text, decoded_token, find_stop_string
+from jax_engine.detokenizer import (cut_at_stop, decoded_text, decoded_token, find_stop_string,
+                                    searches_stop_strings)
 from jax_engine.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from jax_engine.sample.sampler import SampledToken
 from jax_engine.sequence import Sequence
@@ -27,8 +29,9 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
 
-    def process_token(self, seq: Sequence, sampled: SampledToken) -> RequestStatus | None:
-        """Record the token the scheduler appended; return FINISHED_STOPPED if it completed a stop string."""
+    def process_token(self, seq: Sequence, sampled: SampledToken, tokens_after: int = 0) -> RequestStatus | None:
+        """Record a token the scheduler appended, `tokens_after` of them after it this step (speculative decoding
+        appends several); return FINISHED_STOPPED if it completed a stop string."""
         now = time.time()
         seq.metrics.first_token_time = seq.metrics.first_token_time or now
         seq.metrics.last_token_time = now
@@ -37,8 +40,10 @@ class OutputProcessor:
             seq.logprobs.append(self.logprob_entry(sampled.token, sampled.logprob, sampled.rank, sampled.top_ids,
                                                    sampled.top_logprobs, params.logprobs))
         delta = seq.detokenizer.add_token(sampled.token)
+        # The scheduler's finish (EOS, a stop token, max_tokens) is decided by the step's last token.
+        ended = tokens_after == 0 and seq.status.is_finished and seq.status is not RequestStatus.FINISHED_LENGTH
         status = None
-        if not seq.status.is_finished and params.stop and delta:
+        if delta and searches_stop_strings(params, seq.num_output_tokens - tokens_after, ended):
             status = self._check_stop_strings(seq, len(delta))
         if status is not None or seq.status.is_finished:
             seq.metrics.finished_time = now
@@ -51,17 +56,21 @@ class OutputProcessor:
         taken back. A sequence its grammar failed (FINISHED_ERROR) goes to `fail_request`; a token whose
         processing raises fails its request alone (`failing_alone`)."""
         stopped: dict[Sequence, list[SampledToken]] = {}  # the tokens after each one's stop string
+        remaining = Counter(seq for seq, _ in appended)
         for seq, token in appended:
+            remaining[seq] -= 1
             if seq in stopped:
                 stopped[seq].append(token)
             elif seq.status is RequestStatus.FINISHED_ERROR:
                 fail_request(seq)
             else:
                 with failing_alone(seq):
-                    if self.process_token(seq, token) is not None:
+                    if self.process_token(seq, token, remaining[seq]) is not None:
                         stopped[seq] = []
         for seq, dropped in stopped.items():
             seq.drop_last_tokens(dropped)
+            if seq.status.is_finished:  # the scheduler had ended it at a later token, or at max_tokens: a stop
+                seq.status = RequestStatus.FINISHED_STOPPED  # string came first (its blocks are already free)
         return list(stopped)
 
     def logprob_entry(self, token: int, logprob: float, rank: int, top_ids, top_logprobs, k: int) -> PositionLogprobs:

@@ -159,6 +159,15 @@ def test_stop_strings_stop_tokens_and_min_tokens(llm):
     [late] = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[tokens[0]],
                                                      min_tokens=2), use_tqdm=False)
     assert tokens[0] not in late.outputs[0].token_ids[:2] and len(late.outputs[0].token_ids) >= 2
+    # vLLM's rules for stop strings: none before min_tokens; the token that reaches max_tokens is searched too.
+    [waited] = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, stop=[stop], min_tokens=12),
+                            use_tqdm=False)
+    assert (waited.outputs[0].text, waited.outputs[0].finish_reason) == (text, "length")
+    last = next(text[-k:] for k in range(3, len(text)) if text.index(text[-k:]) == len(text) - k)
+    [at_max] = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, stop=[last]), use_tqdm=False)
+    completion = at_max.outputs[0]
+    assert (completion.text, completion.finish_reason, completion.stop_reason) == (text[: -len(last)], "stop", last)
+    assert completion.token_ids == tokens
 
 
 def test_eos_ends_a_chat_unless_ignored(llm):

@@ -191,10 +191,10 @@ def test_a_request_whose_output_processing_raises_fails_alone(engine, monkeypatc
     alone = _run(engine, "alone", NORMAL)
     process_token = engine.output_processor.process_token
 
-    def faulty(seq, sampled):
+    def faulty(seq, sampled, *rest):
         if seq.request_id == "faulty" and seq.num_output_tokens == 3:
             raise RuntimeError("injected fault")
-        return process_token(seq, sampled)
+        return process_token(seq, sampled, *rest)
 
     monkeypatch.setattr(engine.output_processor, "process_token", faulty)
     engine.add_request("faulty", PROMPT, NORMAL)

@@ -155,10 +155,10 @@ def test_a_request_failing_inside_the_engine_fails_alone(shared_tiny_server):
     processor = engine.engine.output_processor
     process_token = processor.process_token
 
-    def faulty(seq, sampled):
+    def faulty(seq, sampled, *rest):
         if seq.prompt_token_ids == poison:
             raise RuntimeError("injected fault")
-        return process_token(seq, sampled)
+        return process_token(seq, sampled, *rest)
 
     processor.process_token = faulty
     try:

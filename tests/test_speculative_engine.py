@@ -57,6 +57,10 @@ PARAMS = {
     # tokens verified after it are dropped.
     "a stop string among accepted drafts": SamplingParams(temperature=0, max_tokens=24, ignore_eos=True,
                                                           stop=["ccccc"]),
+    # Its 8th token completes the stop string and the 9th reaches max_tokens: both are accepted in one step, which
+    # the scheduler has already ended for its length.
+    "a stop string in the step that reaches max_tokens": SamplingParams(temperature=0, max_tokens=9,
+                                                                        ignore_eos=True, stop=["cccccccc"]),
     # One token a byte: after "t" only "h" may follow, so each drafted position needs the mask after the drafts
     # before it (one mask for all would emit a token the grammar rejects); drafts the grammar forbids (the
     # prompts' "x", "y", "z") are never verified.

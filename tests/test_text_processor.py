@@ -12,13 +12,16 @@ from jax_engine import BeamSearchParams, EngineArgs, LLMEngine, SamplingParams
 from jax_engine.engine_core.text_processor import TextProcessor
 
 ARGS = dict(num_gpu_blocks_override=64, block_size=8, max_model_len=96, max_num_seqs=8, enforce_eager=True)
-PROMPTS = ["hello there", "the quick brown fox", "one two three"]
+# The tiny model answers "abcabc" with "ccc...", one byte a token: where a stop string ends is known.
+PROMPTS = ["hello there", "the quick brown fox", "one two three", "abcabc", "abcabc"]
 
 
 def _params(stops: list[str]) -> list:
     return [SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=24, stop=stops[0], logprobs=2, prompt_logprobs=1),
             SamplingParams(temperature=0, max_tokens=24, stop=stops[1], include_stop_str_in_output=True),
-            BeamSearchParams(beam_width=2, max_tokens=6)]
+            BeamSearchParams(beam_width=2, max_tokens=6),
+            SamplingParams(temperature=0, max_tokens=6, stop="cccccc"),  # the token that reaches max_tokens
+            SamplingParams(temperature=0, max_tokens=8, min_tokens=5, stop="ccc")]  # not searched before the 6th
 
 
 def _run(engine: LLMEngine, params: list, text: TextProcessor | None = None, lag: int = 0,
@@ -72,5 +75,8 @@ def test_the_api_servers_text_is_the_engines(in_process, tiny_checkpoint, stops,
     reasons = [(c.finish_reason, c.stop_reason) for completions, _, _ in expected.values() for c in completions]
     assert ("stop", stops[0]) in reasons and ("length", None) in reasons  # some samples stop, others run on
     assert ("stop", stops[1]) in reasons
+    at_max, waited = expected["3"][0][0], expected["4"][0][0]
+    assert (at_max.text, len(at_max.token_ids), at_max.finish_reason, at_max.stop_reason) == ("", 6, "stop", "cccccc")
+    assert (waited.text, len(waited.token_ids), waited.finish_reason, waited.stop_reason) == ("ccc", 6, "stop", "ccc")
     assert core.get_num_unfinished_requests() == 0 and core.scheduler.kv.usage == 0  # the stops freed every block
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.detokenizer import (IncrementalDetokenizer, NoDetokenizer, cut_at_stop, decoded_text, decoded_token,
-                                    find_stop_string)
+                                    find_stop_string, searches_stop_strings)
 from jax_engine.outputs import CompletionOutput, Logprob, PositionLogprobs
 from jax_engine.sampling_params import SamplingParams
 
@@ -80,11 +80,11 @@ class TextProcessor:
                 c.logprobs[position] = self._decoded_entry(c.logprobs[position])
             new_text = state.detokenizer.add_token(c.token_ids[position])
             state.seen += 1
-            # The token that finished the sequence in the core (EOS, a stop token, max_tokens) is not searched:
-            # the in-process engine does not search it either.
-            last = c.finish_reason is not None and position == len(c.token_ids) - 1
-            found = params.stop and new_text and not last and find_stop_string(state.detokenizer.text,
-                                                                               len(new_text), params.stop)
+            # The token that ended the sequence in the core as EOS or a stop token is not searched, as in the
+            # in-process engine (output_processor.py); one that reached max_tokens is.
+            ended = c.finish_reason not in (None, "length") and position == len(c.token_ids) - 1
+            found = (new_text and searches_stop_strings(params, position + 1, ended)
+                     and find_stop_string(state.detokenizer.text, len(new_text), params.stop))
             if found:
                 state.stopped = _cut(c, position + 1, cut_at_stop(state.detokenizer.text, *found,
                                                                   params.include_stop_str_in_output), found[1])
