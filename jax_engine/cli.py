@@ -106,5 +106,5 @@ def main(argv: list[str] | None = None) -> None:
     ns = build_parser().parse_args(argv)
     try:
         ns.run(ns)
-    except ValueError as error:  # bad arguments or prompts: a message, not a traceback
+    except (ValueError, FileNotFoundError) as error:  # bad arguments, prompts or paths: a message, not a traceback
         sys.exit(f"jax-engine: error: {error}")

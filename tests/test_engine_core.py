@@ -179,3 +179,26 @@ def test_a_stop_string_found_in_the_api_server_stops_the_request_in_the_core(cor
     assert not client.has_unfinished_requests()
     _outputs_until(client, lambda _: client.num_running_sequences() == 0)
     assert client.stats()["num_steps"] - steps_before < 20  # the core took the stop within a few steps
+
+
+@pytest.mark.parametrize("flags, error", [
+    ([], "model='{missing}' is neither a .gguf file nor a checkpoint directory"),
+    (["--no-engine-core-process"], "model='{missing}' is neither a .gguf file nor a checkpoint directory"),
+    (["--api-server-count", "2"], "model='{missing}' is neither a .gguf file nor a checkpoint directory"),
+    (["--model", "{tiny}", "--data-parallel-size", "2"], "data_parallel_size * tensor_parallel_size must be <="),
+], ids=["core", "in-process", "api-servers", "replicas"])
+def test_an_engine_its_flags_cannot_start_ends_serve_with_the_error_in_a_line(tiny_checkpoint_dir, tmp_path, flags,
+                                                                              error):
+    """What the engine core refuses (a model path that is not there, data parallelism on one CPU device) ends
+    `jax-engine serve` as a bad flag does: status 1 and the engine's own error, no traceback, no hang."""
+    import subprocess
+    import sys
+
+    missing = str(tmp_path / "no-such-model.gguf")
+    values = dict(missing=missing, tiny=tiny_checkpoint_dir)
+    command = [sys.executable, "-m", "jax_engine", "serve", "--model", missing, "--port", "0",
+               *[flag.format(**values) for flag in flags]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"jax-engine: error: {error.format(**values)}" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]

@@ -10,6 +10,8 @@ The core steps for as long as it has work, without waiting for the API server to
 server's HTTP and streaming work and the core's steps run at once, on different cores. When idle, the core
 blocks on its input sockets. It ends once every API server has sent "shutdown", when the process that started
 it is gone, or on an error of its loop, which it reports ("dead", with the traceback) before it exits with status 1.
+An engine its flags or model cannot start is "refused", with the engine's own error, which `serve` prints as a
+bad flag's.
 
 With `--api-server-count N` (jax_engine/server/api_servers.py) N API servers share the core, each over a pair of
 sockets of its own: the core remembers which one added each request and sends each its own requests' outputs,
@@ -149,16 +151,28 @@ def run_engine_core(args: EngineArgs, addresses: list[tuple[str, str]], log_leve
     try:
         devices = None if replica is None else replica_devices(args)[replica]
         engine = LLMEngine(args, devices=devices, detokenize=False)  # the API servers make the text
+    except (ValueError, FileNotFoundError) as error:  # the flags or the model's path: the server says so in a line
+        logger.error("the engine core cannot start: %s", error)
+        _last_word(context, outputs, "refused", str(error))
+    except BaseException:
+        logger.exception("the engine core died while starting")
+        _last_word(context, outputs, "dead", traceback.format_exc())
+    try:
         for socket in outputs:
             socket.send(encode("ready", engine_facts(engine)))
         EngineCore(engine, inputs, outputs).run()
     except BaseException:
         logger.exception("the engine core died")
-        for socket in outputs:
-            socket.send(encode("dead", traceback.format_exc()))
-        context.destroy(linger=LAST_WORD_MS)
-        sys.exit(1)
+        _last_word(context, outputs, "dead", traceback.format_exc())
     context.destroy(linger=LAST_WORD_MS)
+
+
+def _last_word(context: zmq.Context, outputs: list[zmq.Socket], kind: str, body: str) -> None:
+    """Tell every API server why this core stops (waiting up to LAST_WORD_MS for it to go out), and exit 1."""
+    for socket in outputs:
+        socket.send(encode(kind, body))
+    context.destroy(linger=LAST_WORD_MS)
+    sys.exit(1)
 
 
 def _connected(context: zmq.Context, kind: int, address: str) -> zmq.Socket:

@@ -237,7 +237,9 @@ class EngineCoreClient:
                 raise EngineCoreDiedError("the supervising `jax-engine serve` process is gone")
             raise EngineCoreDiedError(f"the engine core process exited with status {self._process.returncode}")
 
-    def _died(self, kind: str, body) -> EngineCoreDiedError:
+    def _died(self, kind: str, body) -> Exception:
+        if kind == "refused":  # its flags or model could not start an engine: the error the engine itself raised
+            return ValueError(body)
         if kind == "dead":
             return EngineCoreDiedError(f"the engine core process failed:\n{body}")
         return EngineCoreDiedError(f"unexpected message {kind!r} from the engine core process")

@@ -6,8 +6,8 @@
     ("abort", [request ids])                       ("outputs", CoreOutputs)      after every step or input
     ("stop", [(request id, index, stop string)])   ("rejected", (request id, error))  an add it refused
     ("add_lora", LoRARequest)                      ("dead", traceback text)      the core's loop failed
-    ("remove_lora", adapter id)
-    ("shutdown", None)
+    ("remove_lora", adapter id)                    ("refused", error message)    its flags or model could not
+    ("shutdown", None)                                                           start an engine (a ValueError)
 
 Messages are pickled (protocol 5): both ends are this package in processes of one user, on a socket in a
 directory only that user can open. Outputs travel as what changed since the last one (output_deltas.py): the

@@ -3,7 +3,7 @@ listening socket it is given, driving the shared engine core through a socket pa
 
 Its arguments come pickled on stdin once its imports are done: (index, EngineArgs, ServerConfig, host, port, log
 level, the listening socket's file descriptor, its (input, output) socket addresses). It exits with run_server's
-status: 0 after a drain, 1 if the engine core died.
+status: 0 after a drain, 1 if the engine core died or refused its flags or model.
 """
 
 import logging
@@ -24,7 +24,10 @@ def main() -> int | str:
     logging.basicConfig(level=log_level.upper(),
                         format=f"%(levelname)s %(asctime)s api-server-{index} %(name)s: %(message)s")
     listener = socket.socket(fileno=listener_fd)
-    engine = AsyncLLMEngine(EngineCoreClient(args, log_level.upper(), shared_core=addresses))
+    try:
+        engine = AsyncLLMEngine(EngineCoreClient(args, log_level.upper(), shared_core=addresses))
+    except ValueError as error:  # the core refused its flags or model: a line, as `jax-engine serve` prints it
+        return f"jax-engine: error: {error}"
     return run_server(engine, config, host, port, log_level, sockets=[listener])
 
 

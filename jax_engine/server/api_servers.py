@@ -142,6 +142,9 @@ def _tell_core_died(addresses: list[tuple[str, str]], why: str) -> None:
     context = zmq.Context()
     for _, outputs in addresses:
         pusher = context.socket(zmq.PUSH)
+        # Set now, not by destroy(): the loop drops each socket, whose close would otherwise wait for ever to
+        # deliver to an API server that has already exited.
+        pusher.setsockopt(zmq.LINGER, LAST_WORD_MS)
         pusher.connect(outputs)
         pusher.send(encode("dead", why))
     context.destroy(linger=LAST_WORD_MS)
