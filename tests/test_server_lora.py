@@ -2,6 +2,7 @@
 the adapter, /v1/models listing them, and vLLM's run-time load / unload routes behind its environment switch, through
 the official openai client."""
 
+import os
 import subprocess
 import sys
 
@@ -88,3 +89,45 @@ def test_adapters_are_served_by_the_engine_core_process(server):
     them (engine_core/)."""
     _, _, process = server
     assert [cmdline for _, cmdline in child_processes(process.pid) if CORE_MODULE in cmdline]
+
+
+def test_two_api_servers_serve_the_adapters_named_at_start_up(adapters, tmp_path):  # noqa: F811
+    """With --api-server-count 2 each API server numbers the --lora-modules alike: requests for each adapter, on
+    many connections (both API servers take some), get the in-process engine's answers."""
+    import concurrent.futures
+
+    from jax_engine import LLM, SamplingParams
+    from jax_engine.server.api_servers import API_SERVER_MODULE
+    from tests.test_server_api_servers import _children, _served_prompt_tokens
+
+    base, requests = adapters
+    modules = [f"{r.lora_name}={r.lora_path}" for r in requests[:2]]
+    process, url = start_server_process(str(base), *LORA_FLAGS, "--lora-modules", *modules, "--api-server-count", "2",
+                                        log_path=str(tmp_path / "server.log"))
+    models = [str(base), "a0", "a1"] * 4
+    try:
+        def complete_alone(model: str) -> str:  # a client of its own: a connection of its own
+            return complete(openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0), model)
+
+        with concurrent.futures.ThreadPoolExecutor(len(models)) as pool:
+            answers = list(pool.map(complete_alone, models))
+        served = [_served_prompt_tokens(pid) for pid in _children(process.pid, API_SERVER_MODULE)]
+    finally:
+        stop_server_process(process)
+    llm = LLM(str(base), enable_lora=True, max_loras=2, max_lora_rank=8, **TINY_ENGINE_ARGS)
+    offline = llm.generate([PROMPT] * 3, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False,
+                           lora_request=[None, *requests[:2]])
+    assert answers == [o.outputs[0].text for o in offline] * 4
+    assert len(set(answers[:3])) == 3  # the adapters change the answer: a mix-up would show
+    assert len(served) == 2 and all(served), served
+    text = (tmp_path / "server.log").read_text()
+    assert process.returncode == 0 and "Traceback" not in text and "_lora failed" not in text, text[-3000:]
+
+
+def test_two_api_servers_refuse_run_time_adapter_updates(adapters):  # noqa: F811
+    base, _ = adapters
+    result = subprocess.run([sys.executable, "-m", "jax_engine", "serve", str(base), "--enable-lora",
+                             "--api-server-count", "2"], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "true"})
+    assert result.returncode == 1
+    assert "--api-server-count > 1 serves the adapters of --lora-modules, not run-time LoRA updates" in result.stderr

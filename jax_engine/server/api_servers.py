@@ -33,6 +33,7 @@ import zmq
 
 from jax_engine.engine_core.launch import not_served_across_processes, take_core_process
 from jax_engine.engine_core.messages import encode
+from jax_engine.server.lora_adapters import RUNTIME_UPDATES_ENV, runtime_updates_allowed
 
 logger = logging.getLogger(__name__)
 API_SERVER_MODULE = "jax_engine.server.api_server_process"
@@ -53,9 +54,11 @@ def check_api_server_count(count: int, args, core_process: bool) -> None:
     if count > 1 and (in_process := not_served_across_processes(args)):
         raise ValueError(f"--api-server-count > 1 needs the engine core process, and {in_process[0]} is not served "
                          "across processes yet")
-    if count > 1 and args.enable_lora:  # each API server numbers the adapters it loads: the numbers would collide
-        raise ValueError("--api-server-count > 1 cannot serve LoRA adapters (--enable-lora) yet: each API server "
-                         "would number its adapters on its own")
+    # Each API server numbers the adapters of --lora-modules alike, in their order; one loaded at run time would
+    # reach only the API server its request came to, and take a number the others give another adapter.
+    if count > 1 and args.enable_lora and runtime_updates_allowed():
+        raise ValueError(f"--api-server-count > 1 serves the adapters of --lora-modules, not run-time LoRA updates "
+                         f"({RUNTIME_UPDATES_ENV}): a load would reach one API server only")
     if count > 1 and args.data_parallel_size > 1:
         raise ValueError("--api-server-count > 1 runs one engine core: not data parallelism (--data-parallel-size) "
                          "yet")
