@@ -10,6 +10,8 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
+import sys
 
 import httpx
 import openai
@@ -191,9 +193,6 @@ def test_an_engine_its_flags_cannot_start_ends_serve_with_the_error_in_a_line(ti
                                                                               error):
     """What the engine core refuses (a model path that is not there, data parallelism on one CPU device) ends
     `jax-engine serve` as a bad flag does: status 1 and the engine's own error, no traceback, no hang."""
-    import subprocess
-    import sys
-
     missing = str(tmp_path / "no-such-model.gguf")
     values = dict(missing=missing, tiny=tiny_checkpoint_dir)
     command = [sys.executable, "-m", "jax_engine", "serve", "--model", missing, "--port", "0",

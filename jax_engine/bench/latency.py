@@ -63,9 +63,13 @@ class Timing(NamedTuple):
 
 
 def time_ours(engine, batch: list[list[int]], output_len: int, ignore_eos: bool = True) -> Timing:
-    """The batch through LLMEngine.step, greedy, for output_len tokens (or to EOS unless ignore_eos)."""
+    """The batch through LLMEngine.step, greedy, for output_len tokens (or to EOS unless ignore_eos), from an empty
+    prefix cache: each batch's prompts repeat the smaller batches' (the first B of one list), and a cached prefix
+    would both shorten the prefill and give it step shapes a warm-up never met, compiled in the timed run where a
+    backend compiles on first use (Pallas on a GPU)."""
     from jax_engine import SamplingParams
 
+    engine.reset_prefix_cache()
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=ignore_eos)
     started = time.perf_counter()
     ids = [f"latency-{started}-{i}" for i in range(len(batch))]
@@ -86,12 +90,7 @@ def warm_up(engine, tokenizer, batch_size: int, args: argparse.Namespace) -> Non
     """--num-iters-warmup untimed runs of a batch's shapes, on other prompts of the same lengths."""
     for _ in range(args.num_iters_warmup):
         batch = workload_prompts(args.workload, tokenizer, batch_size, args.input_len, first=batch_size)
-        engine.reset_prefix_cache()
         time_ours(engine, batch, args.output_len, ignore_eos=args.workload == "rotations")
-    # Every run starts from an empty prefix cache: each batch's prompts repeat the smaller batches' (the first B
-    # of one list), and a cached prefix would both shorten the timed prefill and give it step shapes the warm-up
-    # never met, compiled in the timed run where a backend compiles on first use (Pallas on a GPU).
-    engine.reset_prefix_cache()
 
 
 def time_hf(model, batch: list[list[int]], output_len: int) -> tuple[float, float]:
