@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.config import EngineArgs
 from jax_engine.fair_queue import FairQueue, Tenant
-from jax_engine.llm_engine import LORA_DISABLED, LLMEngine, Prompt
+from jax_engine.llm_engine import LLMEngine, Prompt
+from jax_engine.lora.engine_methods import LORA_DISABLED
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestOutput
 from jax_engine.pooling_params import PoolingParams

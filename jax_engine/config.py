@@ -90,6 +90,8 @@ class EngineArgs:
         max_lora_rank: the highest adapter rank r accepted; slots are this wide, so it sets their memory.
         max_cpu_loras: adapters kept in host memory, ready for a slot; None means max_loras.
         skip_tokenizer_init: load no tokenizer: prompts and outputs are token ids (the outputs' text is empty).
+        async_scheduling: plan each step while the device runs the one before (vLLM's flag), on one host,
+            without speculative decoding; what needs a step's tokens first steps in lockstep (async_scheduling.py).
         task: "generate" (text) or "embed" (one vector per prompt: LLM.embed, /v1/embeddings; jax_engine/pooler.py).
         pooler_config: how task "embed" pools, a PoolerConfig or its dict (a JSON object on the command line),
             e.g. {"pooling_type": "MEAN", "normalize": true}; None: the last token's hidden state, normalized.
@@ -127,6 +129,7 @@ class EngineArgs:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
     skip_tokenizer_init: bool = False
+    async_scheduling: bool = False
     task: str = "generate"
     pooler_config: dict | None = None
 
@@ -166,9 +169,10 @@ class EngineArgs:
         if self.enable_lora and (self.nnodes > 1 or (speculative is not None and speculative.method == "draft_model")):
             raise ValueError("enable_lora is not supported yet with nnodes > 1 or a draft model (speculative_config): "
                              "LoRA adapters are served on one host, without a draft model")
-        if speculative is not None and speculative.method == "draft_model" and self.nnodes > 1:
-            raise ValueError("speculative_config with a draft model runs on one host: nnodes must be 1, got "
-                             f"{self.nnodes}")
+        check(not (self.async_scheduling and (self.nnodes > 1 or speculative or self.task != "generate")),
+              "async_scheduling", "False with nnodes > 1, a speculative_config or task 'embed'")
+        drafting = speculative is not None and speculative.method == "draft_model"
+        check(not (drafting and self.nnodes > 1), "nnodes", "1 with a draft model (speculative_config)")
 
     @property
     def speculative(self) -> SpeculativeConfig | None:

@@ -3,8 +3,10 @@
 import time
 from dataclasses import dataclass
 
+from jax_engine.core.kv_cache_manager import KVCacheManager
 from jax_engine.core.scheduler import Scheduler
 from jax_engine.core.scheduler_output import BlockStats, SchedulerOutput
+from jax_engine.sequence import Sequence
 
 
 @dataclass
@@ -20,10 +22,25 @@ class StepTrace:
 
 
 def step_trace(step: int, out: SchedulerOutput, scheduler: Scheduler) -> StepTrace:
-    misses = [(seq.seq_id, reason) for seq in out.admitted if (reason := scheduler.cache_miss(seq)) is not None]
+    misses = [(seq.seq_id, reason) for seq in out.admitted if (reason := cache_miss(scheduler.kv, seq)) is not None]
     return StepTrace(step, [(s.seq.seq_id, s.num_new_tokens) for s in out.scheduled],
                      [(p.seq.seq_id, p.mode, p.reason) for p in out.preempted], misses,
                      list(out.copies), scheduler.block_stats().num_free_blocks)
+
+
+def cache_miss(kv: KVCacheManager, seq: Sequence) -> str | None:
+    """Why an admitted sequence's prompt was not (fully) found in the prefix cache; None if it was."""
+    block_size = kv.block_size
+    full_blocks, hit_blocks = (seq.num_tokens - 1) // block_size, seq.num_computed_tokens // block_size
+    if hit_blocks >= full_blocks > 0:
+        return None
+    if not kv.enable_prefix_caching:
+        return "prefix caching disabled"
+    if not kv.reads_cache(seq.seq_id):
+        return "prompt logprobs need every prompt token computed"
+    if full_blocks == 0:
+        return "prefix shorter than one block"
+    return f"{hit_blocks} of {full_blocks} full blocks found in the cache"
 
 
 class EngineStats:

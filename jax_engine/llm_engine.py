@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import jax
 
+from jax_engine.async_scheduling import StepInFlight, plan_ahead, resolve, runs_ahead
 from jax_engine.runner.compile_shapes import compile_step_shapes
 from jax_engine.config import EngineArgs, resolve_scheduler_config
 from jax_engine.distributed import multihost
@@ -24,6 +25,7 @@ from jax_engine.core.scheduler_output import SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
 from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, RequestParams, cache_salt
 from jax_engine.loader import Checkpoint, load_checkpoint
+from jax_engine.lora.engine_methods import LoRAEngineMethods
 from jax_engine.lora.request import LoRARequest
 from jax_engine.loader.generation_config import default_sampling_fields, resolve_generation_config
 from jax_engine.model_config import token_ids
@@ -31,9 +33,10 @@ from jax_engine.output_processor import OutputProcessor
 from jax_engine.outputs import RequestMetrics, RequestOutput
 from jax_engine.pooler import Pooler, check_task
 from jax_engine.pooling_params import PoolingParams
+from jax_engine.runner.model_runner import StepInputs
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
-from jax_engine.sequence_group import SequenceFactory, SequenceGroup
+from jax_engine.sequence_group import SequenceFactory, SequenceGroup, beam_updates
 from jax_engine.sample.step_sampler import StepSampler
 from jax_engine.spec_decode.speculator import Speculator
 from jax_engine.spec_decode.verification import with_draft_positions
@@ -42,11 +45,10 @@ from jax_engine.worker import init_devices, load_model
 from reference.request import RequestStatus
 
 logger = logging.getLogger(__name__)
-LORA_DISABLED = "lora_request needs an engine started with enable_lora=True (--enable-lora)"
 
 
-class LLMEngine:
-    """A continuous-batching engine over a paged KV cache."""
+class LLMEngine(LoRAEngineMethods):
+    """A continuous-batching engine over a paged KV cache (vLLM's LoRA methods: jax_engine/lora/engine_methods.py)."""
 
     def __init__(self, args: EngineArgs, checkpoint: Checkpoint | None = None, *, devices: list | None = None,
                  detokenize: bool = True) -> None:
@@ -100,9 +102,11 @@ class LLMEngine:
             swap=self.scheduler_config.preemption_mode == "swap") for runner in loaded.runners)
         if args.nnodes > 1 and args.node_rank == 0:
             self.runner = multihost.DriverRunner(self.runner)
+        self.async_scheduling = args.async_scheduling  # jax_engine/async_scheduling.py
+        self._in_flight: StepInFlight | None = None
         self._step_sampler = StepSampler(self.runner, self.grammar_compiler, cfg.vocab_size, self._failing_alone)
-        logger.info("engine ready in %.1f s (attention backend %r)", time.perf_counter() - started,
-                    self.attention_backend.name)
+        logger.info("engine ready in %.1f s (attention backend %r%s)", time.perf_counter() - started,
+                    self.attention_backend.name, ", async scheduling" if self.async_scheduling else "")
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs) -> "LLMEngine":
@@ -146,25 +150,6 @@ class LLMEngine:
         self._groups[request_id] = group
         self._arrivals += 1
 
-    # ---------------------------------------------------------- LoRA adapters (vLLM's names; jax_engine/lora/)
-    def add_lora(self, lora_request: LoRARequest) -> bool:
-        """Read and check an adapter now, so that requests for it start without the wait (ValueError if bad)."""
-        if self.runner.lora is None:
-            raise ValueError(LORA_DISABLED)
-        self.runner.lora.load(lora_request)
-        return True
-
-    def remove_lora(self, lora_id: int) -> bool:
-        """Forget adapter `lora_id`: False if unknown; a ValueError while unfinished requests use it."""
-        return self.runner.lora is not None and self.runner.lora.remove(lora_id, self.lora_users(lora_id))
-
-    def lora_users(self, lora_id: int) -> list[str]:
-        """The unfinished requests that run with adapter `lora_id`."""
-        return [g.request_id for g in self._groups.values() if getattr(g.lora_request, "lora_int_id", 0) == lora_id]
-
-    def list_loras(self) -> set[int]:
-        return set() if self.runner.lora is None else set(self.runner.lora.requests)
-
     def get_default_sampling_params(self) -> SamplingParams:
         """What a request without SamplingParams gets: vLLM's defaults, or the generation config's (see
         EngineArgs.generation_config)."""
@@ -196,7 +181,7 @@ class LLMEngine:
                     self._pending_outputs.append(self.output_processor.request_output(self._groups.pop(request_id)))
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._pending_outputs)
+        return self.scheduler.has_unfinished_requests() or bool(self._pending_outputs) or self._in_flight is not None
 
     def get_num_unfinished_requests(self) -> int:
         return len(self._groups)
@@ -218,54 +203,72 @@ class LLMEngine:
 
     def _step(self) -> list[RequestOutput]:
         outputs, self._pending_outputs = self._pending_outputs, []
+        if self.async_scheduling and all(runs_ahead(group) for group in self._groups.values()):
+            return outputs + self._step_ahead()
+        if self._in_flight is not None:  # a request that needs lockstep came: finish the step in flight first
+            step, self._in_flight = self._in_flight, None
+            return outputs + self._complete(step)
+        out = self._schedule()
+        if not out.scheduled:
+            return outputs
+        inputs = self.runner.prepare(out)
+        if self.pooler is not None:  # an embedding engine samples nothing: finished prompts get their vector
+            self.runner.apply_block_moves(out)
+            pooled = self.pooler.step(out, inputs.row_of, self.runner.execute(inputs)[1], self.scheduler)
+            return outputs + [self.pooler.output(self._groups.pop(seq_id), v) for seq_id, v in pooled.items()]
+        return outputs + self._complete(self._dispatch(out, inputs))
+
+    def _step_ahead(self) -> list[RequestOutput]:
+        """A step of async scheduling (jax_engine/async_scheduling.py): plan and start the next step, then report
+        the one that was in flight."""
+        previous, self._in_flight = self._in_flight, None
+        stand_ins = [] if previous is None else plan_ahead(self.scheduler, previous)
+        out = self._schedule()
+        inputs = self.runner.prepare(out) if out.scheduled else None
+        if previous is not None:
+            appended = resolve(self.scheduler, previous, stand_ins, inputs)
+        if out.scheduled:
+            self._in_flight = self._dispatch(out, inputs)
+        return [] if previous is None else self._report(previous.out, appended)
+
+    def _schedule(self) -> SchedulerOutput:
         out = self.scheduler.schedule()
         if self.trace is not None:
             self.trace.append(step_trace(self.num_steps, out, self.scheduler))
-        if not out.scheduled:
-            return outputs
-        self._stats.record(out, self.scheduler.block_stats())
+        if out.scheduled:
+            self._stats.record(out, self.scheduler.block_stats())
+        return out
+
+    def _dispatch(self, out: SchedulerOutput, inputs: StepInputs) -> StepInFlight:
+        """Start the step on the device: moves, the model, the sampler; nothing waits for its tokens."""
         self.runner.apply_block_moves(out)
-        inputs = self.runner.prepare(out)
         sampling_hidden, hidden = self.runner.execute(inputs)
-        if self.pooler is not None:  # an embedding engine samples nothing: finished prompts get their vector
-            pooled = self.pooler.step(out, inputs.row_of, hidden, self.scheduler)
-            return outputs + [self.pooler.output(self._groups.pop(seq_id), v) for seq_id, v in pooled.items()]
         self.output_processor.score_prompts(out, inputs.row_of, hidden, self.runner.token_logprobs,
                                             self._failing_alone)
         samplers = [(row, sampler) for seq, row in zip(inputs.sampling_seqs, inputs.sampling_rows)
                     for sampler in self._groups[seq.request_id].sampling_seqs(seq)]  # n > 1: the parent's row
-        sampled = self._step_sampler.sample(sampling_hidden, with_draft_positions(samplers))
+        return StepInFlight(out, self._step_sampler.sample(sampling_hidden, with_draft_positions(samplers)))
+
+    def _complete(self, step: StepInFlight) -> list[RequestOutput]:
+        """Lockstep's end of a step: its tokens verified (speculative decoding), proposed (beams) or appended."""
+        sampled = step.pending.tokens()
         sampled = sampled if self.speculator is None else self.speculator.verify(sampled)
-        tokens = [(seq, token) for seq, token in sampled if not self._groups[seq.request_id].propose(seq, token)]
-        appended = self.scheduler.update_from_output(out, tokens, self._beam_updates(out))
+        tokens = [(seq, token) for seq, token in sampled
+                  if seq.request_id in self._groups and not self._groups[seq.request_id].propose(seq, token)]
+        beams = beam_updates(self._groups, step.out, self._new_sequence, self.eos_token_ids, self._failing_alone)
+        appended = self.scheduler.update_from_output(step.out, tokens, beams)
+        return self._report(step.out, appended)
+
+    def _report(self, out: SchedulerOutput, appended: list) -> list[RequestOutput]:
+        """The appended tokens' text and stop strings, then one output per request the step advanced."""
         stopped = self.output_processor.process_tokens(appended, self._failing_alone, self._fail_request)
         self.scheduler.finish_requests([seq.seq_id for seq in stopped], RequestStatus.FINISHED_STOPPED)
         if self.speculator is not None:
             self.speculator.propose(self.scheduler.running.items, self._groups)
-        return outputs + self._request_outputs(out)
+        return self.output_processor.request_outputs(out, self._groups)
 
     def _fail_request(self, seq: Sequence) -> None:
         self._finish_group(self._groups[seq.request_id], RequestStatus.FINISHED_ERROR)
-
-    def _beam_updates(self, out: SchedulerOutput) -> list:
-        """This step's beam-search plans: every beam search whose live beams have all proposed."""
-        updates = []
-        for request_id in dict.fromkeys(s.seq.request_id for s in out.scheduled):
-            group = self._groups[request_id]
-            if group.is_beam_search and not group.finished:
-                with self._failing_alone(group.seqs[0]):
-                    if (update := group.beam_update(self._new_sequence, self.eos_token_ids)) is not None:
-                        updates.append(update)
-        return updates
-
-    def _request_outputs(self, out: SchedulerOutput) -> list[RequestOutput]:
-        outputs = []
-        for request_id in dict.fromkeys(s.seq.request_id for s in out.scheduled):
-            group = self._groups[request_id]
-            outputs.append(self.output_processor.request_output(group))
-            if group.finished:
-                del self._groups[request_id]
-        return outputs
 
     @contextlib.contextmanager
     def _failing_alone(self, seq: Sequence) -> Iterator[None]:

@@ -73,6 +73,17 @@ class OutputProcessor:
                 seq.status = RequestStatus.FINISHED_STOPPED  # string came first (its blocks are already free)
         return list(stopped)
 
+    def request_outputs(self, out: SchedulerOutput, groups: dict[str, SequenceGroup]) -> list[RequestOutput]:
+        """One output per request that step `out` advanced; a finished one leaves `groups` (the engine's unfinished
+        requests). One aborted while the step was in flight (async scheduling) has left already."""
+        outputs = []
+        for request_id in dict.fromkeys(s.seq.request_id for s in out.scheduled):
+            if (group := groups.get(request_id)) is not None:
+                outputs.append(self.request_output(group))
+                if group.finished:
+                    del groups[request_id]
+        return outputs
+
     def logprob_entry(self, token: int, logprob: float, rank: int, top_ids, top_logprobs, k: int) -> PositionLogprobs:
         """vLLM's per-position logprobs: the chosen token, then the top k (ranks 1..k)."""
         entry = {int(token): Logprob(float(logprob), int(rank), decoded_token(self.tokenizer, token))}

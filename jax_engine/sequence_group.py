@@ -5,10 +5,12 @@ the others fork from it (sharing every block) and each samples its own first tok
 Beam search forks the best beams and frees the pruned ones after every step (jax_engine/beam_search.py).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from jax_engine.core.scheduler_output import SchedulerOutput
 from jax_engine.beam_search import BeamSearchParams, BeamSearchSequence, BeamUpdate, select_candidates
 from jax_engine.detokenizer import IncrementalDetokenizer, NoDetokenizer
 from jax_engine.lora.request import LoRARequest
@@ -119,3 +121,17 @@ class SequenceGroup:
             beam.beam_proposals = None
         update.pruned = [beam for beam in beams if id(beam) not in used]
         return update
+
+
+def beam_updates(groups: dict[str, SequenceGroup], out: SchedulerOutput, new_sequence: SequenceFactory,
+                 eos_token_ids: tuple[int, ...], failing_alone: Callable) -> list[BeamUpdate]:
+    """A step's beam-search plans: every beam search (of the unfinished `groups`) that ran in step `out` and whose
+    live beams have all proposed. One whose selection raises fails alone (`failing_alone`)."""
+    updates = []
+    for request_id in dict.fromkeys(s.seq.request_id for s in out.scheduled):
+        group = groups.get(request_id)  # None: aborted while the step was in flight (async scheduling)
+        if group is not None and group.is_beam_search and not group.finished:
+            with failing_alone(group.seqs[0]):
+                if (update := group.beam_update(new_sequence, eos_token_ids)) is not None:
+                    updates.append(update)
+    return updates

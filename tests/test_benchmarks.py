@@ -142,19 +142,25 @@ def test_chat_and_copy_workloads_are_distinct_templated_prompts(tiny_checkpoint_
     assert not {tuple(p[:16]) for p in timed} & {tuple(p[:16]) for p in warm_up}
 
 
-def test_latency_benchmark_times_speculation_beside_the_plain_engine(tiny_checkpoint_dir):
-    spec = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}'
+SPECULATION = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}'
+
+
+@pytest.mark.parametrize("flags, suffix", [(["--speculative-config", SPECULATION], " +ngram k=3"),
+                                           (["--async-scheduling"], " +async scheduling")])
+def test_latency_benchmark_times_speculation_or_async_scheduling_beside_the_plain_engine(tiny_checkpoint_dir, flags,
+                                                                                          suffix):
     command = [sys.executable, "-m", "jax_engine", "bench", "latency", "--model", tiny_checkpoint_dir,
                "--workload", "chat", "--batch-sizes", "2", "--output-len", "12", "--quantizations", "none",
-               "--enforce-eager", "--speculative-config", spec]
+               "--enforce-eager", *flags]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = [line[:30].strip() for line in result.stdout.splitlines() if " batch " in line]
-    assert rows == ["jax_engine float32", "jax_engine float32 +ngram k=3"]
-    acceptance = re.search(r"acceptance +(\d+)%, ([\d.]+) tokens a verification, ([\d.]+)x plain decode, tokens "
-                           r"identical", result.stdout)
-    assert acceptance, result.stdout[-2000:]
-    assert 0 < int(acceptance.group(1)) <= 100 and 1 < float(acceptance.group(2)) <= 4
+    rows = [line.split(" batch ")[0].strip() for line in result.stdout.splitlines() if " batch " in line]
+    assert rows == ["jax_engine float32", "jax_engine float32" + suffix]
+    assert re.search(r"[\d.]+x plain decode, [\d.]+x plain TTFT, tokens identical", result.stdout), result.stdout
+    if "async" not in suffix:
+        acceptance = re.search(r"acceptance +(\d+)%, ([\d.]+) tokens a verification, ", result.stdout)
+        assert acceptance, result.stdout[-2000:]
+        assert 0 < int(acceptance.group(1)) <= 100 and 1 < float(acceptance.group(2)) <= 4
 
 
 def test_llama_cpps_prompt_lookup_keeps_its_tokens():

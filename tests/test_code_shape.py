@@ -21,12 +21,13 @@ CORE = ["block_pool", "block_manager", "request", "scheduler", "paged_attention"
 MAX_CORE_LINES = 1300 + 300 + 50 + 50
 MAX_FILE_LINES = 300
 MAX_FUNCTION_LINES = 50
-# The engine loop in 200 lines, plus issue 46's four LoRA methods vLLM's LLMEngine has (add_lora, remove_lora,
-# list_loras and the users an adapter has: 20 lines that delegate to jax_engine/lora/manager.py), plus issue 47's
-# embeddings: the hooks of an engine started with task="embed" (about 10 lines; the rest is jax_engine/pooler.py),
-# plus issue 48's hooks of an engine core whose API server makes the text: `detokenize` and stop_sequences (13 lines;
-# the rest is jax_engine/engine_core/text_processor.py).
-MAX_LLM_ENGINE_LINES = 200 + 25 + 10 + 13
+# The engine loop in 200 lines (vLLM's four LoRA methods, which issue 46 added, live in
+# jax_engine/lora/engine_methods.py), plus issue 47's embeddings: the hooks of an engine started with task="embed"
+# (about 10 lines; the rest is jax_engine/pooler.py), plus issue 48's hooks of an engine core whose API server makes
+# the text: `detokenize` and stop_sequences (13 lines; the rest is jax_engine/engine_core/text_processor.py), plus
+# issue 48's async scheduling: the step split into schedule, dispatch, complete and report, and the step that plans
+# ahead (27 lines more than the one step they replace; the rest is jax_engine/async_scheduling.py).
+MAX_LLM_ENGINE_LINES = 200 + 10 + 13 + 27
 
 
 def _lines(path: pathlib.Path) -> int:

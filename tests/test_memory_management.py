@@ -1,4 +1,4 @@
-"""Prefix caching, chunked prefill, preemption, parallel sampling and beam search on the real model.
+"""Prefix caching, chunked prefill, preemption, parallel sampling, beam search and async scheduling on the real model.
 
 The promise under test: none of them changes greedy or seeded output, and every block comes back.
 """
@@ -50,6 +50,11 @@ VARIANTS = {
     "block size 8": dict(num_gpu_blocks_override=128, block_size=8),
     "block size 32": dict(num_gpu_blocks_override=32, block_size=32),
     "block size 64 (the cpu backend's default)": dict(num_gpu_blocks_override=16, block_size=64),
+    # Planning each step while the one before runs (jax_engine/async_scheduling.py), also under preemption.
+    "async scheduling": dict(num_gpu_blocks_override=64, async_scheduling=True),
+    "async scheduling, recompute preemption (6 blocks)": dict(num_gpu_blocks_override=6, async_scheduling=True),
+    "async scheduling, swap preemption (6 blocks)": dict(num_gpu_blocks_override=6, preemption_mode="swap",
+                                                         swap_space=0.01, async_scheduling=True),
 }
 
 
@@ -203,10 +208,10 @@ def test_beam_search_equals_the_reference_beam_search(tiny_checkpoint, length_pe
 @settings(max_examples=max(settings.default.max_examples // 7, 5))
 @given(block_size=st.sampled_from([2, 4, 8]), spare_blocks=st.integers(0, 12), budget=st.integers(2, 40),
        chunked=st.booleans(), caching=st.booleans(), mode=st.sampled_from(["recompute", "swap"]),
-       max_num_seqs=st.integers(1, 4),
+       max_num_seqs=st.integers(1, 4), async_scheduling=st.booleans(),
        prompts=st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=14), min_size=1, max_size=4))
 def test_tiny_engine_output_is_invariant(tiny_checkpoint, block_size, spare_blocks, budget, chunked, caching, mode,
-                                         max_num_seqs, prompts):
+                                         max_num_seqs, async_scheduling, prompts):
     """The engine under random memory pressure and scheduling knobs gives the unconstrained engine's tokens."""
     from jax_engine import LLM, EngineArgs, LLMEngine
 
@@ -220,5 +225,5 @@ def test_tiny_engine_output_is_invariant(tiny_checkpoint, block_size, spare_bloc
     got = engine_output(num_gpu_blocks_override=-(-24 // block_size) + spare_blocks, block_size=block_size,
                         enable_chunked_prefill=chunked, max_num_batched_tokens=budget if chunked else 24,
                         enable_prefix_caching=caching, preemption_mode=mode, swap_space=0.001,
-                        max_num_seqs=max_num_seqs)
+                        max_num_seqs=max_num_seqs, async_scheduling=async_scheduling)
     assert got == expected

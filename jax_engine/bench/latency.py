@@ -135,31 +135,37 @@ def bound(probe: roofline.Roofline, num_params: int, nbytes: int, batch_size: in
     return min(batch_size * probe.bandwidth_gbps * 1e9 / nbytes, probe.matmul_gflops * 1e9 / (2 * num_params))
 
 
-def variants(args: argparse.Namespace) -> list[tuple[str, dict | None]]:
-    """(label suffix, speculative_config) of each engine a quantization runs: plain, and with --speculative-config
-    beside it when one is given (same run, same machine)."""
-    if not args.speculative_config:
-        return [("", None)]
+def variants(args: argparse.Namespace) -> list[tuple[str, dict]]:
+    """(label suffix, engine arguments) of each engine a quantization runs: plain (one token a step, in lockstep),
+    and beside it, when asked for, the engine with --speculative-config or --async-scheduling (same run, same
+    machine)."""
+    plain = {"speculative_config": None, "async_scheduling": False}
+    if not args.speculative_config and not args.async_scheduling:
+        return [("", plain)]
+    other = {"speculative_config": args.speculative_config, "async_scheduling": args.async_scheduling}
+    if args.async_scheduling:
+        return [("", plain), (" +async scheduling", other)]
     spec = SpeculativeConfig.from_dict(args.speculative_config)
     drafter = spec.method if spec.model is None else f"draft {spec.model} {spec.quantization or ''}".rstrip()
-    return [("", None), (f" +{drafter} k={spec.num_speculative_tokens}", args.speculative_config)]
+    return [("", plain), (f" +{drafter} k={spec.num_speculative_tokens}", other)]
 
 
-def speculation(engine, before: dict, plain: Timing | None, ours: Timing) -> str:
-    """The timed run's speculation: acceptance (the counters' growth over the run), the speedup over the plain
-    engine's decode at the same batch, and whether the tokens are the plain engine's (greedy: they must be)."""
-    after = engine.stats().get("spec_decode")
-    if after is None:
-        return ""
-    drafted, accepted, drafts = (after[k] - before.get(k, 0) for k in
-                                 ("num_draft_tokens", "num_accepted_tokens", "num_drafts"))
-    line = (f"    acceptance {accepted / max(drafted, 1):4.0%}, "
-            f"{1 + accepted / max(drafts, 1):.2f} tokens a verification")
+def beside_plain(engine, before: dict, plain: Timing | None, ours: Timing) -> str:
+    """The timed run's speculation, if any: acceptance (the counters' growth over the run); then the speedup over
+    the plain engine's decode at the same batch, and whether the tokens are the plain engine's (greedy: they must
+    be)."""
+    parts = []
+    if (after := engine.stats().get("spec_decode")) is not None:
+        drafted, accepted, drafts = (after[k] - before.get(k, 0) for k in
+                                     ("num_draft_tokens", "num_accepted_tokens", "num_drafts"))
+        parts.append(f"acceptance {accepted / max(drafted, 1):4.0%}, "
+                     f"{1 + accepted / max(drafts, 1):.2f} tokens a verification")
     if plain is not None:
         differ = sum(a != b for a, b in zip(ours.token_ids, plain.token_ids))
-        line += (f", {ours.decode_tokens_per_s / plain.decode_tokens_per_s:.2f}x plain decode, tokens "
-                 f"{f'differ in {differ} of {len(plain.token_ids)} requests' if differ else 'identical'}")
-    return line
+        parts.append(f"{ours.decode_tokens_per_s / plain.decode_tokens_per_s:.2f}x plain decode, "
+                     f"{plain.ttft_s / ours.ttft_s:.2f}x plain TTFT, tokens "
+                     f"{f'differ in {differ} of {len(plain.token_ids)} requests' if differ else 'identical'}")
+    return "    " + ", ".join(parts)
 
 
 def time_engines(args, checkpoint, batches: dict, max_len: int, report, limit) -> None:
@@ -173,10 +179,10 @@ def time_engines(args, checkpoint, batches: dict, max_len: int, report, limit) -
             print("jax_engine gguf: skipped, the model has no GGUF blocks", flush=True)
             continue
         plain = {}
-        for suffix, spec in variants(args):
+        for suffix, variant in variants(args):
             started = time.perf_counter()
             engine = LLMEngine(EngineArgs.from_cli_args(args, max_num_seqs=sizes[-1], max_model_len=max_len,
-                                                        quantization=q, speculative_config=spec), checkpoint=checkpoint)
+                                                        quantization=q, **variant), checkpoint=checkpoint)
             label = f"jax_engine {quantization if q else np.dtype(engine.dtype).name}{suffix}"
             print(f"{label}: start-up {time.perf_counter() - started:.1f} s (of which compiling or loading step "
                   f"shapes {engine.startup_compile_seconds:.1f} s)", flush=True)
@@ -191,10 +197,10 @@ def time_engines(args, checkpoint, batches: dict, max_len: int, report, limit) -
                 if compiled:
                     print(f"{label} batch {b}: {compiled} step shapes compiled in the timed run, their time "
                           "included (--num-iters-warmup 1 runs them first)", flush=True)
-                if spec is None:
+                if not suffix:
                     plain[b] = timing
                 else:
-                    print(speculation(engine, before.get("spec_decode", {}), plain.get(b), timing), flush=True)
+                    print(beside_plain(engine, before.get("spec_decode", {}), plain.get(b), timing), flush=True)
             del engine
 
 

@@ -93,11 +93,20 @@ class Scheduler:
         ends it with FINISHED_ERROR (the caller ends the rest of its request). Stop strings, which need the
         text, are the output processor's: it ends those sequences through `finish_requests`.
         """
+        self.update_computed(out)
+        return self.append_sampled(out, sampled, beam_updates)
+
+    def update_computed(self, out: SchedulerOutput) -> None:
+        """The first half of update_from_output, which async scheduling runs before the step's tokens are known."""
         for s in out.scheduled:
             if s.seq.status.is_finished:  # failed while this step ran: it holds no blocks any more
                 continue
             s.seq.num_computed_tokens += s.num_new_tokens - len(s.seq.spec_token_ids)  # drafts: in _roll_back
             self.kv.cache_full_blocks(s.seq.seq_id, s.seq.all_token_ids, s.seq.num_computed_tokens)
+
+    def append_sampled(self, out: SchedulerOutput, sampled: list[tuple[Sequence, "SampledToken"]],
+                       beam_updates: Iterable["BeamUpdate"] = ()) -> list[tuple[Sequence, "SampledToken"]]:
+        """The second half of update_from_output: forks, appended tokens, drafts rolled back, beams."""
         for seq, _ in sampled:  # fork before anyone appends, so children copy the parent's prompt alone
             if seq.fork_parent is not None:
                 self.fork(seq.fork_parent, seq)
@@ -281,17 +290,3 @@ class Scheduler:
         kv = self.kv
         return BlockStats(kv.device.num_blocks, kv.device.num_free_blocks, kv.device.num_cached_blocks,
                           kv.num_blocks_without_sharing, kv.prefix_cache_queries, kv.prefix_cache_hits)
-
-    def cache_miss(self, seq: Sequence) -> str | None:
-        """Why an admitted sequence's prompt was not (fully) found in the prefix cache; None if it was."""
-        block_size = self.kv.block_size
-        full_blocks, hit_blocks = (seq.num_tokens - 1) // block_size, seq.num_computed_tokens // block_size
-        if hit_blocks >= full_blocks > 0:
-            return None
-        if not self.kv.enable_prefix_caching:
-            return "prefix caching disabled"
-        if not self.kv.reads_cache(seq.seq_id):
-            return "prompt logprobs need every prompt token computed"
-        if full_blocks == 0:
-            return "prefix shorter than one block"
-        return f"{hit_blocks} of {full_blocks} full blocks found in the cache"

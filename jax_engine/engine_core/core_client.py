@@ -30,7 +30,7 @@ from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts
 from jax_engine.engine_core.output_deltas import DeltaDecoder
 from jax_engine.engine_core.text_processor import TextProcessor
 from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, RequestParams
-from jax_engine.llm_engine import LORA_DISABLED
+from jax_engine.lora.engine_methods import LORA_DISABLED
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import CompletionOutput, RequestOutput
 from jax_engine.pooler import Pooler, check_task

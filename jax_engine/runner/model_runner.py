@@ -27,7 +27,7 @@ from jax_engine.models import CausalLM
 from jax_engine.runner.padded_layout import padded_kind_rows, padded_table_rows
 from jax_engine.runner.program_cache import ProgramCache
 from jax_engine.runner.recycled_buffers import RecycledBuffers
-from jax_engine.sample.sampler import SampledToken, to_host
+from jax_engine.sample.sampler import SampledRows, to_host
 from jax_engine.sample.sampling_batch import STAGES, SamplingBatch, sampling_batch
 from reference.block_manager import cdiv
 
@@ -237,12 +237,12 @@ class ModelRunner:
         return sampling_batch(seqs, bucket(len(seqs)), self.model.cfg.vocab_size, grammar_bitmask,
                               penalty_width=self.max_model_len)
 
-    def sample(self, sampling_hidden: jax.Array, rows: list[int], batch: SamplingBatch) -> list[SampledToken]:
+    def sample(self, sampling_hidden: jax.Array, rows: list[int], batch: SamplingBatch) -> SampledRows:
         """A token for each of `rows` of `sampling_hidden` (parallel samples share their parent's row), drawn
-        with the matching row of `batch` (see sampling_batch). The logits and the sampler's scratch live in
-        recycled buffers."""
+        with the matching row of `batch` (see sampling_batch); dispatched, not waited for. The logits and the
+        sampler's scratch live in recycled buffers."""
         if not rows:
-            return []
+            return SampledRows(None, 0)
         padded = np.zeros(bucket(len(rows)), np.int32)
         padded[: len(rows)] = rows
         buffer = self.recycled.take((len(padded), self.model.cfg.vocab_size))
@@ -253,7 +253,7 @@ class ModelRunner:
                                     cause=f"{len(rows)} rows sampled with {batch.flags} {stages}")
         self.recycled.give(scratch)
         self.recycled.give(logits)
-        return result.rows(len(rows))
+        return SampledRows(result, len(rows))
 
     def greedy_tokens(self, sampling_hidden: jax.Array, num_rows: int) -> list[int]:
         """The most likely next token after each of the first `num_rows` rows of `sampling_hidden` (a draft

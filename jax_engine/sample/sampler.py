@@ -55,6 +55,19 @@ class SampledToken:
     top_logprobs: np.ndarray
 
 
+@dataclass(frozen=True)
+class SampledRows:
+    """A step's sampled rows, returned as soon as the sampler is dispatched: the device may still be computing
+    them. `read()` waits for them and copies them to the host, so the engine can plan the next step first
+    (async scheduling, jax_engine/async_scheduling.py)."""
+
+    output: SamplerOutput | None  # None: no row sampled
+    count: int
+
+    def read(self) -> list[SampledToken]:
+        return [] if self.output is None else self.output.rows(self.count)
+
+
 def _apply_penalties(logits, penalty_ids, num_prompt_tokens, presence, frequency, repetition):
     """vLLM's penalties. penalty_ids holds each row's prompt, then its output, padded with vocab_size (dropped)."""
     rows, vocab = logits.shape

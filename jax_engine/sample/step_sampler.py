@@ -8,10 +8,11 @@ broke, or whose values do not pack into the sampler's arrays, fails alone and th
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
-from jax_engine.sample.sampler import SampledToken
+from jax_engine.sample.sampler import SampledRows, SampledToken
 from jax_engine.sample.sampling_batch import sampling_batch
 from jax_engine.sequence import Sequence
 from jax_engine.structured_output.grammar import GrammarCompiler
@@ -22,6 +23,17 @@ if TYPE_CHECKING:  # the runner imports the sampler; the step sampler only calls
 FailingAlone = Callable[[Sequence], AbstractContextManager]  # LLMEngine._failing_alone
 
 
+@dataclass(frozen=True)
+class PendingTokens:
+    """The tokens a step samples, while the device may still draw them: `tokens()` waits for them."""
+
+    seqs: list[Sequence]  # who samples, in row order
+    rows: SampledRows
+
+    def tokens(self) -> list[tuple[Sequence, SampledToken]]:
+        return list(zip(self.seqs, self.rows.read()))
+
+
 class StepSampler:
     def __init__(self, runner: "ModelRunner", grammar_compiler: GrammarCompiler, vocab_size: int,
                  failing_alone: FailingAlone) -> None:
@@ -30,8 +42,8 @@ class StepSampler:
         self.vocab_size = vocab_size
         self.failing_alone = failing_alone
 
-    def sample(self, sampling_hidden, samplers: list[tuple[int, Sequence]]) -> list[tuple[Sequence, SampledToken]]:
-        """A token for each (logits row, sequence) whose request has not failed."""
+    def sample(self, sampling_hidden, samplers: list[tuple[int, Sequence]]) -> "PendingTokens":
+        """A token for each (logits row, sequence) whose request has not failed; dispatched, read later."""
         samplers = [(row, seq) for row, seq in samplers if not seq.status.is_finished]
         rows, seqs = [row for row, _ in samplers], [seq for _, seq in samplers]
         # A drafted position's row (spec_decode's DraftPosition, which is no Sequence) is filled by its sequence's
@@ -43,7 +55,7 @@ class StepSampler:
             return self.sample(sampling_hidden, samplers)
         try:
             batch = self.runner.sampling_batch(seqs, bitmask)
-            return list(zip(seqs, self.runner.sample(sampling_hidden, rows, batch)))
+            return PendingTokens(seqs, self.runner.sample(sampling_hidden, rows, batch))
         except Exception:  # some sequence's values do not pack into the sampler's arrays: it fails alone
             for seq in seqs:
                 with self.failing_alone(seq):
