@@ -139,11 +139,14 @@ def test_a_mixed_batch_equals_each_request_alone(llm, adapters):
     assert len({round(o.outputs[0].cumulative_logprob, 3) for o in same_prompt}) == 5
 
 
-def test_requests_wait_for_a_slot(adapters):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_requests_wait_for_a_slot(adapters, async_scheduling):
     """max_loras=1: three adapters and the base model queued at once all finish, as alone; no step ever runs two
-    adapters, and the base model's request is not held up behind the adapters' (it runs in the first step)."""
+    adapters, and the base model's request is not held up behind the adapters' (it runs in the first step). With
+    async scheduling too, where a step is planned before the one in flight has ended its sequences."""
     base, requests = adapters
-    llm = LLM(str(base), enable_lora=True, max_loras=1, max_lora_rank=8, max_cpu_loras=2, **ENGINE)
+    llm = LLM(str(base), enable_lora=True, max_loras=1, max_lora_rank=8, max_cpu_loras=2,
+              async_scheduling=async_scheduling, **ENGINE)
     engine = llm.llm_engine
     steps = []
     activate = engine.runner.lora.activate

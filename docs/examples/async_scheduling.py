@@ -1,4 +1,4 @@
-"""Async scheduling: each step is planned while the one before runs; no output changes."""
+"""Async scheduling: each step is planned while the one before runs; outputs stay."""
 
 from jax_engine import LLM, SamplingParams
 
@@ -12,5 +12,6 @@ for async_scheduling in (False, True):
     print("async scheduling" if async_scheduling else "lockstep")
     for out in outputs:
         steps = [step.step for step in trace if out.request_id in dict(step.scheduled)]
-        print(f"  {out.outputs[0].text!r:24} {out.outputs[0].finish_reason:6} "
+        completion = out.outputs[0]
+        print(f"  {completion.text!r:16} {completion.finish_reason:6} "
               f"ran in steps {steps[0]}-{steps[-1]}")

@@ -39,6 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantizations", nargs="+", default=["gguf", "int8"], help="with --compare: ours")
     parser.add_argument("--rates", nargs="+", type=float, default=[1.0, 2.0, 4.0, math.inf],
                         help="with --compare: request rates per second (inf: all at once)")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="with --compare: each of ours also with --async-scheduling, beside it in lockstep")
     parser.add_argument("--slots", nargs="+", type=int, default=[8, 16, 32], help="with --compare: llama-server's")
     parser.add_argument("--max-model-len", type=int, default=1024, help="with --compare: both servers' context")
     parser.add_argument("--log-dir", default=None, help="with --compare: where the servers' logs go")
@@ -114,18 +116,19 @@ def _print_row(row: dict) -> None:
     print("".join(f"{row[key]:{align}{form}}" for _, key, align, form in COLUMNS), flush=True)
 
 
-def _summary(rows: list[dict], quantizations: list[str]) -> list[str]:
-    """The targets' ratios: served rate at saturation, and normalized latency at each rate, against llama-server."""
+def _summary(rows: list[dict], servers: list[str]) -> list[str]:
+    """The targets' ratios: served rate at saturation, and normalized latency at each rate, against llama-server,
+    for each of our `servers` ("gguf", "int8 +async", ...)."""
     peer = {row["rate"]: row for row in rows if row["server"].startswith("llama-server") and row.get("chosen")}
     lines = []
-    for quantization in quantizations:
-        ours = {row["rate"]: row for row in rows if row["server"] == f"jax-engine, {quantization}"}
+    for name in servers:
+        ours = {row["rate"]: row for row in rows if row["server"] == f"jax-engine, {name}"}
         if math.inf in ours and math.inf in peer:
             ratio = ours[math.inf]["request_throughput"] / peer[math.inf]["request_throughput"]
-            lines.append(f"{quantization}: served rate at saturation {ratio:.2f}x llama-server's")
+            lines.append(f"{name}: served rate at saturation {ratio:.2f}x llama-server's")
         latency = [f"{rate:g}: {ours[rate]['mean_normalized_latency_ms']:.0f} vs "
                    f"{peer[rate]['mean_normalized_latency_ms']:.0f} ms" for rate in ours if rate in peer]
-        lines.append(f"{quantization}: normalized latency, ours vs llama-server's, by rate: {'; '.join(latency)}")
+        lines.append(f"{name}: normalized latency, ours vs llama-server's, by rate: {'; '.join(latency)}")
     return lines
 
 
@@ -139,12 +142,14 @@ def main(ns: argparse.Namespace) -> dict:
     logs.mkdir(parents=True, exist_ok=True)
     print(f"{ns.num_prompts} {ns.length_mode} requests a run, on {ns.model}; server logs in {logs}")
     _print_header()
-    rows, workloads = [], None
+    rows, workloads, ours = [], None, []
     for quantization in ns.quantizations:
-        command = _our_server(ns.model, quantization, ns.max_model_len)
-        with server_process(command, logs / f"jax-engine-{quantization}.log") as server:
-            workloads = workloads or _workloads(server.url, ns)
-            rows += _measure(f"jax-engine, {quantization}", server, workloads, ns.rates)
+        for flags in [[], ["--async-scheduling"]] if ns.async_scheduling else [[]]:
+            ours.append(quantization + (" +async" if flags else ""))
+            command = _our_server(ns.model, quantization, ns.max_model_len) + flags
+            with server_process(command, logs / f"jax-engine-{ours[-1].replace(' +', '-')}.log") as server:
+                workloads = workloads or _workloads(server.url, ns)
+                rows += _measure(f"jax-engine, {ours[-1]}", server, workloads, ns.rates)
     saturation = {}
     for slots in ns.slots:
         with server_process(_llama_server(binary, ns.model, slots, ns.max_model_len),
@@ -156,7 +161,7 @@ def main(ns: argparse.Namespace) -> dict:
     with server_process(_llama_server(binary, ns.model, best, ns.max_model_len), logs / "llama-server.log") as server:
         chosen = _measure(f"llama-server, {best} slots", server, workloads, [r for r in ns.rates if r != math.inf])
     rows += [row | {"chosen": True} for row in chosen]
-    report = {"rows": rows, "summary": _summary(rows, ns.quantizations), "best_slots": best}
+    report = {"rows": rows, "summary": _summary(rows, ours), "best_slots": best}
     print("\n".join(report["summary"]))
     if ns.json_out:
         from jax_engine.bench.kernels import record_run
