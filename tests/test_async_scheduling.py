@@ -114,8 +114,8 @@ def test_requests_that_need_lockstep_switch_the_engine_to_it_and_back(engines):
     assert results[1] == results[0]
 
 
-@pytest.mark.parametrize("other", [dict(nnodes=2), dict(speculative_config={"method": "ngram"}),
-                                   dict(task="embed")])
+@pytest.mark.parametrize("other", [dict(nnodes=2), dict(task="embed"),
+                                   dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2})])
 def test_async_scheduling_refuses_what_it_cannot_plan_ahead_of(other):
     with pytest.raises(ValueError, match="async_scheduling must be False with nnodes > 1, a speculative_config or "
                                          "task 'embed', got True"):
