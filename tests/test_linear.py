@@ -199,6 +199,22 @@ def test_linear_takes_the_kernel_for_few_rows_and_xla_beyond_with_the_same_resul
     np.testing.assert_allclose(few, many[:limit], rtol=1e-5, atol=1e-4)
 
 
+def test_int8_rows_in_place_equal_the_plain_formula_and_quantize_layer_by_layer():
+    """int8_rows (start-up's in-place passes) gives the plain formula's bits, and a stack of layers quantized one
+    by one (as models/weights.py does) equals the stack quantized at once: rows are independent."""
+    from jax_engine.linear.quantization import int8_rows
+
+    w = np.random.default_rng(2).standard_normal((3, 64, 96)).astype(np.float32) * np.float32(0.02)
+    w[1, 5] = 0.0
+    scale = np.where(np.abs(w).max(-1) > 0, np.abs(w).max(-1) / 127.0, 1.0).astype(np.float32)
+    plain = np.clip(np.rint(w / scale[..., None]), -127, 127).astype(np.int8)
+    q, got_scale = int8_rows(w)
+    assert np.array_equal(q, plain) and np.array_equal(got_scale, scale)
+    layers = [int8_rows(layer) for layer in w]
+    assert np.array_equal(np.stack([lq for lq, _ in layers]), q)
+    assert np.array_equal(np.stack([ls for _, ls in layers]), scale)
+
+
 def test_int8_rows_round_to_within_half_a_step_of_their_scale():
     w = np.random.default_rng(1).standard_normal((16, 32)).astype(np.float32)
     w[3] = 0.0  # an all-zero row keeps a finite scale

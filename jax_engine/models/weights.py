@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.linear import quantize
+from jax_engine.linear.quantization import int8_rows
 from jax_engine.linear.gguf_blocks import BlockRows, as_q8_0
 
 
@@ -111,10 +112,13 @@ class StoredWeights:
             rows = [np.pad(r, ((0, 0), (0, width - r.shape[1]))) if r.shape[1] < width else r
                     for r in (layer.rows for layer in kept)]
             return {name: jnp.asarray(join(rows))}
-        arrays = join([self._read(source, p) for p in prefixes])
+        arrays = [self._read(source, p) for p in prefixes]
+        if self.quantization == "int8" and matrix:  # layer by layer (rows are independent), stacked as int8: a
+            q, scale = zip(*map(int8_rows, arrays))  # quarter of the float32 stack's copy
+            return {name: jnp.asarray(join(q)), f"{name}_scale": jnp.asarray(join(scale))}
         if not matrix:
-            return {name: jnp.asarray(arrays, self.dtype)}
-        stored, scale = quantize(arrays, self.quantization, self.dtype)
+            return {name: jnp.asarray(join(arrays), self.dtype)}
+        stored, scale = quantize(join(arrays), self.quantization, self.dtype)
         return {name: stored} if scale is None else {name: stored, f"{name}_scale": scale}
 
     def _read(self, source: Source, prefix: str) -> np.ndarray:
