@@ -42,7 +42,7 @@ class StepSampler:
         self.vocab_size = vocab_size
         self.failing_alone = failing_alone
 
-    def sample(self, sampling_hidden, samplers: list[tuple[int, Sequence]]) -> "PendingTokens":
+    def sample(self, sampling_hidden, samplers: list[tuple[int, Sequence]]) -> PendingTokens:
         """A token for each (logits row, sequence) whose request has not failed; dispatched, read later."""
         samplers = [(row, seq) for row, seq in samplers if not seq.status.is_finished]
         rows, seqs = [row for row, _ in samplers], [seq for _, seq in samplers]
