@@ -6,6 +6,9 @@
         runner.sample                   -> one token per sequence whose tokens are all computed
         scheduler.update_from_output    -> computed counts, cached blocks, forks, appended tokens, stops
         output_processor                -> logprobs, text, stop strings, one RequestOutput per request
+
+With async_scheduling the next step is scheduled and prepared before this one's tokens are read
+(jax_engine/async_scheduling.py), and step() reports the step before the one it starts.
 """
 
 import contextlib
