@@ -19,15 +19,15 @@ from jax_engine.linear.gguf_blocks import dequantize_blocks
 QUANTIZATIONS = ("bf16", "int8", "gguf")  # and None: the weights keep the engine's dtype
 
 
-def quantize(w: np.ndarray, quantization: str | None, dtype) -> tuple[jax.Array, jax.Array | None]:
-    """A float [out, in] matrix (or a stack of them, [L, out, in]) -> (stored weight, scale per row or None)."""
+def quantize(w: np.ndarray, quantization: str | None, dtype) -> tuple[np.ndarray, np.ndarray | None]:
+    """A float [out, in] matrix (or a stack of them, [L, out, in]) -> (stored weight, scale per row or None), on the
+    host: start-up stacks a model's layers in their stored format (int8's stack copies a quarter of float32's)."""
     if quantization in (None, "gguf"):  # "gguf": a matrix the file has in no kept block format
-        return jnp.asarray(w, dtype), None
+        return np.asarray(w, dtype), None
     if quantization == "bf16":
-        return jnp.asarray(w, jnp.bfloat16), None
+        return np.asarray(w, jnp.bfloat16), None
     if quantization == "int8":
-        q, scale = int8_rows(w)
-        return jnp.asarray(q), jnp.asarray(scale)
+        return int8_rows(w)
     raise ValueError(f"quantization must be None or one of {QUANTIZATIONS}, got {quantization!r}")
 
 

@@ -17,7 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.linear import quantize
-from jax_engine.linear.quantization import int8_rows
 from jax_engine.linear.gguf_blocks import BlockRows, as_q8_0
 
 
@@ -113,13 +112,12 @@ class StoredWeights:
                     for r in (layer.rows for layer in kept)]
             return {name: jnp.asarray(join(rows))}
         arrays = [self._read(source, p) for p in prefixes]
-        if self.quantization == "int8" and matrix:  # layer by layer (rows are independent), stacked as int8: a
-            q, scale = zip(*map(int8_rows, arrays))  # quarter of the float32 stack's copy
-            return {name: jnp.asarray(join(q)), f"{name}_scale": jnp.asarray(join(scale))}
         if not matrix:
             return {name: jnp.asarray(join(arrays), self.dtype)}
-        stored, scale = quantize(join(arrays), self.quantization, self.dtype)
-        return {name: stored} if scale is None else {name: stored, f"{name}_scale": scale}
+        # Layer by layer (each row is quantized alone), then stacked in the stored format.
+        stored, scales = zip(*(quantize(array, self.quantization, self.dtype) for array in arrays))
+        kept = {name: jnp.asarray(join(stored))}
+        return kept if scales[0] is None else kept | {f"{name}_scale": jnp.asarray(join(scales))}
 
     def _read(self, source: Source, prefix: str) -> np.ndarray:
         missing = [prefix + n for n in source.names if prefix + n not in self.weights]
