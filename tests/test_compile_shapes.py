@@ -109,8 +109,9 @@ def test_a_second_start_in_a_fresh_process_loads_every_program(store):
     assert f"start-up: {stored} programs ({stored} loaded, 0 compiled)" in log, log[-3000:]
 
 
-def test_after_start_up_a_varied_workload_compiles_nothing(make_llm, store):
-    llm = make_llm(enforce_eager=False, compilation_cache_dir=str(store), **SMALL)
+@pytest.mark.parametrize("async_scheduling", [False, True])  # planning ahead meets the same step shapes
+def test_after_start_up_a_varied_workload_compiles_nothing(make_llm, store, async_scheduling):
+    llm = make_llm(enforce_eager=False, compilation_cache_dir=str(store), async_scheduling=async_scheduling, **SMALL)
     assert llm.llm_engine.startup_compile_seconds > 0
     with jax_events() as events:
         outputs = varied_workload(llm)
