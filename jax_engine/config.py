@@ -3,16 +3,13 @@
 import argparse
 import dataclasses
 import json
-import logging
 import re
 import typing
 from dataclasses import dataclass
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jax_engine.attention import ATTENTION_BACKENDS, AttentionBackend
+from jax_engine.attention import ATTENTION_BACKENDS
 from jax_engine.linear import QUANTIZATIONS
 from jax_engine.model_config import ModelConfig
 from jax_engine.pooling_params import check_task_args
@@ -20,16 +17,9 @@ from jax_engine.models.rope import max_len_with_rope_scaling
 from jax_engine.spec_decode import SpeculativeConfig
 from jax_engine.target_platform import platform
 from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
-from simulator import capacity
 
-if typing.TYPE_CHECKING:
-    from jax_engine.models import CausalLM
-
-logger = logging.getLogger(__name__)
-
-GiB = 1 << 30
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-DEFAULT_CPU_KV_CACHE_BYTES = 2 * GiB
+KV_CACHE_DTYPES = ("auto", "bfloat16")  # vLLM's names; its fp8 ones need scales this engine does not keep
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 ATTENTION_SELF_TESTS = ("auto", "fallback", "error", "off")
 
@@ -47,6 +37,8 @@ class EngineArgs:
         max_num_batched_tokens: most tokens in one step; None picks 2048 (or max_model_len without
             chunked prefill).
         kv_cache_memory_bytes: KV cache size; None means 2 GiB on CPU, or gpu_memory_utilization on GPU.
+        kv_cache_dtype: "auto" (the model's dtype) or "bfloat16": keys and values stored in half the bytes of a
+            float32 model's, so the cache holds twice the tokens and attention reads half the bytes.
         gpu_memory_utilization: fraction of accelerator memory for weights, activations and KV cache.
         num_gpu_blocks_override: exact number of KV blocks, ignoring the memory budget.
         enable_prefix_caching: reuse the KV blocks of shared prompt prefixes.
@@ -104,6 +96,7 @@ class EngineArgs:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     kv_cache_memory_bytes: int | None = None
+    kv_cache_dtype: str = "auto"
     gpu_memory_utilization: float = 0.9
     num_gpu_blocks_override: int | None = None
     enable_prefix_caching: bool = True
@@ -145,6 +138,7 @@ class EngineArgs:
         check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1, "max_num_seqs", ">= 1")
         check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1, "max_num_batched_tokens", ">= 1")
         check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes", "> 0")
+        check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"one of {KV_CACHE_DTYPES}")
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "in (0, 1]")
         check(self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 1, "num_gpu_blocks_override", ">= 1")
         check(self.preemption_mode in PREEMPTION_MODES, "preemption_mode", f"one of {PREEMPTION_MODES}")
@@ -233,56 +227,6 @@ def resolve_dtype(name: str):
     if name == "auto":
         return jnp.float32 if platform() == "cpu" else jnp.bfloat16
     return DTYPES[name]
-
-
-def resolve_block_size(block_size: int | None, backend: AttentionBackend) -> int:
-    return block_size or backend.default_block_size
-
-
-def bytes_per_block(cfg: ModelConfig, block_size: int, dtype, kv_heads: int | None = None) -> int:
-    """K and V of `block_size` tokens in every layer, for `kv_heads` heads (a device's share; all by default)."""
-    kv_heads = cfg.num_kv_heads if kv_heads is None else kv_heads
-    return 2 * cfg.num_layers * block_size * kv_heads * cfg.head_dim * jnp.dtype(dtype).itemsize
-
-
-def kv_cache_bytes(args: EngineArgs, weight_bytes: int) -> int:
-    if args.kv_cache_memory_bytes is not None:
-        return args.kv_cache_memory_bytes
-    if platform() == "cpu":
-        return DEFAULT_CPU_KV_CACHE_BYTES
-    stats = jax.devices()[0].memory_stats() or {}
-    # What the utilization allows, less the weights and a margin for activations: `jax-engine plan`'s arithmetic.
-    return capacity.kv_cache_bytes(stats.get("bytes_limit", 16 * GiB), args.gpu_memory_utilization, weight_bytes)
-
-
-def plan_kv_cache(args: EngineArgs, cfg: ModelConfig, dtype, backend: AttentionBackend,
-                  max_model_len: int, kv_heads_per_device: int | None = None,
-                  draft: "CausalLM | None" = None, lora_bytes: int = 0) -> tuple[int, int, int]:
-    """(block size, device blocks, host swap blocks) for this model, dtype, backend and memory budget.
-
-    The budget is per device, as vLLM's: under tensor parallelism a block costs each device its own KV
-    heads' share (`kv_heads_per_device`), and each holds 1 / tensor_parallel_size of the weights. A draft model
-    (speculative decoding) has a cache of its own with as many blocks: each block is paid for in both. LoRA slots
-    (`lora_bytes`) are weights too: on a GPU they come out of the KV cache's share.
-    """
-    block_size = resolve_block_size(args.block_size, backend)
-    block_bytes = bytes_per_block(cfg, block_size, dtype, kv_heads_per_device)
-    weight_bytes = cfg.num_params * np.dtype(dtype).itemsize // args.tensor_parallel_size + lora_bytes
-    device_block_bytes = block_bytes  # the draft's blocks are never swapped: the host pool is the target's
-    if draft is not None:
-        device_block_bytes += bytes_per_block(draft.cfg, block_size, dtype, draft.cache_heads_per_device)
-        weight_bytes += draft.cfg.num_params * np.dtype(dtype).itemsize // args.tensor_parallel_size
-    num_blocks = args.num_gpu_blocks_override or capacity.num_blocks(kv_cache_bytes(args, weight_bytes),
-                                                                     device_block_bytes)
-    num_host_blocks = int(args.swap_space * GiB) // block_bytes
-    if num_blocks * block_size < max_model_len:
-        raise ValueError(
-            f"the KV cache holds {num_blocks * block_size} tokens ({num_blocks} blocks of {block_size}) "
-            f"but max_model_len is {max_model_len}: raise kv_cache_memory_bytes or lower max_model_len")
-    logger.info("# %s blocks: %d, # host (swap) blocks: %d (%.2f GiB KV cache per device, %d tokens)",
-                platform().upper(), num_blocks, num_host_blocks, num_blocks * device_block_bytes / GiB,
-                num_blocks * block_size)
-    return block_size, num_blocks, num_host_blocks
 
 
 def resolve_scheduler_config(args: EngineArgs, cfg: ModelConfig) -> SchedulerConfig:

@@ -13,10 +13,11 @@ from jax.sharding import Mesh
 
 from jax_engine.attention import AttentionBackend, get_attention_backend
 from jax_engine.runner.compile_shapes import use_compilation_cache
-from jax_engine.config import EngineArgs, plan_kv_cache, platform, resolve_block_size, resolve_dtype
+from jax_engine.config import EngineArgs, platform, resolve_dtype
 from jax_engine.core.kv_cache_manager import CacheConfig
 from jax_engine.distributed import multihost
 from jax_engine.distributed.tensor_parallel import make_mesh
+from jax_engine.kv_cache_plan import plan_kv_cache, resolve_block_size, resolve_kv_cache_dtype
 from jax_engine.loader import Checkpoint
 from jax_engine.lora.layout import LoRALayout
 from jax_engine.runner.attention_self_test import AttentionShapes, checked_backend
@@ -32,7 +33,7 @@ class LoadedModel:
     runner: ModelRunner
     cache_config: CacheConfig
     attention_backend: AttentionBackend
-    dtype: object
+    dtype: object  # the weights' and activations'; the cache's is runner.k_cache.dtype
     draft_runner: ModelRunner | None = None  # speculative decoding's draft model, over a cache of its own
 
     @property
@@ -69,7 +70,8 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
         backend = get_attention_backend("xla", platform())
     # The block size the cache will have (xla, the fallback, has pallas's default too).
     block_size = resolve_block_size(args.block_size, backend)
-    shapes = AttentionShapes.of(cfg, dtype, block_size, scheduler_config.max_model_len)
+    cache_dtype = resolve_kv_cache_dtype(args.kv_cache_dtype, dtype)
+    shapes = AttentionShapes.of(cfg, cache_dtype, block_size, scheduler_config.max_model_len)
     backend = checked_backend(args.attention_self_test, backend, shapes, platform())
     if args.nnodes > 1:  # every host serves on the driver's backend: they run one program
         backend = get_attention_backend(multihost.agree(backend.name), platform())
@@ -78,11 +80,11 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
     if args.nnodes > 1:  # every host's cache must have the driver's block count (free memory may differ)
         num_blocks, num_host_blocks = multihost.agree((num_blocks, num_host_blocks))
     runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, scheduler_config.max_model_len,
-                         scheduler_config.max_num_seqs, backend, dtype, max_sampled_rows(args, scheduler_config),
+                         scheduler_config.max_num_seqs, backend, cache_dtype, max_sampled_rows(args, scheduler_config),
                          max_cpu_loras=args.max_cpu_loras or args.max_loras)
     draft_runner = None if draft is None else ModelRunner(
-        draft, num_blocks, block_size, 0, scheduler_config.max_model_len, scheduler_config.max_num_seqs, backend, dtype,
-        device_programs=DRAFT_PROGRAMS)
+        draft, num_blocks, block_size, 0, scheduler_config.max_model_len, scheduler_config.max_num_seqs, backend,
+        cache_dtype, device_programs=DRAFT_PROGRAMS)
     cache_config = CacheConfig(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
     return LoadedModel(runner, cache_config, backend, dtype, draft_runner)
 

@@ -1,4 +1,4 @@
-"""How much KV cache a device holds: the arithmetic the engine's start-up (jax_engine/config.py's plan_kv_cache)
+"""How much KV cache a device holds: the arithmetic the engine's start-up (jax_engine/kv_cache_plan.py's plan_kv_cache)
 and `jax-engine plan` share, so a plan and a served engine agree on the block count."""
 
 from dataclasses import dataclass

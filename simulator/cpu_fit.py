@@ -18,7 +18,7 @@ from simulator.cost_model import CostModel
 from simulator.hardware import GiB, Hardware
 from simulator.model_spec import model_spec
 
-# The engine's KV budget on a CPU (jax_engine/config.py's DEFAULT_CPU_KV_CACHE_BYTES).
+# The engine's KV budget on a CPU (jax_engine/kv_cache_plan.py's DEFAULT_CPU_KV_CACHE_BYTES).
 CPU_KV_CACHE_BYTES = 2 * GiB
 
 

@@ -119,11 +119,13 @@ def test_after_start_up_a_varied_workload_compiles_nothing(make_llm, store, asyn
     assert compiles(events) == []
 
 
-def test_swapping_after_start_up_compiles_nothing(make_llm, store):
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16"])
+def test_swapping_after_start_up_compiles_nothing(make_llm, store, kv_cache_dtype):
     """With preemption_mode="swap" start-up provides the swaps out and in too: four sequences that need 12 of
-    the cache's 8 blocks swap one another out and back in without a compile, and keep their greedy tokens."""
+    the cache's 8 blocks swap one another out and back in without a compile, and keep their greedy tokens.
+    A bfloat16 cache beside the float32 model: its own step and swap programs, the rest the model's dtype."""
     llm = make_llm(enforce_eager=False, compilation_cache_dir=str(store), preemption_mode="swap", swap_space=0.05,
-                   **SMALL)
+                   kv_cache_dtype=kv_cache_dtype, **SMALL)
     params = SamplingParams(temperature=0, max_tokens=125, ignore_eos=True)
     prompts = [f"Story number {i}: once upon a time" for i in range(4)]
     two_at_a_time = [o.outputs[0].token_ids for pair in (prompts[:2], prompts[2:])

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_engine.attention import cpu, get_attention_backend
+from jax_engine.attention import cpu, get_attention_backend, xla
 from tests.kernel_cases import Variant, expected, make_case, paged_batches, variants
 
 pytestmark = pytest.mark.skipif(cpu.kernel_unavailable_reason() is not None,
@@ -128,3 +128,25 @@ def test_without_a_compiler_auto_falls_back_to_xla(tmp_path, monkeypatch, caplog
     assert "CPU paged-attention kernel unavailable, using the xla backend" in caplog.text
     with pytest.raises(ValueError, match="attention_backend 'cpu' is unavailable: RuntimeError: false -O3"):
         get_attention_backend("cpu", "cpu")
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_the_write_kernel_stores_what_xla_stores(dtype):
+    """A 16-bit cache written by the write_kv kernel holds the bits XLA's convert and scatter give (to nearest,
+    ties to even; overflow, infinities, tiny values), at the real tokens' slots of the given layer only."""
+    rng = np.random.default_rng(0)
+    layers, num_slots, kv_heads, head_dim = 3, 64, 2, 8
+    scales = np.float32(10.0) ** rng.integers(-9, 7, (2, 6, kv_heads, head_dim))  # past float16's range both ways
+    k, v = rng.standard_normal((2, 6, kv_heads, head_dim)).astype(np.float32) * scales
+    k[0, 0, :4] = [np.inf, -np.inf, np.nan, 65520.0]  # 65520 rounds up to float16's infinity
+    slots = jnp.array([5, 17, num_slots, 0, 63, num_slots], jnp.int32)  # num_slots: padding, dropped
+    caches = [jnp.asarray(rng.standard_normal((layers, num_slots, kv_heads, head_dim)), dtype) for _ in range(2)]
+    want = jax.jit(xla.write_kv)(jnp.asarray(k), jnp.asarray(v), *caches, jnp.int32(1), slots)
+    got = jax.jit(cpu.write_kv)(jnp.asarray(k), jnp.asarray(v), *caches, jnp.int32(1), slots)
+    for ours, theirs, before in zip(got, want, caches):
+        assert ours.dtype == dtype
+        ours, theirs = np.asarray(ours), np.asarray(theirs)
+        assert not np.array_equal(ours.view(np.uint16), np.asarray(before).view(np.uint16))
+        nan = np.isnan(theirs.astype(np.float32))
+        assert np.array_equal(nan, np.isnan(ours.astype(np.float32)))
+        assert np.array_equal(ours.view(np.uint16)[~nan], theirs.view(np.uint16)[~nan])

@@ -9,7 +9,7 @@ from jax_engine import LLM, EngineArgs, SamplingParams
 from jax_engine.attention import get_attention_backend
 from jax_engine.attention.backend import CPU, XLA
 from jax_engine.attention.cpu import kernel_unavailable_reason
-from jax_engine.config import resolve_block_size
+from jax_engine.kv_cache_plan import resolve_block_size
 from reference import LlamaModel, ReferenceEngine
 from reference import SamplingParams as ReferenceSamplingParams
 
@@ -231,6 +231,7 @@ def test_bad_sampling_params(kwargs, message):
     (dict(preemption_mode="drop"), "preemption_mode must be one of"),
     (dict(attention_backend="cuda"), "attention_backend must be one of"),
     (dict(dtype="int4"), "dtype must be"),
+    (dict(kv_cache_dtype="fp8"), r"kv_cache_dtype must be one of \('auto', 'bfloat16'\), got 'fp8'"),
     (dict(max_num_seqs=0), "max_num_seqs must be >= 1"),
     (dict(gpu_memory_utilization=1.5), r"gpu_memory_utilization must be in \(0, 1\]"),
     (dict(enable_lora=True, nnodes=2), r"enable_lora is not supported yet with nnodes > 1"),

@@ -311,7 +311,8 @@ def test_plan_shows_its_arithmetic_and_the_engine_sizes_its_cache_with_it(tiny_c
     assert simulated and float(simulated.group(1)) <= 0.1, result.stdout
     # The engine's start-up divides its KV budget into blocks with the same function.
     from jax_engine.attention import get_attention_backend
-    from jax_engine.config import EngineArgs, bytes_per_block, plan_kv_cache
+    from jax_engine.config import EngineArgs
+    from jax_engine.kv_cache_plan import bytes_per_block, plan_kv_cache
     from simulator.capacity import num_blocks
 
     args = EngineArgs(kv_cache_memory_bytes=3_000_000, block_size=16)

@@ -2,14 +2,14 @@
 instead, for the default model in float32.
 
 From the engine's own arithmetic: a slot's bytes are LoRALayout.slot_bytes (every adaptable projection's A and
-B at the slot's rank), a token's K and V are config.bytes_per_block for one token; on a GPU, plan_kv_cache takes
+B at the slot's rank), a token's K and V are kv_cache_plan.bytes_per_block for one token; on a GPU, plan_kv_cache takes
 the slots out of the KV cache's share exactly so.
 """
 
 import numpy as np
 
 from docs.figures._figure import COLORS, plt, save
-from jax_engine.config import bytes_per_block
+from jax_engine.kv_cache_plan import bytes_per_block
 from jax_engine.loader import load_checkpoint
 from jax_engine.lora.layout import LoRALayout
 

@@ -28,12 +28,27 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).parent / "cpu_kernel" / "paged_attention.cc"
 _TARGET = "jax_engine_paged_attention"
+_WRITE_SOURCE = Path(__file__).parent / "cpu_kernel" / "write_kv.cc"
+_WRITE_TARGET = "jax_engine_write_kv"
 
 
 @functools.cache
 def kernel_unavailable_reason() -> str | None:
-    """Build (once per machine) and register the kernel. None when it is ready, else why it is not."""
-    return native.register_kernel(_SOURCE, "PagedAttention", _TARGET, logger)
+    """Build (once per machine) and register the kernels. None when they are ready, else why they are not."""
+    return (native.register_kernel(_SOURCE, "PagedAttention", _TARGET, logger)
+            or native.register_kernel(_WRITE_SOURCE, "WriteKV", _WRITE_TARGET, logger))
+
+
+def write_kv(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
+             slot_mapping: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """xla.write_kv's contract. A bfloat16 or float16 cache is written in place by the write_kv kernel
+    (cpu_kernel/write_kv.cc): XLA:CPU would widen it to float32 whole to scatter into it."""
+    if jnp.dtype(k_cache.dtype).itemsize != 2:
+        return xla.write_kv(k, v, k_cache, v_cache, layer, slot_mapping)
+    caches = (jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype), jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype))
+    call = jax.ffi.ffi_call(_WRITE_TARGET, caches, input_output_aliases={2: 0, 3: 1})
+    return call(k.astype(jnp.float32), v.astype(jnp.float32), k_cache, v_cache, jnp.asarray(layer, jnp.int32),
+                slot_mapping.astype(jnp.int32))
 
 
 def attend_rows(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array, tables: jax.Array,
@@ -91,7 +106,7 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
                     logits_soft_cap: float | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The attention backend contract (see metadata.py), on the ragged layout: decode_token_index and
     prefill_token_index are not read (the model runner leaves them empty for this backend)."""
-    k_cache, v_cache = xla.write_kv(k, v, k_cache, v_cache, layer, metadata.slot_mapping)
+    k_cache, v_cache = write_kv(k, v, k_cache, v_cache, layer, metadata.slot_mapping)
     query_seq, context_lens = _rows(metadata, q.shape[0])
     out = attend_rows(q, k_cache, v_cache, layer, metadata.block_tables, query_seq, context_lens, block_size, scale,
                       sliding_window=sliding_window, alibi_slopes=alibi_slopes, logits_soft_cap=logits_soft_cap)

@@ -12,8 +12,10 @@ from jax_engine.attention.metadata import AttentionMetadata
 _MASKED = -1e30  # finite, so fully masked padding rows give a harmless uniform softmax, not NaN
 
 
-def _gather_context(cache: jax.Array, layer: jax.Array, block_tables: jax.Array, block_size: int) -> jax.Array:
-    """[L, S, K, D] cache, [B, C] block ids -> [B, C * block_size, K, D] keys or values in token order.
+def _gather_context(cache: jax.Array, layer: jax.Array, block_tables: jax.Array, block_size: int,
+                    dtype) -> jax.Array:
+    """[L, S, K, D] cache, [B, C] block ids -> [B, C * block_size, K, D] keys or values in token order, in
+    `dtype` (the queries': a bfloat16 cache beside a float32 model is attended in float32).
 
     Gathering whole blocks (block_size x K x D contiguous values each) is several times faster on CPU
     than gathering token slots one by one.
@@ -21,7 +23,7 @@ def _gather_context(cache: jax.Array, layer: jax.Array, block_tables: jax.Array,
     num_layers, num_slots, num_kv_heads, head_dim = cache.shape
     blocks = cache.reshape(num_layers, num_slots // block_size, block_size, num_kv_heads, head_dim)
     context = blocks[layer, block_tables]  # [B, C, block_size, K, D]
-    return context.reshape(block_tables.shape[0], -1, num_kv_heads, head_dim)
+    return context.reshape(block_tables.shape[0], -1, num_kv_heads, head_dim).astype(dtype)
 
 
 def _masked_scores(scores: jax.Array, query_pos: jax.Array, key_pos: jax.Array, sliding_window: int | None,
@@ -52,7 +54,7 @@ def _softmax_attend(scores: jax.Array, v: jax.Array, spec: str) -> jax.Array:
 def _decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale, variant):
     """q [Bd, K, G, D] -> [Bd, K, G, D]: one query per sequence, at position seq_len - 1, over its context.
     `variant`: (sliding_window, alibi_slopes, logits_soft_cap), as _masked_scores takes them."""
-    k, v = _gather_context(k_cache, layer, tables, block_size), _gather_context(v_cache, layer, tables, block_size)
+    k, v = (_gather_context(cache, layer, tables, block_size, q.dtype) for cache in (k_cache, v_cache))
     scores = jnp.einsum("bkgd,btkd->bkgt", q, k) * scale
     query_pos = (seq_lens - 1)[:, None]  # [Bd, 1]; padding rows (seq_len 0) see nothing
     scores = _masked_scores(scores[..., None, :], query_pos, jnp.arange(k.shape[1]), *variant)
@@ -61,7 +63,7 @@ def _decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale, var
 
 def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale, variant):
     """q [Bp, Qp, K, G, D], positions [Bp, Qp] -> [Bp, Qp, K, G, D], causal over the context."""
-    k, v = _gather_context(k_cache, layer, tables, block_size), _gather_context(v_cache, layer, tables, block_size)
+    k, v = (_gather_context(cache, layer, tables, block_size, q.dtype) for cache in (k_cache, v_cache))
     scores = jnp.einsum("bqkgd,btkd->bkgqt", q, k) * scale
     scores = _masked_scores(scores, positions, jnp.arange(k.shape[1]), *variant)
     return _softmax_attend(scores, v, "bkgqt,btkd->bqkgd")

@@ -116,7 +116,7 @@ def command_line(args: argparse.Namespace) -> str:
 
 def main(args: argparse.Namespace) -> dict:
     from jax_engine import LLMEngine
-    from jax_engine.config import bytes_per_block
+    from jax_engine.kv_cache_plan import bytes_per_block
     from jax_engine.loader import load_checkpoint
 
     checkpoint = load_checkpoint(args.model)
@@ -145,7 +145,8 @@ def main(args: argparse.Namespace) -> dict:
         model="SmolLM2-135M-Instruct" if args.model is None else args.model,
         attention_backend=engine.attention_backend.name, dtype=str(np.dtype(engine.dtype)), prompt_len=args.prompt_len,
         decode_steps=args.decode_steps, num_params=cfg.num_params, weight_bytes=cfg.num_params * itemsize,
-        kv_bytes_per_token=bytes_per_block(cfg, 1, engine.dtype), roofline=bounds.__dict__, results=results)
+        kv_bytes_per_token=bytes_per_block(cfg, 1, engine.runner.k_cache.dtype), roofline=bounds.__dict__,
+        results=results)
     print(f"probe: matmul {bounds.matmul_gflops:.0f} GFLOP/s, memory {bounds.bandwidth_gbps:.1f} GB/s -> "
           f"compute bound {bounds.compute_bound_tokens_per_s:.0f} tokens/s, bandwidth bound at batch 1 "
           f"{bounds.bandwidth_bound_tokens_per_s:.0f} tokens/s")

@@ -63,7 +63,7 @@ def _bound(probe: roofline.Roofline, row: dict, batch_size: int) -> float:
 def build(args, checkpoint, count: int, adapter_dirs: list[pathlib.Path]) -> dict:
     """The engine for `count` adapters (its start-up timed), its LoRARequests, and the step's bytes and FLOPs."""
     from jax_engine import LLMEngine, LoRARequest
-    from jax_engine.config import bytes_per_block
+    from jax_engine.kv_cache_plan import bytes_per_block
 
     max_model_len = args.prompt_len + output_len(args.batch_size, args.prompt_len, args.decode_steps)
     lora = dict(enable_lora=True, max_loras=count, max_lora_rank=args.rank) if count else {}

@@ -14,7 +14,7 @@ from reference.block_pool import BlockHash, hash_block_tokens, salt_hash
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """The KV cache's shape, decided at start-up (jax_engine/config.py's plan_kv_cache); vLLM's CacheConfig."""
+    """The KV cache's shape, decided at start-up (jax_engine/kv_cache_plan.py's plan_kv_cache); vLLM's CacheConfig."""
 
     num_blocks: int
     block_size: int

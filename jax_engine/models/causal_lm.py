@@ -56,12 +56,16 @@ class CausalLM(nnx.Module):
         self.lora_layout: "LoRALayout | None" = None
         self.lora = nnx.Dict({})  # the adapter slots' stacks, once add_lora_slots made them
 
+    @property
+    def activation_dtype(self):
+        """The hidden states' dtype (EngineArgs.dtype; the KV cache may differ: kv_cache_dtype)."""
+        return self.layers["attn_norm"][...].dtype
+
     def add_lora_slots(self, layout: "LoRALayout") -> None:
         """Make room for layout.max_loras adapters (all slots empty: zeros), in the activations' dtype. A slot is
         filled by placing its stacks' new values (write_lora_stacks): same shapes, no compile."""
         self.lora_layout = layout
-        dtype = self.layers["attn_norm"][...].dtype
-        zeros = {name: np.zeros(shape, dtype) for name, shape in layout.stack_shapes().items()}
+        zeros = {name: np.zeros(shape, self.activation_dtype) for name, shape in layout.stack_shapes().items()}
         self.lora = nnx.Dict({name: nnx.Param(a) for name, a in self._placed(zeros).items()})
 
     def write_lora_stacks(self, stacks: dict[str, np.ndarray]) -> None:

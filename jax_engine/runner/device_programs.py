@@ -187,14 +187,14 @@ def _replicated(runner: "ModelRunner", shape: tuple, dtype) -> jax.ShapeDtypeStr
 
 def _logits_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
     cfg = runner.model.cfg
-    hidden = _replicated(runner, (runner.max_sampled_rows, cfg.hidden_size), runner.k_cache.dtype)
+    hidden = _replicated(runner, (runner.max_sampled_rows, cfg.hidden_size), runner.model.activation_dtype)
     for rows in all_buckets(bucket, shapes.max_rows):
         buffer = _replicated(runner, (rows, cfg.vocab_size), jnp.float32)
         yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32)), buffer))
 
 
 def _greedy_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
-    hidden = _replicated(runner, (runner.max_sampled_rows, runner.model.cfg.hidden_size), runner.k_cache.dtype)
+    hidden = _replicated(runner, (runner.max_sampled_rows, runner.model.cfg.hidden_size), runner.model.activation_dtype)
     for rows in all_buckets(bucket, shapes.max_rows):
         yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32))))
 
@@ -214,7 +214,7 @@ def _sample_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[E
 
 
 def _token_logprobs_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
-    hidden = np.zeros((SCORED_ROWS, runner.model.cfg.hidden_size), runner.k_cache.dtype)
+    hidden = np.zeros((SCORED_ROWS, runner.model.cfg.hidden_size), runner.model.activation_dtype)
     yield Example((runner.model, *runner.placed((hidden, np.zeros(SCORED_ROWS, np.int32)))))
 
 

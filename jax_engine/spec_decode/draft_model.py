@@ -12,7 +12,7 @@ After a step a sequence has N tokens, and the draft holds the K/V of the first `
                   rejected one), and its table gives back the blocks past them
 
 The cache has its own block tables (a KVCacheManager over the draft's own blocks) and as many blocks as the
-target's: the planner splits the memory so both hold the same number of tokens (config.py's plan_kv_cache).
+target's: the planner splits the memory so both hold the same number of tokens (kv_cache_plan.py's plan_kv_cache).
 Sequences share none of the draft's blocks: a prefix cache here would need the target's cache salts to keep
 one user's timing from revealing another's prompt, for a draft prefill that costs little.
 
