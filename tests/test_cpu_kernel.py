@@ -58,6 +58,15 @@ def test_kernel_matches_the_reference(case, cache_dtype, variant: Variant):
     assert diff < 2e-5, f"max difference {diff}"  # float32 sums in another order (and padding rows exactly 0)
 
 
+@pytest.mark.parametrize("cache_dtype", [jnp.float32, jnp.bfloat16])
+def test_a_head_dim_not_fixed_at_compile_time(cache_dtype):
+    """Head dims other than 64, 80, 96, 128 and 256 take the kernel's loop with a run-time head dim."""
+    case = (16, 48, 3, 2, [40, 1, 0, 37], [1, 1, 0, 5], 7)  # decode rows and a prefill chunk; whole rows
+    q, want, k, v, tables, query_seq, context_lens = kernel_case(case, cache_dtype)
+    out = run_kernel(q, k, v, tables, query_seq, context_lens, case[0])
+    assert np.abs(out - want).max() < 2e-5
+
+
 def test_window_reads_only_the_blocks_it_reaches():
     """Blocks wholly before every row's window may hold anything, even a block id outside the cache (a
     block freed later): they are neither checked nor read. A window reaching them is refused."""

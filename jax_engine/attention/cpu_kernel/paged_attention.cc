@@ -13,11 +13,13 @@
 // share it: with whole rows a decode step of one sequence ran on one thread, ~1 ms of a batch-1 SmolLM2
 // step at a context of 230 tokens (int8 weights, 2 cores: 110-112 tok/s with whole rows, 118-127 per KV
 // head). Not always per KV head: batch-8 decode ran ~8% slower so (a third of the work per slot visited).
-// Items are shared out over XLA's own intra-op thread pool. Within an item each pass walks the context once
-// per KV head, with that head's G queries (or partial sums) hot in registers: a bfloat16 cache, half the bytes
-// of a float32 one, was then read ~25% faster (`bench kernels`, 256 decode rows of SmolLM2 over 320 tokens: 140
-// -> 105-117 ms), where walking all heads of each slot at once left it bound by the arithmetic instead of the
-// memory. A float32 cache read as fast either way (136-165 ms, within the machine's noise).
+// Items are shared out over XLA's own intra-op thread pool. Within an item, a 16-bit cache is walked once per
+// KV head: walking all heads of each slot at once left a bfloat16 cache, half a float32 one's bytes, bound
+// by the arithmetic, no faster than float32 (`bench kernels`, 256 decode rows of SmolLM2 over 320 tokens:
+// 134-155 ms), and once per KV head it takes 111-123. The head dims models use are fixed at compile time:
+// with a run-time head dim that loop ran at 180-200 ms. A float32 cache keeps whole slots (768 contiguous
+// bytes of SmolLM2's), faster at small batches (8 and 32 rows: 4.5 and 17-18 ms against 4.8 and 19-21 per
+// KV head), as fast at 256 (131-143 ms).
 //
 // Shapes (float32 queries and output; float32, bfloat16 or float16 cache):
 //   q            [R, N, D]        query rows (a step's tokens), N = K * G heads
@@ -117,9 +119,8 @@ inline void soft_cap(float* row, int64_t count, float cap) {
 }
 
 // Attend one query row's heads that share KV heads kv .. kv + kv_count - 1 (H = kv_count x G query heads)
-// over its context. `scores` and `acc` are scratch reused between items. HeadDim is the head dim when it is
-// known at compile time (0: read from the problem): a fixed head dim lets the compiler keep a key or value
-// row and the G queries' sums in registers.
+// over its context. `scores` and `acc` are scratch reused between items. HeadDim: the head dim fixed at compile
+// time, or 0 to read it from the problem.
 template <typename T, int HeadDim>
 void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::vector<float>& scores,
             std::vector<float>& acc) {
@@ -140,28 +141,27 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
   const int64_t m = n - begin;  // keys seen: begin..n-1
   scores.resize(H * m);  // [H, m]
 
-  // Pass 1: scores[h, t - begin] = scale * q[h] . k[t, h / G], one KV head at a time: its G queries stay hot
-  // while its keys stream by.
-  for (int64_t j = 0; j < kv_count; ++j) {
-    const T* keys_j = keys + j * D;
-    const float* q_j = q + j * G * D;
-    float* scores_j = scores.data() + j * G * m - begin;
-    for_each_slot(table, begin, n, p.block_size, keys_j, slot_stride * sizeof(T), D * sizeof(T),
+  // A 16-bit cache is walked once per KV head, whose G queries stay hot while its keys stream by: walking all
+  // heads of each slot at once left it bound by the arithmetic (see the top). A float32 cache is read at the
+  // memory's pace either way, and faster at small batches with all heads per slot (whole 768-byte slots).
+  const int64_t heads_per_walk = sizeof(T) == 2 ? 1 : kv_count;
+  const int64_t walk_bytes = heads_per_walk * D * sizeof(T);
+
+  // Pass 1: scores[h, t - begin] = scale * q[h] . k[t, h / G]
+  for (int64_t first = 0; first < kv_count; first += heads_per_walk) {
+    const T* keys_walked = keys + first * D;
+    float* scores_walked = scores.data() + first * G * m - begin;
+    for_each_slot(table, begin, n, p.block_size, keys_walked, slot_stride * sizeof(T), walk_bytes,
                   [&](int64_t t, int64_t slot) {
-      const T* k = keys_j + slot * slot_stride;
-      float kf[HeadDim ? HeadDim : 1];
-      if constexpr (HeadDim > 0) {
-        for (int64_t d = 0; d < D; ++d) kf[d] = to_float(k[d]);
-      }
-      for (int64_t g = 0; g < G; ++g) {
-        const float* qh = q_j + g * D;
-        float dot = 0.0f;
-        if constexpr (HeadDim > 0) {
-          for (int64_t d = 0; d < D; ++d) dot += qh[d] * kf[d];
-        } else {
+      for (int64_t j = 0; j < heads_per_walk; ++j) {
+        const T* k = keys_walked + slot * slot_stride + j * D;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t h = j * G + g;  // of the heads walked
+          const float* qh = q + (first * G + h) * D;
+          float dot = 0.0f;
           for (int64_t d = 0; d < D; ++d) dot += qh[d] * to_float(k[d]);
+          scores_walked[h * m + t] = dot * p.scale;
         }
-        scores_j[g * m + t] = dot * p.scale;
       }
     });
   }
@@ -178,19 +178,22 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
     const float inverse = 1.0f / total;
     for (int64_t t = 0; t < m; ++t) row_scores[t] *= inverse;
   }
-  // Pass 2: out[h] = sum_t probs[h, t] * v[t, h / G], one KV head at a time.
+  // Pass 2: out[h] = sum_t probs[h, t] * v[t, h / G]
   acc.assign(H * D, 0.0f);
-  for (int64_t j = 0; j < kv_count; ++j) {
-    const T* values_j = values + j * D;
-    const float* probs_j = scores.data() + j * G * m - begin;
-    float* acc_j = acc.data() + j * G * D;
-    for_each_slot(table, begin, n, p.block_size, values_j, slot_stride * sizeof(T), D * sizeof(T),
+  for (int64_t first = 0; first < kv_count; first += heads_per_walk) {
+    const T* values_walked = values + first * D;
+    const float* probs_walked = scores.data() + first * G * m - begin;
+    float* acc_walked = acc.data() + first * G * D;
+    for_each_slot(table, begin, n, p.block_size, values_walked, slot_stride * sizeof(T), walk_bytes,
                   [&](int64_t t, int64_t slot) {
-      const T* v = values_j + slot * slot_stride;
-      for (int64_t g = 0; g < G; ++g) {
-        const float weight = probs_j[g * m + t];
-        float* a = acc_j + g * D;
-        for (int64_t d = 0; d < D; ++d) a[d] += weight * to_float(v[d]);
+      for (int64_t j = 0; j < heads_per_walk; ++j) {
+        const T* v = values_walked + slot * slot_stride + j * D;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t h = j * G + g;
+          const float weight = probs_walked[h * m + t];
+          float* a = acc_walked + h * D;
+          for (int64_t d = 0; d < D; ++d) a[d] += weight * to_float(v[d]);
+        }
       }
     });
   }
@@ -203,7 +206,10 @@ void attend_any(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std
                 std::vector<float>& acc) {
   switch (p.head_dim) {
     case 64: return attend<T, 64>(p, row, kv, kv_count, scores, acc);
+    case 80: return attend<T, 80>(p, row, kv, kv_count, scores, acc);
+    case 96: return attend<T, 96>(p, row, kv, kv_count, scores, acc);
     case 128: return attend<T, 128>(p, row, kv, kv_count, scores, acc);
+    case 256: return attend<T, 256>(p, row, kv, kv_count, scores, acc);
     default: return attend<T, 0>(p, row, kv, kv_count, scores, acc);
   }
 }
