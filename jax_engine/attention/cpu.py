@@ -42,12 +42,13 @@ def kernel_unavailable_reason() -> str | None:
 def write_kv(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
              slot_mapping: jax.Array) -> tuple[jax.Array, jax.Array]:
     """xla.write_kv's contract. A bfloat16 or float16 cache is written in place by the write_kv kernel
-    (cpu_kernel/write_kv.cc): XLA:CPU would widen it to float32 whole to scatter into it."""
+    (cpu_kernel/write_kv.cc), the step's rows rounded by XLA first: XLA:CPU would widen the whole cache to
+    float32 to scatter into it."""
     if jnp.dtype(k_cache.dtype).itemsize != 2:
         return xla.write_kv(k, v, k_cache, v_cache, layer, slot_mapping)
     caches = (jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype), jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype))
     call = jax.ffi.ffi_call(_WRITE_TARGET, caches, input_output_aliases={2: 0, 3: 1})
-    return call(k.astype(jnp.float32), v.astype(jnp.float32), k_cache, v_cache, jnp.asarray(layer, jnp.int32),
+    return call(k.astype(k_cache.dtype), v.astype(v_cache.dtype), k_cache, v_cache, jnp.asarray(layer, jnp.int32),
                 slot_mapping.astype(jnp.int32))
 
 
