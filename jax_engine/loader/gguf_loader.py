@@ -5,10 +5,10 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from jax_engine.linear.gguf_blocks import FORMATS, BlockRows
 from jax_engine.loader.checkpoint import Checkpoint
+from jax_engine.loader.gguf_dequantize import dequantize
 from jax_engine.loader.gguf_file import GGUFFile, GGUFTensor
 from jax_engine.loader.gguf_families import GGUFFamily, gguf_family
 from jax_engine.loader.gguf_tokenizer import tokenizer_from_gguf
@@ -81,11 +81,11 @@ def _read_config(gguf_file: GGUFFile, family: GGUFFamily) -> ModelConfig:
 
 def _dequantized(tensor: GGUFTensor) -> np.ndarray:
     if tensor.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
-        array = np.asarray(tensor.data, dtype=np.float32)
+        array = np.array(tensor.data, dtype=np.float32)  # a copy: the file's bytes are mapped read-only
     else:
-        array = dequantize(tensor.data, tensor.tensor_type)
+        array = dequantize(tensor.data, tensor.tensor_type)  # a float32 array of its own
     # GGUF lists dimensions fastest-first; NumPy's order is the reverse, which is HF's [out, in].
-    return array.reshape(tuple(reversed(tensor.shape))).astype(np.float32)
+    return array.reshape(tuple(reversed(tensor.shape)))
 
 
 def _within_layer(tensor: GGUFTensor) -> str:
