@@ -4,6 +4,7 @@ import argparse
 import importlib
 import sys
 
+from jax_engine import gc_heap
 from jax_engine.engine_core.launch import start_early
 
 
@@ -102,8 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    start_early(argv)  # `serve`: the engine core process imports the engine while this one imports the server
-    ns = build_parser().parse_args(argv)
+    with gc_heap.paused():  # the imports' objects all live on (jax_engine/gc_heap.py)
+        start_early(argv)  # `serve`: the engine core process imports the engine while this one imports the server
+        ns = build_parser().parse_args(argv)
+    gc_heap.freeze()  # `serve`: while the engine core loads the model
     try:
         ns.run(ns)
     except (ValueError, FileNotFoundError) as error:  # bad arguments, prompts or paths: a message, not a traceback

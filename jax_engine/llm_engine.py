@@ -20,9 +20,9 @@ from collections.abc import Iterator
 import jax
 
 from jax_engine.async_scheduling import StepInFlight, plan_ahead, resolve, runs_ahead
-from jax_engine.runner.compile_shapes import compile_step_shapes
 from jax_engine.config import EngineArgs, resolve_scheduler_config
 from jax_engine.distributed import multihost
+from jax_engine import gc_heap
 from jax_engine.core.scheduler import Scheduler
 from jax_engine.core.scheduler_output import SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
@@ -44,7 +44,7 @@ from jax_engine.sample.step_sampler import StepSampler
 from jax_engine.spec_decode.speculator import Speculator
 from jax_engine.spec_decode.verification import with_draft_positions
 from jax_engine.structured_output.grammar import GrammarCompiler
-from jax_engine.worker import init_devices, load_model
+from jax_engine.worker import compile_or_warm_up_model, init_devices, load_model
 from reference.request import RequestStatus
 
 logger = logging.getLogger(__name__)
@@ -54,13 +54,14 @@ class LLMEngine(LoRAEngineMethods):
     """A continuous-batching engine over a paged KV cache (vLLM's LoRA methods: jax_engine/lora/engine_methods.py)."""
 
     def __init__(self, args: EngineArgs, checkpoint: Checkpoint | None = None, *, devices: list | None = None,
-                 detokenize: bool = True) -> None:
+                 detokenize: bool = True, background_loads: bool = False) -> None:
         """Load the model (or take an already loaded `checkpoint`), size the KV cache, build the loop.
 
         `devices`: the devices to run on, the mesh taking the first tensor_parallel_size of them (default:
         jax.devices()); a data-parallel replica gets its own (jax_engine/server/data_parallel.py).
         `detokenize=False`: outputs carry token ids and logprobs but no text, and stop strings are not checked: an
         engine core's API server does both (jax_engine/engine_core/text_processor.py).
+        `background_loads`: stored device programs load after this returns, on a thread (a server's: compile_shapes.py).
         """
         if args.data_parallel_size > 1 and devices is None:
             raise ValueError(f"data_parallel_size > 1 (got {args.data_parallel_size}) is served by `jax-engine serve` "
@@ -70,10 +71,11 @@ class LLMEngine(LoRAEngineMethods):
         # while it builds and while it steps.
         first = None if devices is None else devices[0]
         self._on_devices = contextlib.nullcontext if first is None else functools.partial(jax.default_device, first)
-        with self._on_devices():
-            self._build(args, checkpoint, devices, detokenize)
+        with self._on_devices(), gc_heap.paused():  # start-up's objects all live on: see gc_heap.py
+            self._build(args, checkpoint, devices, detokenize, background_loads)
 
-    def _build(self, args: EngineArgs, checkpoint: Checkpoint | None, devices: list | None, detokenize: bool) -> None:
+    def _build(self, args: EngineArgs, checkpoint: Checkpoint | None, devices: list | None, detokenize: bool,
+               background_loads: bool) -> None:
         started = time.perf_counter()
         self.pooler, args = Pooler.for_engine(args)  # task="embed": vectors instead of tokens (pooler.py)
         self.args = args
@@ -100,9 +102,7 @@ class LLMEngine(LoRAEngineMethods):
         self.trace: list[StepTrace] | None = None
         self._stats = EngineStats()
         self.speculator = Speculator.create(args.speculative, self.scheduler_config, loaded.draft_runner)
-        self.startup_compile_seconds = 0.0 if args.enforce_eager else sum(compile_step_shapes(
-            runner, self.scheduler_config.max_num_batched_tokens, args.compilation_cache_dir,
-            swap=self.scheduler_config.preemption_mode == "swap") for runner in loaded.runners)
+        self.startup_compile_seconds = compile_or_warm_up_model(args, loaded, self.scheduler_config, background_loads)
         if args.nnodes > 1 and args.node_rank == 0:
             self.runner = multihost.DriverRunner(self.runner)
         self.async_scheduling = args.async_scheduling  # jax_engine/async_scheduling.py
@@ -246,8 +246,7 @@ class LLMEngine(LoRAEngineMethods):
         """Start the step on the device: moves, the model, the sampler; nothing waits for its tokens."""
         self.runner.apply_block_moves(out)
         sampling_hidden, hidden = self.runner.execute(inputs)
-        self.output_processor.score_prompts(out, inputs.row_of, hidden, self.runner.token_logprobs,
-                                            self._failing_alone)
+        self.output_processor.score_prompts(out, inputs.row_of, hidden, self.runner.token_logprobs, self._failing_alone)
         samplers = [(row, sampler) for seq, row in zip(inputs.sampling_seqs, inputs.sampling_rows)
                     for sampler in self._groups[seq.request_id].sampling_seqs(seq)]  # n > 1: the parent's row
         return StepInFlight(out, self._step_sampler.sample(sampling_hidden, with_draft_positions(samplers)))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from jax.sharding import Mesh
 
 from jax_engine.attention import AttentionBackend, get_attention_backend
-from jax_engine.runner.compile_shapes import use_compilation_cache
+from jax_engine.runner.compile_shapes import compile_step_shapes, use_compilation_cache
 from jax_engine.config import EngineArgs, platform, resolve_dtype
 from jax_engine.core.kv_cache_manager import CacheConfig
 from jax_engine.distributed import multihost
@@ -87,6 +87,17 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
         cache_dtype, device_programs=DRAFT_PROGRAMS)
     cache_config = CacheConfig(num_blocks, block_size, num_host_blocks, args.enable_prefix_caching)
     return LoadedModel(runner, cache_config, backend, dtype, draft_runner)
+
+
+def compile_or_warm_up_model(args: EngineArgs, loaded: LoadedModel, scheduler_config: SchedulerConfig,
+                             background: bool = False) -> float:
+    """Every runner's start-up programs loaded or compiled (vLLM's name; jax_engine/runner/compile_shapes.py);
+    returns the seconds it took. `background`: stored programs load on a thread, after this returns."""
+    if args.enforce_eager:
+        return 0.0
+    return sum(compile_step_shapes(runner, scheduler_config.max_num_batched_tokens, args.compilation_cache_dir,
+                                   swap=scheduler_config.preemption_mode == "swap", background=background)
+               for runner in loaded.runners)
 
 
 def max_sampled_rows(args: EngineArgs, config: SchedulerConfig) -> int:

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax import monitoring
 
-from jax_engine import SamplingParams
+from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
 from jax_engine.attention.cpu import kernel_unavailable_reason
 from jax_engine.runner.compile_shapes import startup_programs
 
@@ -107,6 +107,25 @@ def test_a_second_start_in_a_fresh_process_loads_every_program(store):
     log = subprocess.run([sys.executable, "-c", second_start], check=True, capture_output=True, text=True).stderr
     stored = len(list((store / "programs").rglob("*.bin")))
     assert f"start-up: {stored} programs ({stored} loaded, 0 compiled)" in log, log[-3000:]
+
+
+def test_a_server_engine_loads_stored_programs_in_the_background(default_checkpoint, make_llm, store):
+    """As the engine core does (background_loads=True): the engine is built without waiting for its programs, and a
+    workload started at once loads what it needs as it goes, compiles nothing, and computes what the jitted
+    functions compute; the thread then loads the rest, each program once."""
+    engine = LLMEngine(EngineArgs(enforce_eager=False, compilation_cache_dir=str(store), **SMALL),
+                       checkpoint=default_checkpoint, background_loads=True)
+    programs = engine.runner.programs
+    with jax_events() as events:
+        loaded = LLM.from_engine(engine).generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert compiles(events) == [] and programs.num_late_compiles == 0
+    jitted = make_llm(enforce_eager=True, **SMALL).generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in loaded] == [o.outputs[0].token_ids for o in jitted]
+    stored = len(list((store / "programs").rglob("*.bin")))
+    deadline = time.monotonic() + 60
+    while len(programs.startup) < stored and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(programs.startup) == stored
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])  # planning ahead meets the same step shapes

@@ -1,7 +1,9 @@
 """The runner's program cache: programs compiled after start-up are kept at most MAX_LATE_PROGRAMS at a time,
-and evicting them frees their memory maps (through jax.jit alone, every shape's program stayed for good)."""
+and evicting them frees their memory maps (through jax.jit alone, every shape's program stayed for good); start-up's
+programs loaded in the background are each loaded once, a call taking the one it needs first."""
 
 import logging
+import threading
 from pathlib import Path
 
 import jax
@@ -40,3 +42,40 @@ def test_late_programs_are_bounded_and_evicted_ones_are_freed(caplog):
     assert grown < 50  # without jax.clear_caches() on eviction: +900
     _run_shapes(cache, [140])  # the most recent one is served from the cache
     assert cache.num_late_compiles == 140 and cache.num_programs <= 4
+
+
+def _loads(order: list, started: threading.Event, gate: threading.Event) -> dict:
+    """Loaders of three programs (each adds its key's number), recording the order they ran in; the first says it
+    has started, then waits for `gate`, so that the background thread is held inside it."""
+    def loader(n):
+        def load():
+            if n == 0:
+                started.set()
+                gate.wait(timeout=30)
+            order.append(n)
+            return lambda x: x + n
+        return load
+    return {("add", n): loader(n) for n in range(3)}
+
+
+def test_background_loading_loads_each_program_once_and_a_call_takes_its_own_first():
+    order, started, gate, done = [], threading.Event(), threading.Event(), threading.Event()
+    cache = ProgramCache()
+    cache.load_in_background(_loads(order, started, gate), when_done=done.set)
+    assert ("add", 2) in cache and ("add", 3) not in cache  # provided by start-up, though not loaded yet
+    assert started.wait(timeout=30)
+    # The thread is held loading program 0: a call of program 2 loads it at once, without waiting for 0.
+    assert cache.call(("add", 2), None, (40,)) == 42 and order == [2]
+    gate.set()
+    assert done.wait(timeout=30)
+    assert order == [2, 0, 1] and set(cache.startup) == {("add", n) for n in range(3)}  # each loaded once
+    assert cache.call(("add", 1), None, (40,)) == 41 and cache.num_late_compiles == 0
+
+
+def test_a_call_waits_for_the_program_the_background_thread_is_loading():
+    order, started, gate = [], threading.Event(), threading.Event()
+    cache = ProgramCache()
+    cache.load_in_background(_loads(order, started, gate))
+    assert started.wait(timeout=30)
+    threading.Timer(0.2, gate.set).start()
+    assert cache.call(("add", 0), None, (40,)) == 40 and order.count(0) == 1  # the thread's load, no second one

@@ -27,6 +27,7 @@ import traceback
 
 import zmq
 
+from jax_engine import gc_heap
 from jax_engine.config import EngineArgs
 from jax_engine.distributed.replica_devices import replica_devices
 from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts, decode, encode
@@ -150,7 +151,8 @@ def run_engine_core(args: EngineArgs, addresses: list[tuple[str, str]], log_leve
     outputs = [_connected(context, zmq.PUSH, address) for _, address in addresses]
     try:
         devices = None if replica is None else replica_devices(args)[replica]
-        engine = LLMEngine(args, devices=devices, detokenize=False)  # the API servers make the text
+        # The API servers make the text; the programs load while the API servers start and wait for requests.
+        engine = LLMEngine(args, devices=devices, detokenize=False, background_loads=True)
     except (ValueError, FileNotFoundError) as error:  # the flags or the model's path: the server says so in a line
         logger.error("the engine core cannot start: %s", error)
         _last_word(context, outputs, "refused", str(error))
@@ -160,6 +162,7 @@ def run_engine_core(args: EngineArgs, addresses: list[tuple[str, str]], log_leve
     try:
         for socket in outputs:
             socket.send(encode("ready", engine_facts(engine)))
+        gc_heap.freeze()  # start-up is over (launch.py paused the collector), while the API servers start theirs
         EngineCore(engine, inputs, outputs).run()
     except BaseException:
         logger.exception("the engine core died")

@@ -32,8 +32,11 @@ def not_served_across_processes(args) -> list[str]:
 
 
 def start_core_process() -> subprocess.Popen:
-    """A fresh interpreter (no fork of this one's threads, no re-import of the caller's __main__) running core.py."""
-    return subprocess.Popen([sys.executable, "-m", CORE_MODULE], stdin=subprocess.PIPE)
+    """A fresh interpreter (no fork of this one's threads, no re-import of the caller's __main__) running core.py
+    as `python -m` would, its garbage collector paused from the first import on (core.py freezes the heap once
+    the engine is ready: jax_engine/gc_heap.py)."""
+    boot = f"import gc, runpy; gc.disable(); runpy.run_module({CORE_MODULE!r}, run_name='__main__', alter_sys=True)"
+    return subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE)
 
 
 def start_early(argv: list[str]) -> None:

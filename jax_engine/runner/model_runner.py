@@ -223,7 +223,7 @@ class ModelRunner:
         """Run the step. Returns (hidden states of the sampling rows [max_sampled_rows, H], all of them [T, H])."""
         host_inputs = (inputs.token_ids, inputs.lora_slots, inputs.metadata, inputs.logits_indices)
         key = STEP.key((self.model, self.k_cache, self.v_cache, *host_inputs))
-        if key not in self.programs.startup and self.replicated is not None:  # through jit: place them first
+        if key not in self.programs and self.replicated is not None:  # through jit: place them first
             host_inputs = jax.device_put(host_inputs, self.replicated)
         # A compiled program places NumPy inputs itself, by its input shardings: the call took 0.2 ms at batch 1,
         # where jax.device_put first and then the call took 0.5 (of a ~8 ms int8 token on 2 cores).
