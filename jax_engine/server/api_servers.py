@@ -102,6 +102,9 @@ def _given(process: subprocess.Popen, arguments: tuple) -> subprocess.Popen:
 def _watch(core: subprocess.Popen, servers: list[subprocess.Popen], addresses: list[tuple[str, str]]) -> int:
     while True:
         statuses = [server.poll() for server in servers]
+        if core.poll() == 0:  # it stops once every API server has left it, and may exit before they do
+            _stop(*servers)
+            statuses = [server.returncode for server in servers]
         if all(status == 0 for status in statuses):  # drained: each left the core, which stops once all have
             _stop(core)
             return 0
