@@ -101,15 +101,15 @@ def _given(process: subprocess.Popen, arguments: tuple) -> subprocess.Popen:
 
 def _watch(core: subprocess.Popen, servers: list[subprocess.Popen], addresses: list[tuple[str, str]]) -> int:
     while True:
-        statuses = [server.poll() for server in servers]
-        if core.poll() == 0:  # it stops once every API server has left it, and may exit before they do
+        statuses, core_status = [server.poll() for server in servers], core.poll()  # each read once per round
+        if core_status == 0:  # it stops once every API server has left it, and may exit before they do
             _stop(*servers)
             statuses = [server.returncode for server in servers]
         if all(status == 0 for status in statuses):  # drained: each left the core, which stops once all have
             _stop(core)
             return 0
-        if core.poll() is not None:
-            logger.error("the engine core process exited with status %d: stopping the API servers", core.returncode)
+        if core_status is not None:
+            logger.error("the engine core process exited with status %d: stopping the API servers", core_status)
             _tell_core_died(addresses, f"the engine core process exited with status {core.returncode}")
             _terminate(servers)  # an idle API server reads nothing from the core until a request comes
             _stop(*servers)
