@@ -8,8 +8,14 @@ status: 0 after a drain, 1 if the engine core died or refused its flags or model
 
 import logging
 import pickle
+import signal
 import socket
 import sys
+
+# Told to stop (the supervisor passes SIGTERM on) before it serves, it has nothing to drain: it exits 0, leaving the
+# core if it has joined it (EngineCoreClient), where SIGTERM's default would end it with status -15, which the
+# supervisor takes for a failure. Once it serves, uvicorn's handler drains it. First, before the long imports.
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.engine_core.core_client import EngineCoreClient
