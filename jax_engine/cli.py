@@ -60,10 +60,12 @@ def chat(ns: argparse.Namespace) -> None:
         print(reply, flush=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(for_serve: bool = False) -> argparse.ArgumentParser:
+    """Every command's flags; `for_serve`: generate's, chat's and serve's alone, which need neither the server nor
+    the benchmarks imported, so that `serve` hands its engine core its arguments ~0.7 s sooner."""
     # Imported here, not above: main() starts `serve`'s engine core process before these imports (launch.py).
     from jax_engine.config import EngineArgs
-    from jax_engine.server import run_batch as run_batch_command, serve as serve_command
+    from jax_engine.server import serve as serve_command
 
     parser = argparse.ArgumentParser(prog="jax-engine", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -79,6 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve_command.add_arguments(serve)
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(run=serve_command.main)
+    if for_serve:
+        return parser
+    from jax_engine.server import run_batch as run_batch_command
+
     batch = commands.add_parser("run-batch", help="run an OpenAI batch file (JSON lines) offline, as vLLM's run-batch")
     run_batch_command.add_arguments(batch)
     EngineArgs.add_cli_args(batch)
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     with gc_heap.paused():  # the imports' objects all live on (jax_engine/gc_heap.py)
         start_early(argv)  # `serve`: the engine core process imports the engine while this one imports the server
-        ns = build_parser().parse_args(argv)
+        ns = build_parser(for_serve=argv[:1] == ["serve"]).parse_args(argv)
     gc_heap.freeze()  # `serve`: while the engine core loads the model
     try:
         ns.run(ns)

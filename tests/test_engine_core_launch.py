@@ -3,6 +3,7 @@ start one, that the client takes that one, and that one nobody takes is stopped.
 are served by such early cores; test_server_lora.py checks that an in-process server leaves none running."""
 
 import subprocess
+import sys
 
 import pytest
 
@@ -55,3 +56,15 @@ def test_a_core_without_arguments_exits_when_its_server_is_gone():
     core = launch.start_core_process()
     core.stdin.close()
     assert core.wait(timeout=120) != 0
+
+
+def test_serve_parses_its_flags_without_importing_the_server():
+    """What `serve` needs before it hands the early core its arguments (server/serve.py, `_engine`): its flags
+    parsed without the HTTP server, the tokenizers or the benchmarks imported, which take ~0.7 s more."""
+    script = ("import sys; from jax_engine.cli import build_parser; "
+              "ns = build_parser(for_serve=True).parse_args(['serve', '--quantization', 'int8', '--port', '9']); "
+              "heavy = [m for m in ('fastapi', 'uvicorn', 'transformers', 'jax_engine.server.app', "
+              "'jax_engine.async_llm_engine', 'jax_engine.bench.serve') if m in sys.modules]; "
+              "print(ns.port, ns.quantization, heavy)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split("\n")[0] == "9 int8 []", result.stderr

@@ -79,7 +79,7 @@ def test_a_chat_prompt_holds_one_bos(llm):
 def test_the_server_applies_both(llm):
     """Over HTTP with the openai client: one BOS in the chat prompt, max_new_tokens capping the reply."""
     from jax_engine.async_llm_engine import AsyncLLMEngine
-    from jax_engine.server.state import ServerConfig
+    from jax_engine.server.server_config import ServerConfig
 
     with ThreadedServer(AsyncLLMEngine(llm.llm_engine), ServerConfig(model_name="tiny")) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)

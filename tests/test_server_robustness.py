@@ -20,7 +20,7 @@ from schemathesis.checks import not_a_server_error
 
 from jax_engine import EngineArgs, LLMEngine
 from jax_engine.async_llm_engine import AsyncLLMEngine
-from jax_engine.server.state import ServerConfig
+from jax_engine.server.server_config import ServerConfig
 from tests.server_helpers import (TINY_ENGINE_ARGS, ThreadedServer, cli_flags, data_lines, events_after, metric,
                                   start_server_process, wait_for)
 

@@ -20,7 +20,7 @@ from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.cli import build_parser
 from jax_engine.core.kv_cache_manager import KVCacheManager
 from jax_engine.server.data_parallel import DataParallelEngine
-from jax_engine.server.state import ServerConfig
+from jax_engine.server.server_config import ServerConfig
 from jax_engine.spec_decode.ngram_proposer import propose_ngram
 from jax_engine.loader import load_checkpoint
 from reference import LlamaModel, speculative

@@ -15,17 +15,15 @@ import atexit
 import contextlib
 import logging
 import os
-import pickle
 import shutil
 import subprocess
-import tempfile
 import types
 
 import zmq
 import zmq.asyncio
 
 from jax_engine.config import EngineArgs
-from jax_engine.engine_core.launch import take_core_process
+from jax_engine.engine_core.launch import StartedCore, start_engine_core
 from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts, decode, encode
 from jax_engine.engine_core.output_deltas import DeltaDecoder
 from jax_engine.engine_core.text_processor import TextProcessor
@@ -57,20 +55,16 @@ class EngineCoreClient:
     """
 
     def __init__(self, args: EngineArgs, log_level: str = "INFO", shared_core: tuple[str, str] | None = None,
-                 replica: int | None = None) -> None:
+                 replica: int | None = None, started: StartedCore | None = None) -> None:
         self.args = args
-        # A directory of mode 0700 for the sockets of a core of our own: only this user reaches them.
-        self._dir = None if shared_core else tempfile.mkdtemp(prefix="jax-engine-core-")
-        inputs, outputs = shared_core or (self._address("inputs"), self._address("outputs"))
+        if shared_core:
+            self._process, self._dir, (inputs, outputs) = _Supervisor(), None, shared_core
+        else:  # `started` by `jax-engine serve` before its imports, or now
+            started = started or start_engine_core(args, log_level, replica)
+            self._process, self._dir, (inputs, outputs) = started.process, started.directory, started.addresses
         self._context = zmq.Context()
         self._to_core = self._bound(zmq.PUSH, inputs)
         self._from_core = self._bound(zmq.PULL, outputs)
-        if shared_core:
-            self._process = _Supervisor()
-        else:
-            self._process = take_core_process()  # started early by `jax-engine serve`, or now
-            self._process.stdin.write(pickle.dumps((args, [(inputs, outputs)], log_level, replica)))
-            self._process.stdin.close()
         atexit.register(self.shutdown)
         self._outputs = DeltaDecoder()  # unfinished requests' outputs so far
         self._text = None  # their text (a TextProcessor, once the core has sent the tokenizer)
@@ -83,9 +77,6 @@ class EngineCoreClient:
         except BaseException:
             self.shutdown()
             raise
-
-    def _address(self, name: str) -> str:
-        return f"ipc://{os.path.join(self._dir, name)}"
 
     def _bound(self, kind: int, address: str) -> zmq.Socket:
         socket = self._context.socket(kind)

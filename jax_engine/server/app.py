@@ -33,7 +33,8 @@ from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest
                                         GenerateRequest, LoadLoRAAdapterRequest, TokenizeRequest,
                                         UnloadLoRAAdapterRequest)
 from jax_engine.server.request_parts import conversation
-from jax_engine.server.state import ServerConfig, ServerState
+from jax_engine.server.server_config import ServerConfig
+from jax_engine.server.state import ServerState
 from jax_engine.server.streams import add_streams, collect, merge, until_disconnect
 
 

@@ -21,7 +21,8 @@ from jax_engine.server.chat import ChatCompletions
 from jax_engine.server.completions import Completions
 from jax_engine.server.errors import APIError, error_body, validation_message
 from jax_engine.server.protocol import ChatCompletionRequest, CompletionRequest
-from jax_engine.server.state import ServerConfig, ServerState
+from jax_engine.server.server_config import ServerConfig
+from jax_engine.server.state import ServerState
 from jax_engine.server.streams import client_error
 
 ENDPOINTS = {"/v1/chat/completions": (ChatCompletionRequest, ChatCompletions),

@@ -12,18 +12,21 @@ The engine runs in a process of its own (jax_engine/engine_core/, as vLLM v1's e
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import logging
 import signal
 import sys
 import threading
 
 from jax_engine.engine_core.launch import (MULTIPROCESSING_ENV, discard_early, multiprocessing_by_default,
-                                           not_served_across_processes)
+                                           not_served_across_processes, start_engine_core)
 from jax_engine.server.lora_adapters import parse_lora_module
 from jax_engine.server.reasoning import REASONING_PARSERS
-from jax_engine.server.state import PREFIX_CACHE_ISOLATION, ServerConfig
+from jax_engine.server.server_config import PREFIX_CACHE_ISOLATION, ServerConfig
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+# What make_server imports (this module imports none of it, so that `serve` parses its flags quickly).
+_SERVER_MODULES = ("uvicorn", "jax_engine.server.app", "jax_engine.server.connections")
 ENGINE_DIED_EXIT_STATUS = 1
 
 
@@ -195,21 +198,31 @@ def main(ns: argparse.Namespace) -> None:
 
 def _engine(args, core_process: bool, log_level: str):
     """The engine the server drives: in a process of its own (the default), or in this one."""
-    from jax_engine.async_llm_engine import AsyncLLMEngine
-
     in_process = not_served_across_processes(args)
     if core_process and in_process:
         logging.getLogger(__name__).warning("the engine runs in the server's process: %s is not served across "
                                             "processes yet", in_process[0])
+    if core_process and not in_process:
+        return _engine_in_core_processes(args, log_level)
+    discard_early()  # cli.main may have started one, before the flags were parsed
+    from jax_engine.async_llm_engine import AsyncLLMEngine
     from jax_engine.server.data_parallel import DataParallelEngine
 
-    if core_process and not in_process:
-        from jax_engine.engine_core.core_client import EngineCoreClient
-
-        if args.data_parallel_size > 1:
-            return DataParallelEngine.in_core_processes(args, log_level)
-        return AsyncLLMEngine(EngineCoreClient(args, log_level))
-    discard_early()  # cli.main may have started one, before the flags were parsed
     if args.data_parallel_size > 1:
         return DataParallelEngine.from_engine_args(args)
     return AsyncLLMEngine.from_engine_args(args)
+
+
+def _engine_in_core_processes(args, log_level: str):
+    """The engine core process is given its arguments first: it loads the model while this process imports the
+    server (~1 s), and it has imported the engine by then."""
+    started = start_engine_core(args, log_level) if args.data_parallel_size == 1 else None
+    for module in _SERVER_MODULES:  # now, not once the core is ready
+        importlib.import_module(module)
+    from jax_engine.async_llm_engine import AsyncLLMEngine
+    from jax_engine.engine_core.core_client import EngineCoreClient
+    from jax_engine.server.data_parallel import DataParallelEngine
+
+    if started is None:
+        return DataParallelEngine.in_core_processes(args, log_level)
+    return AsyncLLMEngine(EngineCoreClient(args, log_level, started=started))

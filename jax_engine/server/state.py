@@ -5,7 +5,6 @@ import hashlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import TypeVar
 
 from starlette.requests import Request
@@ -17,80 +16,11 @@ from jax_engine.lora.request import LoRARequest
 from jax_engine.server.errors import APIError, bad_request
 from jax_engine.server.lora_adapters import ServedAdapters
 from jax_engine.server.protocol import IGNORED_FIELDS, RequestBody, SamplingRequest
-from jax_engine.server.reasoning import REASONING_PARSERS
+from jax_engine.server.server_config import ServerConfig
 
 logger = logging.getLogger(__name__)
 _warned_fields: set[str] = set()  # the ignored fields already logged, once per process
 T = TypeVar("T")
-PREFIX_CACHE_ISOLATION = ("none", "api-key")
-
-
-@dataclass(frozen=True)
-class ServerConfig:
-    """The server's own settings (the engine's are EngineArgs); docs/serving.md#security explains the limits.
-
-    Args:
-        model_name: the name clients pass as `model` (and /v1/models lists).
-        api_keys: if any, every route but /health needs `Authorization: Bearer <one of them>`.
-        max_n: the largest `n` (completions per prompt) a request may ask for.
-        max_waiting_requests: past this many requests waiting to start, new ones get 503.
-        max_body_bytes: larger request bodies get 413 before they are read.
-        prefix_cache_isolation: "none", or "api-key": requests share prefix-cache blocks only with
-            requests made with the same API key.
-        max_connections: past this many open connections that sent a valid key (any request, without keys),
-            requests on new connections get 503 (server/connections.py counts them).
-        header_timeout: seconds a client has to send a request's headers before it is disconnected.
-        max_pending_connections: connections that have not yet sent a request with a valid API key; past this
-            many, the oldest idle one is closed to make room.
-        body_timeout: seconds a client has to send a request's body (408 after).
-        send_timeout: seconds a client may read none of its output before it is disconnected (its request
-            aborted).
-        shutdown_timeout: after SIGTERM, seconds in-flight requests have to finish before their clients are
-            disconnected (and the requests aborted).
-        max_waiting_per_key: past this many requests of one API key waiting to start, its new ones get 503
-            (requests enter the engine by API-key turns: jax_engine/fair_queue.py).
-        max_request_tokens: the most tokens one request may generate: prompts x n x max_tokens (max_tokens
-            unset counts as what max_model_len leaves).
-        max_scored_prompt_tokens: the most prompt tokens one request may have scored (prompt_logprobs, echo
-            with logprobs).
-        max_structured_rows: the most sequences (prompts x n) of one request that follow a grammar (each is a
-            mask computed on the host every step).
-        lora_modules: (name, path) of each LoRA adapter served under its own model name (needs enable_lora).
-        enable_prompt_tokens_details: answers' usage also says how many prompt tokens the prefix cache held
-            (prompt_tokens_details.cached_tokens), as vLLM's flag of that name.
-        reasoning_parser: "deepseek_r1" or "qwen3": chat answers give a thinking model's <think> part as
-            reasoning_content (server/reasoning.py); None: all of the text is content.
-    """
-
-    model_name: str
-    api_keys: tuple[str, ...] = ()
-    max_n: int = 16
-    max_waiting_requests: int = 256
-    max_body_bytes: int = 4 * 2**20
-    prefix_cache_isolation: str = "none"
-    max_connections: int = 1024
-    header_timeout: float = 10.0
-    max_pending_connections: int = 64
-    body_timeout: float = 30.0
-    send_timeout: float = 30.0
-    shutdown_timeout: float = 30.0
-    max_waiting_per_key: int = 64
-    max_request_tokens: int = 65_536
-    max_scored_prompt_tokens: int = 16_384
-    max_structured_rows: int = 64
-    lora_modules: tuple[tuple[str, str], ...] = ()
-    enable_prompt_tokens_details: bool = False
-    reasoning_parser: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
-            raise ValueError(f"prefix_cache_isolation must be one of {PREFIX_CACHE_ISOLATION}, got "
-                             f"{self.prefix_cache_isolation!r}")
-        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
-            raise ValueError(f"reasoning_parser must be None or one of {list(REASONING_PARSERS)}, got "
-                             f"{self.reasoning_parser!r}")
-        if self.prefix_cache_isolation == "api-key" and not self.api_keys:
-            raise ValueError("prefix_cache_isolation 'api-key' needs at least one API key")
 
 
 def api_key_tenant(api_key: bytes) -> str:

@@ -14,7 +14,7 @@ import pytest
 
 from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
 from jax_engine.server.data_parallel import DataParallelEngine
-from jax_engine.server.state import ServerConfig
+from jax_engine.server.server_config import ServerConfig
 from tests.server_helpers import ThreadedServer, wait_for
 
 ENGINE_ARGS = dict(max_model_len=128, max_num_seqs=4, max_num_batched_tokens=64, block_size=8,
