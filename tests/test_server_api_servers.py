@@ -50,8 +50,8 @@ def _served_prompt_tokens(api_server_pid: int) -> float:
 def two_api_servers(long_checkpoint_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("api-servers") / "server.log"
     process, url = _start(long_checkpoint_dir, log)
-    # /health answers once one API server accepts; the other may still be starting (the core is ready before
-    # its programs load), and a connection goes to a server that accepts.
+    # Both start accepting together (server/start_barrier.py), but /health answers once one accepts, and uvicorn's
+    # own start-up takes each a few milliseconds more or less: the connections test needs both accepting.
     wait_for(lambda: log.read_text().count("Application startup complete") == 2, 60, "both API servers to start")
     yield process, url
     stop_server_process(process)

@@ -107,8 +107,7 @@ def test_two_api_servers_serve_the_adapters_named_at_start_up(adapters, tmp_path
                                         log_path=str(tmp_path / "server.log"))
     models = [str(base), "a0", "a1"] * 4
     try:
-        # /health answers once one API server accepts; the other may still be starting (as in
-        # test_server_api_servers.py), and a connection goes to a server that accepts.
+        # Both accepting, not only the one /health reached (as in test_server_api_servers.py).
         wait_for(lambda: (tmp_path / "server.log").read_text().count("Application startup complete") == 2, 60,
                  "both API servers to start")
         def complete_alone(model: str) -> str:  # a client of its own: a connection of its own

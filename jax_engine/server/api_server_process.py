@@ -2,7 +2,8 @@
 listening socket it is given, driving the shared engine core through a socket pair of its own.
 
 Its arguments come pickled on stdin once its imports are done: (index, EngineArgs, ServerConfig, host, port, log
-level, the listening socket's file descriptor, its (input, output) socket addresses). It exits with run_server's
+level, the listening socket's file descriptor, its (input, output) socket addresses, its ends of the start
+barrier's pipes: start_barrier.py). It exits with run_server's
 status: 0 after a drain, 1 if the engine core died or refused its flags or model.
 """
 
@@ -20,11 +21,12 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.engine_core.core_client import EngineCoreClient
 from jax_engine.server.serve import run_server
+from jax_engine.server.start_barrier import wait_for_the_others
 
 
 def main() -> int | str:
     try:
-        index, args, config, host, port, log_level, listener_fd, addresses = pickle.load(sys.stdin.buffer)
+        index, args, config, host, port, log_level, listener_fd, addresses, start_fds = pickle.load(sys.stdin.buffer)
     except EOFError:  # the supervisor exited before it wrote them
         return "API server: no arguments came (the `jax-engine serve` that started it is gone)"
     logging.basicConfig(level=log_level.upper(),
@@ -34,6 +36,7 @@ def main() -> int | str:
         engine = AsyncLLMEngine(EngineCoreClient(args, log_level.upper(), shared_core=addresses))
     except ValueError as error:  # the core refused its flags or model: a line, as `jax-engine serve` prints it
         return f"jax-engine: error: {error}"
+    wait_for_the_others(start_fds)
     return run_server(engine, config, host, port, log_level, sockets=[listener])
 
 

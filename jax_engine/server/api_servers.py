@@ -5,6 +5,7 @@ front end (HTTP, checks, tokenization, streaming) once one Python process cannot
       ├── engine core                 the scheduler and the model (engine_core/core.py), a socket pair per API server
       └── API servers 0 .. N-1        each a whole server (api_server_process.py) accepting connections on the one
                                       listening socket it was given: the kernel hands each connection to one of them
+                                      (all start accepting together: start_barrier.py)
 
 Each API server has its own connection limits and /health; the engine is shared: the core sends each API server
 its own requests' outputs and all of them the engine's state, so a full queue's 503 counts every API server's
@@ -34,6 +35,7 @@ import zmq
 from jax_engine.engine_core.launch import not_served_across_processes, take_core_process
 from jax_engine.engine_core.messages import encode
 from jax_engine.server.lora_adapters import RUNTIME_UPDATES_ENV, runtime_updates_allowed
+from jax_engine.server.start_barrier import StartBarrier
 
 logger = logging.getLogger(__name__)
 API_SERVER_MODULE = "jax_engine.server.api_server_process"
@@ -75,20 +77,24 @@ def serve_with_api_servers(count: int, args, config, host: str, port: int, log_l
     addresses = [(f"ipc://{directory}/inputs-{i}", f"ipc://{directory}/outputs-{i}") for i in range(count)]
     os.mkdir(metrics_dir := os.path.join(directory, "metrics"))
     core = _given(take_core_process(), (args, addresses, log_level.upper()))
+    barrier = StartBarrier(count)
     servers = [_given(subprocess.Popen([sys.executable, "-m", API_SERVER_MODULE], stdin=subprocess.PIPE,
-                                       pass_fds=(listener.fileno(),), env={**os.environ, METRICS_DIR_ENV: metrics_dir}),
-                      (i, args, config, host, port, log_level, listener.fileno(), addresses[i]))
+                                       pass_fds=(listener.fileno(), *barrier.child_fds),
+                                       env={**os.environ, METRICS_DIR_ENV: metrics_dir}),
+                      (i, args, config, host, port, log_level, listener.fileno(), addresses[i], barrier.child_fds))
                for i in range(count)]
     listener.close()  # the API servers hold it
+    barrier.started()
     logger.info("%d API servers on %s:%d, one engine core", count, host, port)
     try:
         with _sigterm_passed_on(servers):
-            return _watch(core, servers, addresses)
+            return _watch(core, servers, addresses, barrier)
     finally:
         for process in [*servers, core]:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+        barrier.close()
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -99,7 +105,8 @@ def _given(process: subprocess.Popen, arguments: tuple) -> subprocess.Popen:
     return process
 
 
-def _watch(core: subprocess.Popen, servers: list[subprocess.Popen], addresses: list[tuple[str, str]]) -> int:
+def _watch(core: subprocess.Popen, servers: list[subprocess.Popen], addresses: list[tuple[str, str]],
+           barrier: StartBarrier) -> int:
     while True:
         statuses, core_status = [server.poll() for server in servers], core.poll()  # each read once per round
         if core_status == 0:  # it stops once every API server has left it, and may exit before they do
@@ -121,7 +128,7 @@ def _watch(core: subprocess.Popen, servers: list[subprocess.Popen], addresses: l
             core.kill()  # the others have drained; it would wait for the failed one's "shutdown", which won't come
             core.wait()
             return 1
-        time.sleep(WATCH_S)
+        barrier.wait(WATCH_S)  # and lets the API servers accept once all are ready
 
 
 def _terminate(servers: list[subprocess.Popen]) -> None:
