@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from collections.abc import Callable, Iterator
 
@@ -126,6 +127,14 @@ def wait_for(condition, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.05)
+
+
+def wait_for_api_servers(log_path, count: int = 2) -> None:
+    """Until every API server of --api-server-count logged its start. They start accepting together
+    (server/start_barrier.py), but /health answers once one accepts, and uvicorn's own start-up takes each a few
+    milliseconds more or less: a test of how connections split needs all of them accepting."""
+    wait_for(lambda: Path(log_path).read_text().count("Application startup complete") == count, 60,
+             f"{count} API servers to start")
 
 
 def data_lines(response: httpx.Response) -> Iterator[str]:

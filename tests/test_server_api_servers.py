@@ -21,7 +21,7 @@ from jax_engine import LLM, SamplingParams, cli
 from jax_engine.engine_core.launch import CORE_MODULE, MULTIPROCESSING_ENV
 from jax_engine.server.api_servers import API_SERVER_MODULE
 from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, events_after, metric,
-                                  start_server_process, stop_server_process, wait_for)
+                                  start_server_process, stop_server_process, wait_for, wait_for_api_servers)
 from tests.test_engine_core import LONG, _gone
 
 ARGS = {**TINY_ENGINE_ARGS, "num_gpu_blocks_override": 520, "max_model_len": 4096}
@@ -50,9 +50,7 @@ def _served_prompt_tokens(api_server_pid: int) -> float:
 def two_api_servers(long_checkpoint_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("api-servers") / "server.log"
     process, url = _start(long_checkpoint_dir, log)
-    # Both start accepting together (server/start_barrier.py), but /health answers once one accepts, and uvicorn's
-    # own start-up takes each a few milliseconds more or less: the connections test needs both accepting.
-    wait_for(lambda: log.read_text().count("Application startup complete") == 2, 60, "both API servers to start")
+    wait_for_api_servers(log)
     yield process, url
     stop_server_process(process)
     assert process.returncode == 0

@@ -12,7 +12,7 @@ import pytest
 
 from jax_engine.engine_core.launch import CORE_MODULE
 from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, start_server_process,
-                                  stop_server_process, wait_for)
+                                  stop_server_process, wait_for_api_servers)
 from tests.test_lora_engine import adapters  # noqa: F401 (the fixture)
 
 LORA_FLAGS = cli_flags(**TINY_ENGINE_ARGS, enable_lora=True, max_loras=2, max_lora_rank=8)
@@ -107,9 +107,7 @@ def test_two_api_servers_serve_the_adapters_named_at_start_up(adapters, tmp_path
                                         log_path=str(tmp_path / "server.log"))
     models = [str(base), "a0", "a1"] * 4
     try:
-        # Both accepting, not only the one /health reached (as in test_server_api_servers.py).
-        wait_for(lambda: (tmp_path / "server.log").read_text().count("Application startup complete") == 2, 60,
-                 "both API servers to start")
+        wait_for_api_servers(tmp_path / "server.log")
         def complete_alone(model: str) -> str:  # a client of its own: a connection of its own
             return complete(openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0), model)
 
