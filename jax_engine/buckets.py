@@ -50,3 +50,17 @@ def all_buckets(bucket_fn, limit: int) -> list[int]:
         sizes.append(bucket_fn(n))
         n = sizes[-1] + 1
     return sizes
+
+
+def coarse_cover(sizes: list[int], ratio: int) -> list[int]:
+    """As few of `sizes` (ascending) as cover them all with at most `ratio` times the work: each size left out
+    pads up to a kept one at most `ratio` times larger. The smallest is kept too (a lone request's decode).
+
+    >>> coarse_cover([1, 2, 4, 8, 16, 20, 24, 32, 64, 80], 4)
+    [1, 2, 16, 80]
+    """
+    kept = [sizes[-1]]
+    for size in reversed(sizes[:-1]):  # from the top, keeping a size only where the next kept one is too far
+        if kept[-1] > ratio * size or size == sizes[0]:
+            kept.append(size)
+    return kept[::-1]

@@ -3,7 +3,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jax_engine.buckets import all_buckets, bucket, bucket_quarters, bucket_fine, bucket_tokens
+from jax_engine.buckets import all_buckets, bucket, bucket_fine, bucket_quarters, bucket_tokens, coarse_cover
 
 
 def _ladder(fine: bool) -> list[int]:
@@ -41,3 +41,14 @@ def test_token_buckets_are_listed_by_all_buckets(limit):
     # Every size up to the limit falls into a listed bucket, and the list has nothing more.
     assert {bucket_tokens(n) for n in range(1, limit + 1)} == set(listed)
     assert [bucket_tokens(n) for n in (1, 2, 3, 5, 8, 9, 17, 100)] == [1, 2, 4, 8, 8, 16, 20, 112]
+
+
+@given(st.lists(st.integers(1, 10_000), min_size=1, unique=True).map(sorted), st.integers(2, 16))
+def test_a_coarse_cover_pads_each_size_at_most_ratio_times(sizes, ratio):
+    kept = coarse_cover(sizes, ratio)
+    assert kept == sorted(kept) and set(kept) <= set(sizes) and kept[0] == sizes[0] and kept[-1] == sizes[-1]
+    for size in sizes:
+        assert min(k for k in kept if k >= size) <= ratio * size
+    # Each size kept is needed: without it, the size below it would pad more than `ratio` times.
+    for below, above in zip(kept[1:-1], kept[2:]):
+        assert above > ratio * below

@@ -4,13 +4,15 @@ loads the compiled programs from the executable store without tracing anything."
 import contextlib
 import ctypes
 import gc
+import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
-
+from dataclasses import dataclass
 from pathlib import Path
 
 import jax
@@ -21,7 +23,9 @@ from jax import monitoring
 
 from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
 from jax_engine.attention.cpu import kernel_unavailable_reason
+from jax_engine.runner import compile_shapes
 from jax_engine.runner.compile_shapes import startup_programs
+from jax_engine.runner.staged_sizes import StagedSizes
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu" or kernel_unavailable_reason() is not None,
                                 reason="start-up compiles the ragged layout of the CPU default backend")
@@ -75,15 +79,81 @@ PROMPTS = ["The capital of France is", "Write a long story about a lighthouse ke
 STARTUP_FUNCTIONS = ("_forward", "_logits", "sample", "_copy_blocks")
 
 
+# A server's first start, as the engine core starts its engine (background_loads=True), with nothing stored: it
+# answers a first request while the programs off the coarse cover of sizes still compile, then waits for them.
+FIRST_SERVER_START = """
+import json, logging, sys, time
+logging.basicConfig(level="INFO")
+from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
+directory, small, prompts = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+engine = LLMEngine(EngineArgs(enforce_eager=False, compilation_cache_dir=directory, **small), background_loads=True)
+programs = engine.runner.programs
+params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+outputs = LLM.from_engine(engine).generate(prompts, params, use_tqdm=False)
+answered_before_all_compiled = not programs.sizes.complete
+deadline = time.monotonic() + 600
+while not programs.sizes.complete and time.monotonic() < deadline:
+    time.sleep(0.05)
+print(json.dumps(dict(tokens=[o.outputs[0].token_ids for o in outputs], late_compiles=programs.num_late_compiles,
+                      answered_before_all_compiled=answered_before_all_compiled, complete=programs.sizes.complete)))
+"""
+
+
+@dataclass(frozen=True)
+class FirstStart:
+    directory: Path  # the compilation cache it filled
+    log: str
+    result: dict  # what FIRST_SERVER_START printed
+
+
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """A compilation cache directory filled by a first start, in a process of its own as a user's would be.
-    (After other work in a process, XLA:CPU may share a sort comparator between executables; those cannot
+def first_server_start(tmp_path_factory) -> FirstStart:
+    """A compilation cache directory filled by a server's first start, in a process of its own as a user's would
+    be. (After other work in a process, XLA:CPU may share a sort comparator between executables; those cannot
     be stored, and compile again on the next start.)"""
     directory = tmp_path_factory.mktemp("compiled")
-    first_start = f"from jax_engine import LLM; LLM(compilation_cache_dir={str(directory)!r}, **{SMALL!r})"
-    subprocess.run([sys.executable, "-c", first_start], check=True, capture_output=True)
-    return directory
+    run = subprocess.run([sys.executable, "-c", FIRST_SERVER_START, str(directory), json.dumps(SMALL),
+                          json.dumps(PROMPTS)], check=True, capture_output=True, text=True)
+    return FirstStart(directory, run.stderr, json.loads(run.stdout.splitlines()[-1]))
+
+
+@pytest.fixture(scope="module")
+def store(first_server_start) -> Path:
+    return first_server_start.directory
+
+
+def test_a_cold_server_answers_once_a_coarse_cover_of_sizes_is_compiled(first_server_start, make_llm):
+    """A cold server compiles each dimension's sizes a factor apart first (compile_shapes.READY_FIRST_RATIO) and
+    is ready; the first requests pad to those sizes while the rest compile in the background, and get the same
+    tokens as the jitted functions give, without compiling a program of their own. Then every program is stored."""
+    first = re.search(r"start-up: (\d+) programs \(0 loaded, \1 compiled\) in [\d.]+ s; (\d+) more compile in the "
+                      r"background", first_server_start.log)
+    assert first, first_server_start.log[-3000:]
+    result = first_server_start.result
+    assert result["answered_before_all_compiled"] and result["complete"] and result["late_compiles"] == 0
+    assert f"the other {first[2]} programs compiled in the background" in first_server_start.log
+    jitted = make_llm(enforce_eager=True, **SMALL).generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert result["tokens"] == [o.outputs[0].token_ids for o in jitted]
+    stored = len(list((first_server_start.directory / "programs").rglob("*.bin")))
+    assert stored == int(first[1]) + int(first[2])
+
+
+def test_while_some_sizes_compile_the_runner_pads_to_sizes_ready(make_llm, store):
+    """Steps, samplers and block copies pad to the next size whose programs are ready (staged_sizes.py): with
+    every program off the coarse cover taken away, a varied workload (parallel samples, seeds, top-k/top-p, long
+    prompts in chunks) compiles nothing and samples the tokens it samples with every size ready."""
+    llm = make_llm(enforce_eager=False, compilation_cache_dir=str(store), **SMALL)
+    every_size = [[c.token_ids for c in o.outputs] for o in varied_workload(llm)]
+    programs = llm.llm_engine.runner.programs
+    calls = startup_programs(llm.llm_engine.runner, SMALL["max_num_batched_tokens"])
+    later = compile_shapes._compiled_later(calls, list(range(len(calls))))
+    assert {calls[i].size for i in later} == {("tokens", n) for n in (2, 8, 16, 20, 24, 28)} | {
+        ("rows", n) for n in (2, 4, 8)}  # of 1-32 tokens and 1-16 rows; the copies' one size, 8 blocks, stays
+    for i in later:
+        del programs.startup[calls[i].key]
+    programs.sizes = StagedSizes(compile_shapes._sizes(calls), {calls[i].key: calls[i].size for i in later})
+    padded = [[c.token_ids for c in o.outputs] for o in varied_workload(llm)]
+    assert programs.num_late_compiles == 0 and padded == every_size
 
 
 def test_a_second_start_loads_every_program_without_tracing(make_llm, store, caplog):

@@ -26,6 +26,7 @@ import functools
 import logging
 import os
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,11 +34,20 @@ import jax
 from tqdm.auto import tqdm
 
 from jax_engine import native
-from jax_engine.runner.device_programs import ProgramCall, StartupShapes
+from jax_engine.buckets import coarse_cover
+from jax_engine.runner.device_programs import BLOCKS, ROWS, TOKENS, ProgramCall, StartupShapes
 from jax_engine.runner.executable_store import ExecutableStore
 from jax_engine.runner.model_runner import ModelRunner
+from jax_engine.runner.staged_sizes import StagedSizes
 
 logger = logging.getLogger(__name__)
+
+# A cold server compiles a coarse cover of each dimension's sizes before it answers /health, padding each size
+# left out at most these factors (buckets.coarse_cover), and the others in the background (staged_sizes.py).
+# Rows sampled may pad further than tokens: the logits and the sampler's four programs of a row size take ~4
+# times as long to compile as a step, and a padded row costs a fifth of a padded token's work (the logits'
+# matmul, against a pass through every layer).
+READY_FIRST_RATIO = {TOKENS: 4, ROWS: 8, BLOCKS: 4}
 
 
 def startup_shapes(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = False) -> StartupShapes:
@@ -63,7 +73,8 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_
                         use_tqdm: bool = True, swap: bool = False, background: bool = False) -> float:
     """Load or compile every program of `startup_programs` into runner.programs.startup (the swaps too when `swap`: the
     engine preempts by swapping); returns the seconds it took. `background` (a server's engine): if every program
-    is stored, load them on a thread of their own instead, from now on (ProgramCache.load_in_background)."""
+    is stored, load them on a thread of their own instead, from now on (ProgramCache.load_in_background); if some
+    must compile, compile a coarse cover of the sizes now and the others on that thread (staged_sizes.py)."""
     if not runner.backend.ragged:
         logger.info("attention backend %r pads its layout: step shapes compile on first use", runner.backend.name)
         return 0.0
@@ -75,6 +86,7 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_
     if background and store and all(path.exists() for path in paths):
         _load_in_background(runner, programs, paths, store, started)
         return time.perf_counter() - started
+    bypass = contextlib.ExitStack()  # open until the last program compiles, here or in the background
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool, \
             tqdm(total=len(programs), desc="Compiling step shapes", disable=not use_tqdm) as bar:
         def load(path):
@@ -84,26 +96,73 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_
 
         loaded = list(pool.map(load, paths))
         missing = [i for i, compiled in enumerate(loaded) if compiled is None]
+        later = _compiled_later(programs, missing) if background else []
+        bar.total -= len(later)
         bar.set_description("Compiling step shapes" if missing else "Loading step shapes")
 
         def compile_one(i, lowered):
-            compiled = lowered.compile()
-            if store:
-                store.save(paths[i], compiled)
+            loaded[i] = _compiled(lowered, paths[i], store)
             bar.update()
-            return compiled
 
-        with _bypassing_jax_cache(store is not None and bool(missing)):
-            # Tracing is not thread-safe, compiling is: this thread traces each program while the pool
-            # compiles the ones before it.
-            compiling = {i: pool.submit(compile_one, i, programs[i].lower()) for i in missing}
-            for i, future in compiling.items():
-                loaded[i] = future.result()
-    runner.programs.startup |= {p.key: compiled for p, compiled in zip(programs, loaded)}
+        bypass.enter_context(_bypassing_jax_cache(store is not None and bool(missing)))
+        # Tracing is not thread-safe, compiling is: this thread traces each program while the pool
+        # compiles the ones before it.
+        compiling = [pool.submit(compile_one, i, programs[i].lower()) for i in missing if i not in later]
+        for future in compiling:
+            future.result()
+    runner.programs.startup |= {p.key: compiled for p, compiled in zip(programs, loaded) if compiled is not None}
     seconds = time.perf_counter() - started
-    logger.info("start-up: %d programs (%d loaded, %d compiled) in %.1f s", len(programs),
-                len(programs) - len(missing), len(missing), seconds)
+    logger.info("start-up: %d programs (%d loaded, %d compiled) in %.1f s%s", len(programs) - len(later),
+                len(programs) - len(missing), len(missing) - len(later), seconds,
+                f"; {len(later)} more compile in the background" if later else "")
+    if later:
+        _compile_in_background(runner, programs, later, paths, store, bypass)
+    else:
+        bypass.close()
     return seconds
+
+
+def _compiled(lowered: jax.stages.Lowered, path: Path | None, store: ExecutableStore | None) -> jax.stages.Compiled:
+    compiled = lowered.compile()
+    if store:
+        store.save(path, compiled)
+    return compiled
+
+
+def _compiled_later(programs: list[ProgramCall], missing: list[int]) -> list[int]:
+    """Of the programs to compile, those a server compiles once it is ready: the sizes off each dimension's
+    coarse cover (READY_FIRST_RATIO), smallest first."""
+    first = {dimension: set(coarse_cover(sorted(sizes), READY_FIRST_RATIO[dimension]))
+             for dimension, sizes in _sizes(programs).items()}
+    later = [i for i in missing if programs[i].size and programs[i].size[1] not in first[programs[i].size[0]]]
+    return sorted(later, key=lambda i: programs[i].size[::-1])
+
+
+def _sizes(programs: list[ProgramCall]) -> dict[str, set[int]]:
+    sizes = defaultdict(set)
+    for program in programs:
+        if program.size:
+            sizes[program.size[0]].add(program.size[1])
+    return sizes
+
+
+def _compile_in_background(runner: ModelRunner, programs: list[ProgramCall], later: list[int], paths: list,
+                           store: ExecutableStore | None, bypass: contextlib.ExitStack) -> None:
+    """Compile (and store) programs[i] for i in `later` on a thread of their own, in that order; until a size's
+    programs are all compiled, the runner pads to the next size ready. `bypass` closes after the last one."""
+    started = time.perf_counter()
+
+    def done() -> None:
+        bypass.close()
+        logger.info("start-up: the other %d programs compiled in the background in %.1f s: every size is ready",
+                    len(later), time.perf_counter() - started)
+
+    def compile_later(i: int) -> jax.stages.Compiled:
+        return _compiled(programs[i].lower(), paths[i], store)
+
+    compiles = {programs[i].key: functools.partial(compile_later, i) for i in later}
+    pending = {programs[i].key: programs[i].size for i in later}
+    runner.programs.load_in_background(compiles, done, StagedSizes(_sizes(programs), pending))
 
 
 def _load_in_background(runner: ModelRunner, programs: list[ProgramCall], paths: list[Path], store: ExecutableStore,

@@ -118,6 +118,7 @@ class Example:
 
     args: tuple
     kwargs: dict = field(default_factory=dict)
+    size: int = 0  # along its program's dimension: tokens, rows or blocks
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class ProgramCall:
     args: tuple
     kwargs: dict
     static: tuple  # trailing static arguments: given to lower, not to the compiled program
+    size: tuple[str, int] | None = None  # (dimension, size) that the runner pads to; None: a fixed shape
 
     def lower(self) -> jax.stages.Lowered:
         return self.fn.lower(*self.args, *self.static, **self.kwargs)
@@ -152,13 +154,15 @@ class DeviceProgram:
     shapes_of: Callable[..., tuple]  # (its arguments) -> what sets its shapes: the rest of its key
     examples: Callable[["ModelRunner", StartupShapes], Iterable[Example]] = _no_examples  # a start-up shape each
     static: Callable[["ModelRunner"], tuple] = _no_static  # its trailing static arguments
+    dimension: str | None = None  # the size its shapes follow (TOKENS, ROWS, BLOCKS); None: fixed shapes
 
     def key(self, args: tuple, kwargs: dict | None = None) -> tuple:
         return (self.name, *self.shapes_of(*args, **(kwargs or {})))
 
     def startup_calls(self, runner: "ModelRunner", shapes: StartupShapes) -> list[ProgramCall]:
         static = self.static(runner)
-        return [ProgramCall(self.key(e.args, e.kwargs), self.fn, e.args, e.kwargs, static)
+        return [ProgramCall(self.key(e.args, e.kwargs), self.fn, e.args, e.kwargs, static,
+                            (self.dimension, e.size) if self.dimension else None)
                 for e in self.examples(runner, shapes)]
 
 
@@ -174,7 +178,7 @@ def step_example(runner: "ModelRunner", num_tokens: int) -> Example:
     metadata = AttentionMetadata(i32(num_tokens), i32(num_tokens), i32(rows, runner.max_blocks_per_seq), i32(rows),
                                  i32(rows + 1), i32(0), i32(0, 0), 0)
     host_inputs = runner.placed((i32(num_tokens), i32(num_tokens), metadata, i32(runner.max_sampled_rows)))
-    return Example((runner.model, runner.k_cache, runner.v_cache, *host_inputs))
+    return Example((runner.model, runner.k_cache, runner.v_cache, *host_inputs), size=num_tokens)
 
 
 def _step_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
@@ -190,13 +194,13 @@ def _logits_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[E
     hidden = _replicated(runner, (runner.max_sampled_rows, cfg.hidden_size), runner.model.activation_dtype)
     for rows in all_buckets(bucket, shapes.max_rows):
         buffer = _replicated(runner, (rows, cfg.vocab_size), jnp.float32)
-        yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32)), buffer))
+        yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32)), buffer), size=rows)
 
 
 def _greedy_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
     hidden = _replicated(runner, (runner.max_sampled_rows, runner.model.cfg.hidden_size), runner.model.activation_dtype)
     for rows in all_buckets(bucket, shapes.max_rows):
-        yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32))))
+        yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32))), size=rows)
 
 
 def _sampler_shapes(logits, batch, scratch=None) -> tuple:
@@ -210,7 +214,7 @@ def _sample_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[E
         logits = _replicated(runner, (rows, vocab_size), jnp.float32)
         for flags in SAMPLER_PROGRAMS:
             batch = empty_sampling_batch(rows, flags, vocab_size, runner.max_model_len)
-            yield Example((logits, runner.placed(batch)), {"scratch": logits})
+            yield Example((logits, runner.placed(batch)), {"scratch": logits}, size=rows)
 
 
 def _token_logprobs_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
@@ -221,37 +225,39 @@ def _token_logprobs_examples(runner: "ModelRunner", shapes: StartupShapes) -> It
 def _copy_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
     for count in all_buckets(block_move_bucket, shapes.max_copies):
         indices = runner.placed(np.zeros(count, np.int32))
-        yield Example((runner.k_cache, runner.v_cache, indices, indices))
+        yield Example((runner.k_cache, runner.v_cache, indices, indices), size=count)
 
 
 def _swap_out_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
     for count in all_buckets(block_move_bucket, shapes.max_swaps):
-        yield Example((runner.k_cache, runner.placed(np.zeros(count, np.int32))))
+        yield Example((runner.k_cache, runner.placed(np.zeros(count, np.int32))), size=count)
 
 
 def _swap_in_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
     cache = runner.k_cache
     for count in all_buckets(block_move_bucket, shapes.max_swaps):
         blocks = jax.ShapeDtypeStruct((cache.shape[0], count, *cache.shape[2:]), cache.dtype, sharding=cache.sharding)
-        yield Example((cache, blocks, runner.placed(np.zeros(count, np.int32))))
+        yield Example((cache, blocks, runner.placed(np.zeros(count, np.int32))), size=count)
 
 
+# The sizes the runner pads to, each a dimension of start-up's shapes (see staged_sizes.py).
+TOKENS, ROWS, BLOCKS = "tokens", "rows", "blocks"
 STEP = DeviceProgram("step", _forward, "execute", _step_shapes, _step_examples,
-                     static=lambda runner: (runner.backend.attend,))
+                     static=lambda runner: (runner.backend.attend,), dimension=TOKENS)
 LOGITS = DeviceProgram("logits", _logits, "sample", lambda model, hidden, rows, buffer: (rows.shape[0],),
-                       _logits_examples)
-SAMPLE = DeviceProgram("sample", sample, "sample", _sampler_shapes, _sample_examples)
+                       _logits_examples, dimension=ROWS)
+SAMPLE = DeviceProgram("sample", sample, "sample", _sampler_shapes, _sample_examples, dimension=ROWS)
 GREEDY = DeviceProgram("greedy", _greedy_tokens, "greedy_tokens", lambda model, hidden, rows: (rows.shape[0],),
-                       _greedy_examples)
+                       _greedy_examples, dimension=ROWS)
 TOKEN_LOGPROBS = DeviceProgram("token_logprobs", _token_logprobs, "token_logprobs",
                                lambda model, hidden, targets: (targets.shape[0],), _token_logprobs_examples)
 ALL_LOGITS = DeviceProgram("all_logits", _all_logits, "all_logits", lambda model, hidden: (hidden.shape,))
 COPY = DeviceProgram("copy", _copy_blocks, "apply_block_moves", lambda k_cache, v_cache, src, dst: (src.shape[0],),
-                     _copy_examples)
+                     _copy_examples, dimension=BLOCKS)
 SWAP_OUT = DeviceProgram("swap_out", _gather_blocks, "apply_block_moves", lambda cache, src: (src.shape[0],),
-                         _swap_out_examples)
+                         _swap_out_examples, dimension=BLOCKS)
 SWAP_IN = DeviceProgram("swap_in", _scatter_blocks, "apply_block_moves", lambda cache, blocks, dst: (dst.shape[0],),
-                        _swap_in_examples)
+                        _swap_in_examples, dimension=BLOCKS)
 DEVICE_PROGRAMS = (STEP, LOGITS, SAMPLE, GREEDY, TOKEN_LOGPROBS, ALL_LOGITS, COPY, SWAP_OUT, SWAP_IN)
 # What start-up compiles for the model that serves (all but the draft's greedy), and for a draft model, which
 # only steps and takes its argmax (its own cache is never copied or swapped: spec_decode/draft_model.py).

@@ -19,9 +19,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
 from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
 from jax_engine.core.scheduler_output import SchedulerOutput
-from jax_engine.runner.device_programs import (ALL_LOGITS, COPY, DEVICE_CALLS, GREEDY, LOGITS, SAMPLE, SCORED_ROWS,
-                                               STEP, SWAP_IN, SWAP_OUT, TARGET_PROGRAMS, TOKEN_LOGPROBS,
-                                               DeviceProgram, block_move_bucket)
+from jax_engine.runner.device_programs import (ALL_LOGITS, BLOCKS, COPY, DEVICE_CALLS, GREEDY, LOGITS, ROWS, SAMPLE,
+                                               SCORED_ROWS, STEP, SWAP_IN, SWAP_OUT, TARGET_PROGRAMS, TOKEN_LOGPROBS,
+                                               TOKENS, DeviceProgram, block_move_bucket)
 from jax_engine.lora.manager import LoRAManager
 from jax_engine.models import CausalLM
 from jax_engine.runner.padded_layout import padded_kind_rows, padded_table_rows
@@ -93,7 +93,7 @@ class ModelRunner:
         whole cache, since only a jitted function can donate it."""
         if out.swap_out:
             src, dst = map(list, zip(*out.swap_out.items()))
-            count = block_move_bucket(len(src))
+            count = self._ready_size(BLOCKS, block_move_bucket(len(src)))
             src_padded = _padded(src, count, 0)  # padding reads block 0 again
             for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)):
                 moved = self._run(SWAP_OUT, (cache, src_padded))
@@ -102,7 +102,7 @@ class ModelRunner:
                     host[layers, dst, slots, heads, dims] = np.asarray(shard.data)[:, : len(dst)]
         if out.swap_in:
             src, dst = map(list, zip(*out.swap_in.items()))
-            count = block_move_bucket(len(src))
+            count = self._ready_size(BLOCKS, block_move_bucket(len(src)))
             src = _padded(src, count, src[0])  # padding reads a host block again; its write is dropped
             dst_padded = _padded(dst, count, self.k_cache.shape[1])
             self.k_cache, self.v_cache = (
@@ -112,7 +112,7 @@ class ModelRunner:
                 for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)))
         if out.copies:  # padded to a bucket so that copy counts do not each compile
             src, dst = zip(*out.copies)
-            count = block_move_bucket(len(src))
+            count = self._ready_size(BLOCKS, block_move_bucket(len(src)))
             src, dst = _padded(src, count, 0), _padded(dst, count, self.k_cache.shape[1])  # padding writes are dropped
             self.k_cache, self.v_cache = self._run(COPY, (self.k_cache, self.v_cache, src, dst))
 
@@ -123,6 +123,10 @@ class ModelRunner:
         """Run `program` on `args`: start-up's compiled program for their shapes, or one compiled now (see
         ProgramCache.call; `cause` says what made the shape)."""
         return self.programs.call(program.key(args, kwargs), program.fn, args, kwargs, program.static(self), cause)
+
+    def _ready_size(self, dimension: str, size: int) -> int:
+        """`size`, or a larger one while start-up still compiles its programs (staged_sizes.py)."""
+        return self.programs.sizes.padded(dimension, size)
 
     def placed(self, host_args):
         """Host arguments as start-up compiles a program for them: on the default device, or replicated over the
@@ -142,7 +146,7 @@ class ModelRunner:
         # through every layer, and a full decode batch plus one short prompt (257 tokens) would run as 384
         # in steps of 1.5x (320 here). The logits rows follow from the sequence buckets, one less
         # independent size to compile combinations of.
-        padded_tokens = bucket_tokens(sum(s.num_new_tokens for s in out.scheduled))
+        padded_tokens = self._ready_size(TOKENS, bucket_tokens(sum(s.num_new_tokens for s in out.scheduled)))
         # Rows for sequences: max_num_seqs, the shape start-up compiles. The scheduler admits a sequence with
         # the forks it will make, so only a beam search that narrowed and widens again can pass it (such a
         # step compiles its own shape on first use).
@@ -234,8 +238,8 @@ class ModelRunner:
 
     def sampling_batch(self, seqs: list, grammar_bitmask: np.ndarray | None = None) -> SamplingBatch:
         """The sampler's arrays for `seqs`, one row each, padded to the row bucket `sample` uses."""
-        return sampling_batch(seqs, bucket(len(seqs)), self.model.cfg.vocab_size, grammar_bitmask,
-                              penalty_width=self.max_model_len)
+        return sampling_batch(seqs, self._ready_size(ROWS, bucket(len(seqs))), self.model.cfg.vocab_size,
+                              grammar_bitmask, penalty_width=self.max_model_len)
 
     def sample(self, sampling_hidden: jax.Array, rows: list[int], batch: SamplingBatch) -> SampledRows:
         """A token for each of `rows` of `sampling_hidden` (parallel samples share their parent's row), drawn
@@ -243,7 +247,7 @@ class ModelRunner:
         sampler's scratch live in recycled buffers."""
         if not rows:
             return SampledRows(None, 0)
-        padded = np.zeros(bucket(len(rows)), np.int32)
+        padded = np.zeros(len(batch.seeds), np.int32)  # the batch's rows, as many as the logits
         padded[: len(rows)] = rows
         buffer = self.recycled.take((len(padded), self.model.cfg.vocab_size))
         logits = self._run(LOGITS, (self.model, sampling_hidden, padded, buffer), cause=f"{len(rows)} rows sampled")
@@ -258,7 +262,7 @@ class ModelRunner:
     def greedy_tokens(self, sampling_hidden: jax.Array, num_rows: int) -> list[int]:
         """The most likely next token after each of the first `num_rows` rows of `sampling_hidden` (a draft
         model's proposals: the rows of a step whose sequences each sample one token)."""
-        rows = np.arange(bucket(num_rows), dtype=np.int32)
+        rows = np.arange(self._ready_size(ROWS, bucket(num_rows)), dtype=np.int32)
         tokens = self._run(GREEDY, (self.model, sampling_hidden, rows), cause=f"{num_rows} drafts")
         return to_host(tokens)[:num_rows].tolist()
 

@@ -15,7 +15,8 @@ the cap bounds those too. They run through jit, whose cache engines in one proce
 A server that finds all its start-up programs stored loads them on a thread of its own once it is ready
 (`load_in_background`): ~1.2 s of CPU for the default model's 85, which a server would otherwise spend before it
 answers /health. A call that needs one not loaded yet loads it at once (~15-50 ms), or waits for the thread to
-finish loading it: nothing compiles, and each program is loaded once.
+finish loading it: nothing compiles, and each program is loaded once. A cold server compiles some of them on
+that thread too, and its runner pads to the sizes already compiled meanwhile (`sizes`, staged_sizes.py).
 """
 
 import atexit
@@ -27,6 +28,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 import jax
+
+from jax_engine.runner.staged_sizes import StagedSizes
 
 logger = logging.getLogger(__name__)
 
@@ -47,17 +50,25 @@ class ProgramCache:
         self.num_evictions = 0
         self._loading: dict[tuple, tuple[Future, Callable]] = {}  # by key: start-up's programs not yet loaded
         self._last_call = 0.0  # time.monotonic() of the last call
+        self.sizes = StagedSizes()  # every size is ready, but while a cold server compiles some (staged_sizes.py)
 
     def load_in_background(self, loads: dict[tuple, Callable[[], jax.stages.Compiled | None]],
-                           when_done: Callable[[], None] = lambda: None) -> None:
+                           when_done: Callable[[], None] = lambda: None, sizes: StagedSizes | None = None) -> None:
         """Load start-up's programs on a thread of their own, in the order of `loads` (a key's loader returns its
         program, or None when it cannot: that key then compiles on first use), then call `when_done`.
+
+        Loaders that compile come with `sizes`: which sizes are ready as they finish. They do not wait for idle
+        moments (a stored program loads in ms when a call needs it, a compile takes ~0.5 s of both cores, and
+        meanwhile steps pad to sizes that are ready).
 
         At exit the thread stops after the program it is loading (the interpreter must not end under it), and
         does not hold the process up for the rest."""
         self._loading = {key: (Future(), load) for key, load in loads.items()}
+        if sizes is not None:
+            self.sizes = sizes
         stop = threading.Event()
-        thread = threading.Thread(target=self._load_all, args=(list(self._loading.items()), stop, when_done),
+        thread = threading.Thread(target=self._load_all, args=(list(self._loading.items()), stop, when_done,
+                                                               sizes is None),
                                   name="program-loader", daemon=True)
         thread.start()
 
@@ -67,9 +78,10 @@ class ProgramCache:
 
         atexit.register(stop_loading)
 
-    def _load_all(self, loading: list, stop: threading.Event, when_done: Callable[[], None]) -> None:
+    def _load_all(self, loading: list, stop: threading.Event, when_done: Callable[[], None],
+                  wait_for_idle: bool) -> None:
         for key, (future, load) in loading:
-            while time.monotonic() - self._last_call < IDLE_BEFORE_LOADING_S and not stop.is_set():
+            while wait_for_idle and time.monotonic() - self._last_call < IDLE_BEFORE_LOADING_S and not stop.is_set():
                 time.sleep(IDLE_BEFORE_LOADING_S)  # the steps have both cores: calls load what they need
             if stop.is_set():
                 return
@@ -78,14 +90,18 @@ class ProgramCache:
             try:
                 future.set_result(self._load(key, load))
             except BaseException as error:  # the call waiting for it raises it, rather than waiting forever
+                logger.warning("start-up's program %s could not be loaded: %r", key[0], error)
                 future.set_exception(error)
         when_done()
 
     def _load(self, key: tuple, load: Callable) -> jax.stages.Compiled | None:
-        program = load()
-        if program is not None:
-            self.startup[key] = program
-        self._loading.pop(key, None)
+        try:
+            program = load()
+            if program is not None:
+                self.startup[key] = program
+        finally:  # a program that failed to compile is a shape start-up did not list: its size need not wait
+            self._loading.pop(key, None)
+            self.sizes.done(key)
         return program
 
     def _started(self, key: tuple) -> jax.stages.Compiled | None:
