@@ -2,8 +2,10 @@
 and evicting them frees their memory maps (through jax.jit alone, every shape's program stayed for good); start-up's
 programs loaded in the background are each loaded once, a call taking the one it needs first."""
 
+import functools
 import logging
 import threading
+import time
 from pathlib import Path
 
 import jax
@@ -11,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.runner.program_cache import ProgramCache
+from jax_engine.runner.staged_sizes import StagedSizes
 
 
 @jax.jit
@@ -79,3 +82,22 @@ def test_a_call_waits_for_the_program_the_background_thread_is_loading():
     assert started.wait(timeout=30)
     threading.Timer(0.2, gate.set).start()
     assert cache.call(("add", 0), None, (40,)) == 40 and order.count(0) == 1  # the thread's load, no second one
+
+
+def test_a_size_steps_padded_past_compiles_first_and_the_others_wait_for_idle():
+    """A cold server's background compiles (StagedSizes): the size a step padded past goes at once, even while
+    steps run back to back; the others wait for a moment when no program runs."""
+    order, done = [], threading.Event()
+    loads = {("step", n): functools.partial(lambda n: order.append(n) or (lambda x: x + n), n) for n in (2, 4, 8)}
+    sizes = StagedSizes({"tokens": {1, 2, 4, 8, 16}}, {key: ("tokens", key[1]) for key in loads})
+    cache = ProgramCache()
+    cache.startup[("step", 16)] = lambda x: x + 16
+    assert sizes.padded("tokens", 8) == 16  # a step of 8 tokens runs as 16, and asks for 8
+    cache.call(("step", 16), None, (0,))
+    cache.load_in_background(loads, when_done=done.set, sizes=sizes)
+    busy_until = time.monotonic() + 1.0
+    while time.monotonic() < busy_until:  # steps back to back
+        assert cache.call(("step", 16), None, (0,)) == 16
+        time.sleep(0.01)
+    assert order == [8] and sizes.padded("tokens", 8) == 8
+    assert done.wait(timeout=30) and order == [8, 2, 4] and sizes.complete

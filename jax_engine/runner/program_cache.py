@@ -57,9 +57,9 @@ class ProgramCache:
         """Load start-up's programs on a thread of their own, in the order of `loads` (a key's loader returns its
         program, or None when it cannot: that key then compiles on first use), then call `when_done`.
 
-        Loaders that compile come with `sizes`: which sizes are ready as they finish. They do not wait for idle
-        moments (a stored program loads in ms when a call needs it, a compile takes ~0.5 s of both cores, and
-        meanwhile steps pad to sizes that are ready).
+        Loaders that compile come with `sizes`: which sizes are ready as they finish. Steps pad to those meanwhile
+        and call for none of the others, so those that serve a size a step padded past go first, whatever runs;
+        the rest, as stored ones, wait for a moment when no program runs.
 
         At exit the thread stops after the program it is loading (the interpreter must not end under it), and
         does not hold the process up for the rest."""
@@ -67,8 +67,7 @@ class ProgramCache:
         if sizes is not None:
             self.sizes = sizes
         stop = threading.Event()
-        thread = threading.Thread(target=self._load_all, args=(list(self._loading.items()), stop, when_done,
-                                                               sizes is None),
+        thread = threading.Thread(target=self._load_all, args=(list(self._loading.items()), stop, when_done),
                                   name="program-loader", daemon=True)
         thread.start()
 
@@ -78,13 +77,16 @@ class ProgramCache:
 
         atexit.register(stop_loading)
 
-    def _load_all(self, loading: list, stop: threading.Event, when_done: Callable[[], None],
-                  wait_for_idle: bool) -> None:
-        for key, (future, load) in loading:
-            while wait_for_idle and time.monotonic() - self._last_call < IDLE_BEFORE_LOADING_S and not stop.is_set():
-                time.sleep(IDLE_BEFORE_LOADING_S)  # the steps have both cores: calls load what they need
-            if stop.is_set():
-                return
+    def _load_all(self, loading: list, stop: threading.Event, when_done: Callable[[], None]) -> None:
+        while loading and not stop.is_set():
+            # In the given order, but first the sizes steps have padded past (StagedSizes.wanted): those go at
+            # once; the others only while no program runs (the steps have both cores).
+            loading.sort(key=lambda item: not self.sizes.wanted(item[0]))  # stable
+            key, (future, load) = loading[0]
+            if not self.sizes.wanted(key) and time.monotonic() - self._last_call < IDLE_BEFORE_LOADING_S:
+                time.sleep(IDLE_BEFORE_LOADING_S)
+                continue
+            loading.pop(0)
             if not future.set_running_or_notify_cancel():  # a call took it first (`_started`)
                 continue
             try:
@@ -92,7 +94,8 @@ class ProgramCache:
             except BaseException as error:  # the call waiting for it raises it, rather than waiting forever
                 logger.warning("start-up's program %s could not be loaded: %r", key[0], error)
                 future.set_exception(error)
-        when_done()
+        if not stop.is_set():
+            when_done()
 
     def _load(self, key: tuple, load: Callable) -> jax.stages.Compiled | None:
         try:
