@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -238,6 +239,22 @@ def test_a_small_kv_cache_bounds_the_start_up_shapes(make_llm):
     assert max(key[1][0] for key in keys if key[0] == "step") == 32
     assert max(key[1] for key in keys if key[0] == "copy") == 8
     assert max(key[1] for key in keys if key[0] == "logits") == 16
+
+
+def test_every_program_of_a_dimension_has_a_program_at_each_of_its_sizes(make_llm):
+    """The runner may pad a size to any other of its dimension's while some compile (staged_sizes.py), so every
+    program that pads along a dimension needs all of its sizes, or a padded call would compile. Copies go up to
+    max_num_seqs blocks and swaps up to the cache's: two dimensions."""
+    llm = make_llm(num_gpu_blocks_override=64, max_num_seqs=16, max_model_len=256, max_num_batched_tokens=32,
+                   preemption_mode="swap", swap_space=0.25)
+    calls = startup_programs(llm.llm_engine.runner, 32, swap=True)
+    sizes, by_program = compile_shapes._sizes(calls), defaultdict(set)
+    for call in calls:
+        if call.size:
+            by_program[call.key[0], call.size[0]].add(call.size[1])
+    assert {name for name, _ in by_program} == {"step", "logits", "sample", "copy", "swap_out", "swap_in"}
+    assert all(found == sizes[dimension] for (_, dimension), found in by_program.items())
+    assert max(sizes["blocks copied"]) == 16 and max(sizes["blocks swapped"]) == 64
 
 
 def test_an_unreadable_stored_program_is_compiled_again(make_llm, store, tmp_path, caplog):

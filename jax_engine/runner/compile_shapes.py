@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from jax_engine import native
 from jax_engine.buckets import coarse_cover
-from jax_engine.runner.device_programs import BLOCKS, ROWS, TOKENS, ProgramCall, StartupShapes
+from jax_engine.runner.device_programs import COPIED, ROWS, SWAPPED, TOKENS, ProgramCall, StartupShapes
 from jax_engine.runner.executable_store import ExecutableStore
 from jax_engine.runner.model_runner import ModelRunner
 from jax_engine.runner.staged_sizes import StagedSizes
@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 # Rows sampled may pad further than tokens: the logits and the sampler's four programs of a row size take ~4
 # times as long to compile as a step, and a padded row costs a fifth of a padded token's work (the logits'
 # matmul, against a pass through every layer).
-READY_FIRST_RATIO = {TOKENS: 4, ROWS: 8, BLOCKS: 4}
+READY_FIRST_RATIO = {TOKENS: 4, ROWS: 8, COPIED: 4, SWAPPED: 4}
 
 
 def startup_shapes(runner: ModelRunner, max_num_batched_tokens: int, swap: bool = False) -> StartupShapes:

@@ -154,7 +154,7 @@ class DeviceProgram:
     shapes_of: Callable[..., tuple]  # (its arguments) -> what sets its shapes: the rest of its key
     examples: Callable[["ModelRunner", StartupShapes], Iterable[Example]] = _no_examples  # a start-up shape each
     static: Callable[["ModelRunner"], tuple] = _no_static  # its trailing static arguments
-    dimension: str | None = None  # the size its shapes follow (TOKENS, ROWS, BLOCKS); None: fixed shapes
+    dimension: str | None = None  # the size its shapes follow (TOKENS, ROWS, COPIED, SWAPPED); None: fixed shapes
 
     def key(self, args: tuple, kwargs: dict | None = None) -> tuple:
         return (self.name, *self.shapes_of(*args, **(kwargs or {})))
@@ -240,8 +240,9 @@ def _swap_in_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[
         yield Example((cache, blocks, runner.placed(np.zeros(count, np.int32))), size=count)
 
 
-# The sizes the runner pads to, each a dimension of start-up's shapes (see staged_sizes.py).
-TOKENS, ROWS, BLOCKS = "tokens", "rows", "blocks"
+# The sizes the runner pads to, each a dimension of start-up's shapes (see staged_sizes.py); every program of a
+# dimension has a program at each of its sizes (copies and swaps go up to different block counts).
+TOKENS, ROWS, COPIED, SWAPPED = "tokens", "rows", "blocks copied", "blocks swapped"
 STEP = DeviceProgram("step", _forward, "execute", _step_shapes, _step_examples,
                      static=lambda runner: (runner.backend.attend,), dimension=TOKENS)
 LOGITS = DeviceProgram("logits", _logits, "sample", lambda model, hidden, rows, buffer: (rows.shape[0],),
@@ -253,11 +254,11 @@ TOKEN_LOGPROBS = DeviceProgram("token_logprobs", _token_logprobs, "token_logprob
                                lambda model, hidden, targets: (targets.shape[0],), _token_logprobs_examples)
 ALL_LOGITS = DeviceProgram("all_logits", _all_logits, "all_logits", lambda model, hidden: (hidden.shape,))
 COPY = DeviceProgram("copy", _copy_blocks, "apply_block_moves", lambda k_cache, v_cache, src, dst: (src.shape[0],),
-                     _copy_examples, dimension=BLOCKS)
+                     _copy_examples, dimension=COPIED)
 SWAP_OUT = DeviceProgram("swap_out", _gather_blocks, "apply_block_moves", lambda cache, src: (src.shape[0],),
-                         _swap_out_examples, dimension=BLOCKS)
+                         _swap_out_examples, dimension=SWAPPED)
 SWAP_IN = DeviceProgram("swap_in", _scatter_blocks, "apply_block_moves", lambda cache, blocks, dst: (dst.shape[0],),
-                        _swap_in_examples, dimension=BLOCKS)
+                        _swap_in_examples, dimension=SWAPPED)
 DEVICE_PROGRAMS = (STEP, LOGITS, SAMPLE, GREEDY, TOKEN_LOGPROBS, ALL_LOGITS, COPY, SWAP_OUT, SWAP_IN)
 # What start-up compiles for the model that serves (all but the draft's greedy), and for a draft model, which
 # only steps and takes its argmax (its own cache is never copied or swapped: spec_decode/draft_model.py).

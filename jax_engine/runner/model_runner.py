@@ -19,9 +19,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax_engine.attention.metadata import AttentionBackend, AttentionMetadata
 from jax_engine.buckets import bucket, bucket_fine, bucket_tokens
 from jax_engine.core.scheduler_output import SchedulerOutput
-from jax_engine.runner.device_programs import (ALL_LOGITS, BLOCKS, COPY, DEVICE_CALLS, GREEDY, LOGITS, ROWS, SAMPLE,
-                                               SCORED_ROWS, STEP, SWAP_IN, SWAP_OUT, TARGET_PROGRAMS, TOKEN_LOGPROBS,
-                                               TOKENS, DeviceProgram, block_move_bucket)
+from jax_engine.runner.device_programs import (ALL_LOGITS, COPIED, COPY, DEVICE_CALLS, GREEDY, LOGITS, ROWS, SAMPLE,
+                                               SCORED_ROWS, STEP, SWAP_IN, SWAP_OUT, SWAPPED, TARGET_PROGRAMS,
+                                               TOKEN_LOGPROBS, TOKENS, DeviceProgram, block_move_bucket)
 from jax_engine.lora.manager import LoRAManager
 from jax_engine.models import CausalLM
 from jax_engine.runner.padded_layout import padded_kind_rows, padded_table_rows
@@ -93,7 +93,7 @@ class ModelRunner:
         whole cache, since only a jitted function can donate it."""
         if out.swap_out:
             src, dst = map(list, zip(*out.swap_out.items()))
-            count = self._ready_size(BLOCKS, block_move_bucket(len(src)))
+            count = self._ready_size(SWAPPED, block_move_bucket(len(src)))
             src_padded = _padded(src, count, 0)  # padding reads block 0 again
             for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)):
                 moved = self._run(SWAP_OUT, (cache, src_padded))
@@ -102,7 +102,7 @@ class ModelRunner:
                     host[layers, dst, slots, heads, dims] = np.asarray(shard.data)[:, : len(dst)]
         if out.swap_in:
             src, dst = map(list, zip(*out.swap_in.items()))
-            count = self._ready_size(BLOCKS, block_move_bucket(len(src)))
+            count = self._ready_size(SWAPPED, block_move_bucket(len(src)))
             src = _padded(src, count, src[0])  # padding reads a host block again; its write is dropped
             dst_padded = _padded(dst, count, self.k_cache.shape[1])
             self.k_cache, self.v_cache = (
@@ -112,7 +112,7 @@ class ModelRunner:
                 for cache, host in ((self.k_cache, self.host_k), (self.v_cache, self.host_v)))
         if out.copies:  # padded to a bucket so that copy counts do not each compile
             src, dst = zip(*out.copies)
-            count = self._ready_size(BLOCKS, block_move_bucket(len(src)))
+            count = self._ready_size(COPIED, block_move_bucket(len(src)))
             src, dst = _padded(src, count, 0), _padded(dst, count, self.k_cache.shape[1])  # padding writes are dropped
             self.k_cache, self.v_cache = self._run(COPY, (self.k_cache, self.v_cache, src, dst))
 

@@ -1,15 +1,15 @@
 """The sizes a runner's programs are ready for while start-up still compiles the others.
 
 A cold server compiles only a coarse cover of each dimension's sizes before it answers /health (every few
-tokens, rows sampled or blocks moved: compile_shapes.py), then the rest in the background. Until a size's
+tokens, rows sampled, blocks copied or swapped: compile_shapes.py), then the rest in the background. Until a size's
 programs are all compiled, the runner pads to the next size that is ready, so no call waits for a compile
 and none compiles a program of its own; outputs do not change, since padding never does. The sizes steps
 have padded past compile first, while steps run (`wanted`); the others when none does.
 
-    dimension   sizes (the default limits)          ready first (at most x4, x8, x4)   for example
-    tokens      1, 2, 4, 8, 16, 20, 24, ... 2048     1, 4, 20, 96, 448, 2048            8 -> 20 tokens
-    rows        1, 2, 4, ... 256                     1, 16, 256                          2 -> 16 rows
-    blocks      8, 16, ... 256                       8, 32, 256                          16 -> 32 blocks
+    dimension       sizes (the default limits)        ready first (at most x4, x8, x4)   for example
+    tokens          1, 2, 4, 8, 16, 20, 24, ... 2048   1, 4, 20, 96, 448, 2048            8 -> 20 tokens
+    rows            1, 2, 4, ... 256                   1, 16, 256                          2 -> 16 rows
+    blocks copied   8, 16, ... 256                     8, 32, 256                          16 -> 32 blocks
 """
 
 import bisect
