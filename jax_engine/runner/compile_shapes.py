@@ -96,7 +96,8 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_
 
         loaded = list(pool.map(load, paths))
         missing = [i for i, compiled in enumerate(loaded) if compiled is None]
-        later = _compiled_later(programs, missing) if background else []
+        # Not over several hosts: each pads a block move or a draft's rows itself, and they must pad alike.
+        later = _compiled_later(programs, missing) if background and jax.process_count() == 1 else []
         bar.total -= len(later)
         bar.set_description("Compiling step shapes" if missing else "Loading step shapes")
 
