@@ -87,6 +87,25 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_
         _load_in_background(runner, programs, paths, store, started)
         return time.perf_counter() - started
     bypass = contextlib.ExitStack()  # open until the last program compiles, here or in the background
+    # Not over several hosts: each pads a block move or a draft's rows itself, and they must pad alike.
+    staged = background and jax.process_count() == 1
+    loaded, missing, later = _load_and_compile(programs, paths, store, staged, use_tqdm, bypass)
+    runner.programs.startup |= {p.key: compiled for p, compiled in zip(programs, loaded) if compiled is not None}
+    seconds = time.perf_counter() - started
+    logger.info("start-up: %d programs (%d loaded, %d compiled) in %.1f s%s", len(programs) - len(later),
+                len(programs) - len(missing), len(missing) - len(later), seconds,
+                f"; {len(later)} more compile in the background" if later else "")
+    if later:
+        _compile_in_background(runner, programs, later, paths, store, bypass)
+    else:
+        bypass.close()
+    return seconds
+
+
+def _load_and_compile(programs: list[ProgramCall], paths: list, store: ExecutableStore | None, staged: bool,
+                      use_tqdm: bool, bypass: contextlib.ExitStack) -> tuple[list, list[int], list[int]]:
+    """Load the stored programs and compile the others, except, when `staged`, those `_compiled_later` leaves to
+    the background. Returns (each program, None for those left; the indices not stored; those left)."""
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool, \
             tqdm(total=len(programs), desc="Compiling step shapes", disable=not use_tqdm) as bar:
         def load(path):
@@ -96,8 +115,7 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_
 
         loaded = list(pool.map(load, paths))
         missing = [i for i, compiled in enumerate(loaded) if compiled is None]
-        # Not over several hosts: each pads a block move or a draft's rows itself, and they must pad alike.
-        later = _compiled_later(programs, missing) if background and jax.process_count() == 1 else []
+        later = _compiled_later(programs, missing) if staged else []
         bar.total -= len(later)
         bar.set_description("Compiling step shapes" if missing else "Loading step shapes")
 
@@ -111,16 +129,7 @@ def compile_step_shapes(runner: ModelRunner, max_num_batched_tokens: int, cache_
         compiling = [pool.submit(compile_one, i, programs[i].lower()) for i in missing if i not in later]
         for future in compiling:
             future.result()
-    runner.programs.startup |= {p.key: compiled for p, compiled in zip(programs, loaded) if compiled is not None}
-    seconds = time.perf_counter() - started
-    logger.info("start-up: %d programs (%d loaded, %d compiled) in %.1f s%s", len(programs) - len(later),
-                len(programs) - len(missing), len(missing) - len(later), seconds,
-                f"; {len(later)} more compile in the background" if later else "")
-    if later:
-        _compile_in_background(runner, programs, later, paths, store, bypass)
-    else:
-        bypass.close()
-    return seconds
+    return loaded, missing, later
 
 
 def _compiled(lowered: jax.stages.Lowered, path: Path | None, store: ExecutableStore | None) -> jax.stages.Compiled:
