@@ -87,6 +87,21 @@ def test_kernel_matches_the_plain_matmul(rows, k, n, kind, layers, seed):
 
 
 @needs_kernel
+@pytest.mark.parametrize("kind", GGUF_KINDS)
+def test_gguf_blocks_times_many_rows_dequantize_once_with_every_tail(kind):
+    """Past 8 rows the kernel dequantizes 8 output features at a time (4 without AVX-512) and multiplies 16 rows
+    a register (8): 9, 17 and 40 rows leave registers partly padded, and 13 features a tail of 4 and of 1."""
+    rng = np.random.default_rng(7)
+    k = FORMATS[kind][0] * 2
+    w, _, exact = _weights(rng, 13, k, kind)
+    for rows in (9, 17, 40):
+        x = rng.standard_normal((rows, k)).astype(np.float32)
+        got = np.asarray(jax.jit(few_rows_matmul, static_argnames="formats")(x, w, None, 0, (kind,)))
+        multiplied, _ = _rows_rounded_to_int16(x)
+        np.testing.assert_allclose(got, multiplied @ exact.T, rtol=0, atol=1e-5 * np.sqrt(k) * np.abs(exact).max())
+
+
+@needs_kernel
 @pytest.mark.parametrize("rows", [1, 2, 5, 6])
 def test_int8_sums_are_exact_at_the_extremes(rows):
     """int8 weights of +-127 times rows of x that round to +-32767: the integer sums are the largest there are,

@@ -7,7 +7,8 @@ Weights keep the checkpoint's [out, in] layout. A decode step of a small batch m
 every weight of the model, so its cost is reading the weights from memory; XLA's CPU dot copies each weight
 matrix into a blocked layout on every call before multiplying, about three times the memory traffic, and
 padding the rows changes nothing. The few-rows kernel (cpu_kernel/few_rows_matmul.cc) streams each weight row
-once for all rows. Past FEW_ROWS rows (more for narrower weights) the matmul is bound by arithmetic, not memory, and XLA's dot is faster.
+once for all rows. Past FEW_ROWS rows (more for narrower weights) the matmul is bound by arithmetic, not memory,
+and XLA's dot is faster.
 """
 
 import functools
@@ -30,10 +31,13 @@ _TARGET = "jax_engine_few_rows_matmul"
 # 54/77 at 24, 71/105 at 32, 101/103 at 48, 130/129 at 64 (the first kernel, before its prefetch into L2, lost
 # at 32 rows: 210 against 133). int8: 97 ms at 32 rows, where XLA would first widen every weight to float32.
 FEW_ROWS = {4: 32, 2: 32, 1: 64}
-# GGUF blocks (uint8 rows) unpack in the kernel's inner loop, so it loses sooner. The shipped file's Q4_1 matrices of
-# all 30 layers on a 2-core Zen 5, kernel against dequantize + XLA's dot: 36/50 ms at 16 rows, 52/55 at 24, 62/59 at
-# 32, 101/72 at 48, 120/68 at 64 (they had inherited int8's 64).
-GGUF_FEW_ROWS = 32
+# GGUF blocks past 8 rows are dequantized a few output features at a time in the kernel (few_rows_matmul.cc), so the
+# weights cross memory once in their blocks where XLA's path writes and reads them dequantized to float32. The
+# shipped file's Q4_1 matrices of all 30 layers on a 2-core Zen 5, kernel against dequantize + XLA's dot: up 7.6 /
+# 9.7 / 20.6 / 51 ms against 21.6 / 22.4 / 29.0 / 44.0 at 48 / 64 / 128 / 256 rows, down 8.8 / 10.6 / 30.5 / 66
+# against 22.3 / 24.0 / 29.8 / 46.5. (Streamed, before the kernel dequantized, it lost from ~32 rows: 62/59 ms at
+# 32, 120/68 at 64.)
+GGUF_FEW_ROWS = 64
 INT16_MAX = np.float32(32767)
 
 

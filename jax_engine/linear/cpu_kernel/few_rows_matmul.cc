@@ -24,7 +24,8 @@
 // of 32 weights or Q4_K, Q5_K or Q6_K super-blocks of 256, with each layer's format named by its ggml_type id.
 // They multiply x rounded to int16 like int8 weights: each run of 32 products is summed exactly in int32 (at
 // most 4 x 127 x 32767 per lane, below 2^24, so exact in float32 too), then scaled by the run's scale (Q6_K:
-// one per 16 weights); a minimum (Q4_1, Q4_K, Q5_K) adds itself times the run's sum of x.
+// one per 16 weights); a minimum (Q4_1, Q4_K, Q5_K) adds itself times the run's sum of x. Past 8 rows a few
+// output features are dequantized to float32 once and multiply every row from L1 (block_dequantized).
 //
 // Shapes:
 //   x      [M, K]  float32, K a multiple of 8 (of 16 for int8 weights)
@@ -100,11 +101,11 @@ inline Vec load8(const Half* w) {
   for (int j = 0; j < kLanes; ++j) v[j] = to_float(w[j]);
   return v;
 }
-// The sum of a register's 8 lanes, in Total (int64 for int32 lanes: exact).
+// The sum of a register's lanes, in Total (int64 for int32 lanes: exact).
 template <typename Total, typename Lanes>
 inline Total sum(Lanes v) {
   Total total = 0;
-  for (int j = 0; j < kLanes; ++j) total += v[j];
+  for (size_t j = 0; j < sizeof v / sizeof v[0]; ++j) total += v[j];
   return total;
 }
 
@@ -195,7 +196,18 @@ struct Q4_1 : BlockOf32 {  // w = d q + m
   static void weights(const uint8_t* b, int, Int16x16& low, Int16x16& high) { widen_nibbles(b + 4, 0, low, high); }
 };
 // Q5_0: d, 32 high bits (bit j is weight j's fifth bit), then 16 bytes of low nibbles as Q4_0's; w = d (q - 16).
-#if defined(__AVX2__)
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+// The bits are a mask register as they stand: one masked add a half, where AVX2 spreads them over lanes first
+// (five instructions a half). Gemma 3 270M's 18 Q5_0 ffn_gate on a 2-core Zen 5, fastest of 21 in three
+// rounds: 0.89-1.05 -> 0.77-0.80 ms at one row, 1.36-1.45 -> 1.26-1.28 at four.
+inline void add_fifth_bits(uint32_t bits, Int16x16& low, Int16x16& high) {
+  const __m256i sixteen = _mm256_set1_epi16(16);
+  for (auto [half, part] : {std::pair{&low, bits & 0xffffu}, std::pair{&high, bits >> 16}}) {
+    const __m256i value = reinterpret_cast<__m256i>(*half);
+    *half = reinterpret_cast<Int16x16>(_mm256_mask_add_epi16(value, static_cast<__mmask16>(part), value, sixteen));
+  }
+}
+#elif defined(__AVX2__)
 inline void add_fifth_bits(uint32_t bits, Int16x16& low, Int16x16& high) {
   const __m256i lane_bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
                                              static_cast<int16_t>(-32768));
@@ -357,6 +369,8 @@ struct Problem {
   const int16_t* x_int16;  // int8 weights and GGUF blocks: x rounded to int16, x ~= x_int16 * x_step (per row)
   const float* x_step;
   const float* x_block_sums;  // GGUF blocks: [M, K/32] sums of x_int16 over each run of 32 (for minimums)
+  const float* x_transposed;  // GGUF blocks past kDequantizedAfterRows rows: x_int16 as float32, [K, stride]
+  int64_t x_transposed_stride;  // rows rounded up to whole registers (zeros past the last)
   int64_t block_row_bytes;  // GGUF blocks: the bytes from one weight row to the next
   const uint8_t* x_low;  // int8 weights with VNNI: x_int16's low bytes [M, K] (unsigned),
   const int8_t* x_high;  // its high bytes (signed): x_int16 = 256 x_high + x_low
@@ -552,78 +566,91 @@ inline void block_gguf(const Problem& p, int64_t m0, const uint8_t* w, float* y)
   }
 }
 
-// GGUF blocks times more rows than one pass takes: a few output features' weights are unpacked once into int16
-// (their scales and minimums into float32), and every pass of rows multiplies them from L1. Unpacking costs a
-// format up to 17 instructions per run of 32 weights (Q5_0), which each pass of 4 rows paid again before: Gemma 3
-// 270M's 18 Q5_0 ffn_gate matrices took 47 ms at 32 rows, 1.9x their int8 requantization.
+// GGUF blocks times more rows than one pass takes: a few output features' weights are dequantized once into
+// float32 in L1, and every row of x multiplies them there with float32 multiply-adds. x is the same x rounded
+// to int16 (held as float32: exact), so these are the sums matmul.py's XLA path computes for many rows, x_int16
+// times the dequantized weights, without the dequantized matrix crossing memory. Streamed, each pass of 4 rows
+// unpacked every block again (Q5_0: up to 17 instructions per run of 32 weights), and each run of 32 products
+// and row took two vpmaddwd, an add, a conversion to float and a scaled add (5 instructions); here a register's
+// multiply-adds take 16 products with AVX-512 (8 with AVX2), and nothing else. Timed in turns on a 2-core Zen 5,
+// chains of Gemma 3 270M's matrices, streamed (int16 weights unpacked once per 4 features before 2026-11-28)
+// against dequantized: the Q8_0 LM head (262144 x 640) 32 / 67 / 136 ms against 24 / 39 / 75 at 12 / 32 / 64
+// rows (its int8 requantization: 24 / 47-55 / 109), the 18 Q5_0 ffn_gate 4.7 / 11.2 / 21.1 against 3.8 / 5.1
+// / 9.1, the Q4_K ffn_down 5.2 / 11.7 / 21.4 against 3.2 / 5.3 / 10.7.
 //
-// Not for two passes: unpacking stores what the passes then load, which at 8 rows cost more than it saved (the
-// Q8_0 LM head, 262144 x 640, took 1.4x its int8 time against 1.2x streamed; Q5_0 the same either way), while
-// at 32 rows the LM head went from 1.3x int8's time to 1.1x and the Q5_0 matrices from 1.3-1.7x to 1.1-1.2x.
-constexpr int64_t kUnpackedAfterRows = 8;
-struct Unpacked {
-  std::vector<int16_t> weights;  // [F, K]
-  std::vector<float> scales;  // [F, runs of 32 (K-quants with a scale per 16: twice as many)]
-  std::vector<float> minimums;  // [F, runs of 32] (formats with minimums only)
-};
+// Not for 8 rows or fewer: a register of 16 rows then holds half padding, and streaming wins (the LM head at 4
+// / 6 / 8 rows: 12.8 / 10.7 / 11.7 ms streamed against 21.0 / 21.1 / 21.6 dequantized).
+constexpr int64_t kDequantizedAfterRows = 8;
+#if defined(__AVX512F__)
+typedef float Wide __attribute__((vector_size(64)));  // one AVX-512 register: 16 rows of x
+constexpr int kDequantizedFeatures = 8;  // 8 features x 2 registers of rows: 16 accumulators of the 32 registers
+#else
+typedef Vec Wide;  // 8 rows of x
+constexpr int kDequantizedFeatures = 4;  // 4 x 2: 8 accumulators of the 16 AVX2 registers
+#endif
+constexpr int kWideLanes = sizeof(Wide) / sizeof(float);
+typedef float Float32x16 __attribute__((vector_size(64)));
 
+inline Wide load_wide(const float* p) {
+  Wide v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+// Weights q (one run's 16 integers) times scale plus minimum, as float32, into out. The product is exact (a
+// float16 scale, or one times a 6-bit sub-block scale, times a small integer), so this rounds once, as gguf-py.
+inline void store_dequantized(Int16x16 q, float scale, float minimum, float* out) {
+  const Float32x16 w = __builtin_convertvector(q, Float32x16) * scale + minimum;
+  std::memcpy(out, &w, sizeof w);
+}
+
+// Output features' weights from `w` (block rows p.block_row_bytes apart), dequantized into out [features, K].
 template <typename T>
-void unpack_features(const Problem& p, const uint8_t* w, int features, Unpacked& u) {
-  constexpr int kRuns = T::kWeights / kBlock, kScales = kRuns * (T::kScalesPer16 ? 2 : 1);
+void dequantize_features(const Problem& p, const uint8_t* w, int features, float* out) {
+  constexpr int kRuns = T::kWeights / kBlock;
   const int64_t K = p.in_features, blocks = K / T::kWeights;
-  u.weights.resize(features * K);
-  u.scales.resize(features * blocks * kScales);
-  u.minimums.resize(features * blocks * kRuns);
   for (int f = 0; f < features; ++f) {
     const uint8_t* row = w + f * p.block_row_bytes;
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* block = row + b * T::kBytes;
       prefetch_ahead(block);
-      T::scales(block, &u.scales[(f * blocks + b) * kScales], &u.minimums[(f * blocks + b) * kRuns]);
+      float scale[2 * kRuns], minimum[kRuns] = {};
+      T::scales(block, scale, minimum);
       for (int j = 0; j < kRuns; ++j) {
         Int16x16 low, high;
         T::weights(block, j, low, high);
-        int16_t* out = &u.weights[f * K + (b * kRuns + j) * kBlock];
-        std::memcpy(out, &low, sizeof low);
-        std::memcpy(out + kIntLanes, &high, sizeof high);
+        float* run = out + f * K + (b * kRuns + j) * kBlock;
+        store_dequantized(low, scale[T::kScalesPer16 ? 2 * j : j], minimum[j], run);
+        store_dequantized(high, scale[T::kScalesPer16 ? 2 * j + 1 : j], minimum[j], run + kIntLanes);
       }
     }
   }
 }
 
-// block_gguf on unpacked weights: features f0 .. f0 + FEATURES - 1 of `u` times rows m0 .. m0 + ROWS - 1 of x.
-template <typename T, int ROWS, int FEATURES>
-inline void block_unpacked(const Problem& p, int64_t m0, const Unpacked& u, int f0, float* y) {
-  constexpr int kPer = T::kScalesPer16 ? 2 : 1;
-  const int64_t K = p.in_features, N = p.out_features, runs = K / kBlock;
-  Vec acc[ROWS][FEATURES] = {};
-  for (int64_t r = 0; r < runs; ++r) {
-    Int16x16 low[FEATURES], high[FEATURES];
+// Dequantized weights w [FEATURES, K] times REGISTERS x kWideLanes rows of x from m0 into y: for each input, a
+// register of x_transposed's rows times each feature's weight (broadcast), so every multiply-add is a whole
+// register's and nothing is summed across lanes. (Dot products along K, a register of x times one of weights
+// per multiply-add, ran at a third of this: each row's vector of x was loaded once per feature.)
+template <int REGISTERS, int FEATURES>
+inline void block_dequantized(const Problem& p, int64_t m0, const float* w, float* y) {
+  const int64_t K = p.in_features, N = p.out_features, stride = p.x_transposed_stride;
+  Wide acc[FEATURES][REGISTERS] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    Wide xk[REGISTERS];
+    for (int r = 0; r < REGISTERS; ++r) xk[r] = load_wide(p.x_transposed + k * stride + m0 + r * kWideLanes);
     for (int f = 0; f < FEATURES; ++f) {
-      low[f] = load16(&u.weights[(f0 + f) * K + r * kBlock]);
-      high[f] = load16(&u.weights[(f0 + f) * K + r * kBlock + kIntLanes]);
-    }
-    for (int m = 0; m < ROWS; ++m) {
-      const int16_t* x = p.x_int16 + (m0 + m) * K + r * kBlock;
-      const Int16x16 x_low = load16(x), x_high = load16(x + kIntLanes);
-      for (int f = 0; f < FEATURES; ++f) {
-        const IntVec first = multiply_add_pairs(x_low, low[f]), second = multiply_add_pairs(x_high, high[f]);
-        const float* scale = &u.scales[((f0 + f) * runs + r) * kPer];
-        if constexpr (T::kScalesPer16) {
-          acc[m][f] += __builtin_convertvector(first, Vec) * scale[0] + __builtin_convertvector(second, Vec) * scale[1];
-        } else {
-          acc[m][f] += __builtin_convertvector(first + second, Vec) * scale[0];
-        }
-      }
+      const float wf = w[f * K + k];
+      for (int r = 0; r < REGISTERS; ++r) acc[f][r] += wf * xk[r];
     }
   }
-  for (int m = 0; m < ROWS; ++m) {
-    for (int f = 0; f < FEATURES; ++f) {
-      float minimums = 0.0f;
-      for (int64_t r = 0; r < runs && T::kHasMinimum; ++r) {
-        minimums += u.minimums[(f0 + f) * runs + r] * p.x_block_sums[(m0 + m) * runs + r];
-      }
-      y[m * N + f] = (sum<float>(acc[m][f]) + minimums) * p.x_step[m0 + m];
+  // Lanes taken out of registers by constant index: a lane read back from memory just after the register was
+  // stored there waits for the store (no forwarding into a narrower load), which cost a third of the time.
+  const int64_t rows = std::min<int64_t>(REGISTERS * kWideLanes, p.rows - m0);
+#pragma GCC unroll 16
+  for (int lane = 0; lane < kWideLanes; ++lane) {
+    for (int r = 0; r < REGISTERS; ++r) {
+      const int64_t m = r * kWideLanes + lane;
+      if (m >= rows) continue;
+      for (int f = 0; f < FEATURES; ++f) y[m * N + f] = acc[f][r][lane] * p.x_step[m0 + m];
     }
   }
 }
@@ -655,26 +682,20 @@ inline void pass(const Problem& p, int64_t m, int64_t n) {
   }
 }
 
-// pass() for GGUF blocks unpacked in `u` (features n .. n + FEATURES - 1).
-template <typename T, int ROWS, int FEATURES>
-inline void pass_unpacked(const Problem& p, int64_t m, int64_t n, const Unpacked& u) {
-  constexpr int kPerBlock = std::min(FEATURES, ROWS <= 2 ? 4 : 2);
-  for (int f = 0; f < FEATURES; f += kPerBlock) {
-    block_unpacked<T, ROWS, kPerBlock>(p, m, u, f, p.y + m * p.out_features + n + f);
-  }
-}
-
+// Every row of x times FEATURES output features from n on, dequantized once: two registers of rows at a time
+// (x_transposed's rows are padded with zeros to whole registers).
 template <typename T, int FEATURES>
-void features_unpacked(const Problem& p, int64_t n) {
-  thread_local Unpacked u;
-  unpack_features<T>(p, static_cast<const uint8_t*>(p.w) + n * p.block_row_bytes, FEATURES, u);
-  int64_t m = 0;
-  for (; m + kMaxRows <= p.rows; m += kMaxRows) pass_unpacked<T, kMaxRows, FEATURES>(p, m, n, u);
-  switch (p.rows - m) {
-    case 1: pass_unpacked<T, 1, FEATURES>(p, m, n, u); break;
-    case 2: pass_unpacked<T, 2, FEATURES>(p, m, n, u); break;
-    case 3: pass_unpacked<T, 3, FEATURES>(p, m, n, u); break;
-    default: break;
+void features_dequantized(const Problem& p, int64_t n) {
+  thread_local std::vector<float> w;
+  w.resize(FEATURES * p.in_features);
+  dequantize_features<T>(p, static_cast<const uint8_t*>(p.w) + n * p.block_row_bytes, FEATURES, w.data());
+  for (int64_t m = 0; m < p.rows; m += 2 * kWideLanes) {
+    float* y = p.y + m * p.out_features + n;
+    if (p.rows - m > kWideLanes) {
+      block_dequantized<2, FEATURES>(p, m, w.data(), y);
+    } else {
+      block_dequantized<1, FEATURES>(p, m, w.data(), y);
+    }
   }
 }
 
@@ -682,7 +703,7 @@ void features_unpacked(const Problem& p, int64_t n) {
 template <typename T, int FEATURES>
 void features(const Problem& p, int64_t n) {
   if constexpr (kIsBlockFormat<T>) {
-    if (p.rows > kUnpackedAfterRows) return features_unpacked<T, FEATURES>(p, n);
+    if (p.rows > kDequantizedAfterRows) return features_dequantized<T, FEATURES>(p, n);
   }
   int64_t m = 0;
   for (; m + kMaxRows <= p.rows; m += kMaxRows) pass<T, kMaxRows, FEATURES>(p, m, n);
@@ -701,6 +722,7 @@ struct WorkQueue {
   std::vector<int16_t> x_int16;  // int8 weights and GGUF blocks only
   std::vector<float> x_step;
   std::vector<float> x_block_sums;  // GGUF blocks only
+  std::vector<float> x_transposed;  // GGUF blocks past kDequantizedAfterRows rows only
   std::vector<uint8_t> x_low;  // int8 weights with VNNI only
   std::vector<int8_t> x_high;
   std::vector<int64_t> x_high_sums;
@@ -715,6 +737,13 @@ struct WorkQueue {
   void item_features(int64_t item) {
     const int64_t end = std::min(problem.out_features, (item + 1) * features_per_item);
     int64_t n = item * features_per_item;
+    if constexpr (kIsBlockFormat<T>) {
+      if (problem.rows > kDequantizedAfterRows) {
+        for (; n + kDequantizedFeatures <= end; n += kDequantizedFeatures) {
+          features_dequantized<T, kDequantizedFeatures>(problem, n);
+        }
+      }
+    }
     for (; n + 4 <= end; n += 4) features<T, 4>(problem, n);
     for (; n < end; ++n) features<T, 1>(problem, n);
   }
@@ -840,6 +869,15 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
     work->x_block_sums.assign(x_dims[0] * (K / kBlock), 0.0f);
     for (int64_t i = 0; i < x_dims[0] * K; ++i) work->x_block_sums[i / kBlock] += work->x_int16[i];
     work->problem.x_block_sums = work->x_block_sums.data();
+  }
+  if (gguf_blocks && x_dims[0] > kDequantizedAfterRows) {
+    const int64_t stride = (x_dims[0] + kWideLanes - 1) / kWideLanes * kWideLanes;
+    work->x_transposed.assign(K * stride, 0.0f);
+    for (int64_t m = 0; m < x_dims[0]; ++m) {
+      for (int64_t k = 0; k < K; ++k) work->x_transposed[k * stride + m] = work->x_int16[m * K + k];
+    }
+    work->problem.x_transposed = work->x_transposed.data();
+    work->problem.x_transposed_stride = stride;
   }
   work->features_per_item = std::max<int64_t>(4, kBytesPerItem / static_cast<int64_t>(row_bytes) / 4 * 4);
   work->num_items = (N + work->features_per_item - 1) / work->features_per_item;
