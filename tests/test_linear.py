@@ -88,13 +88,14 @@ def test_kernel_matches_the_plain_matmul(rows, k, n, kind, layers, seed):
 
 @needs_kernel
 @pytest.mark.parametrize("kind", GGUF_KINDS)
-def test_gguf_blocks_times_many_rows_dequantize_once_with_every_tail(kind):
-    """Past 8 rows the kernel dequantizes 8 output features at a time (4 without AVX-512) and multiplies 16 rows
-    a register (8): 9, 17 and 40 rows leave registers partly padded, and 13 features a tail of 4 and of 1."""
+def test_gguf_blocks_times_few_and_many_rows_with_every_tail(kind):
+    """Up to 8 rows the kernel streams the blocks. Past 8 it dequantizes 8 output features at a time (4 without
+    AVX-512) and multiplies 16 rows a register (8): 9, 17 and 40 rows leave registers partly padded, and 13
+    features a tail of 4 and of 1."""
     rng = np.random.default_rng(7)
     k = FORMATS[kind][0] * 2
     w, _, exact = _weights(rng, 13, k, kind)
-    for rows in (9, 17, 40):
+    for rows in (1, 2, 9, 17, 40):
         x = rng.standard_normal((rows, k)).astype(np.float32)
         got = np.asarray(jax.jit(few_rows_matmul, static_argnames="formats")(x, w, None, 0, (kind,)))
         multiplied, _ = _rows_rounded_to_int16(x)
