@@ -101,11 +101,11 @@ inline Vec load8(const Half* w) {
   for (int j = 0; j < kLanes; ++j) v[j] = to_float(w[j]);
   return v;
 }
-// The sum of a register's lanes, in Total (int64 for int32 lanes: exact).
+// The sum of a register's 8 lanes, in Total (int64 for int32 lanes: exact).
 template <typename Total, typename Lanes>
 inline Total sum(Lanes v) {
   Total total = 0;
-  for (size_t j = 0; j < sizeof v / sizeof v[0]; ++j) total += v[j];
+  for (int j = 0; j < kLanes; ++j) total += v[j];
   return total;
 }
 
@@ -629,7 +629,7 @@ void dequantize_features(const Problem& p, const uint8_t* w, int features, float
 // Dequantized weights w [FEATURES, K] times REGISTERS x kWideLanes rows of x from m0 into y: for each input, a
 // register of x_transposed's rows times each feature's weight (broadcast), so every multiply-add is a whole
 // register's and nothing is summed across lanes. (Dot products along K, a register of x times one of weights
-// per multiply-add, ran at a third of this: each row's vector of x was loaded once per feature.)
+// per multiply-add, ran at a third of this speed in a one-core harness.)
 template <int REGISTERS, int FEATURES>
 inline void block_dequantized(const Problem& p, int64_t m0, const float* w, float* y) {
   const int64_t K = p.in_features, N = p.out_features, stride = p.x_transposed_stride;
@@ -642,8 +642,8 @@ inline void block_dequantized(const Problem& p, int64_t m0, const float* w, floa
       for (int r = 0; r < REGISTERS; ++r) acc[f][r] += wf * xk[r];
     }
   }
-  // Lanes taken out of registers by constant index: a lane read back from memory just after the register was
-  // stored there waits for the store (no forwarding into a narrower load), which cost a third of the time.
+  // Lanes taken out of registers by constant index. Indexed by a variable, the compiler stored the registers
+  // and read lanes back at once, which took a third of the time (likely a store not forwarded to a narrower load).
   const int64_t rows = std::min<int64_t>(REGISTERS * kWideLanes, p.rows - m0);
 #pragma GCC unroll 16
   for (int lane = 0; lane < kWideLanes; ++lane) {
