@@ -10,6 +10,7 @@ have padded past compile first, while steps run (`wanted`); the others when none
     tokens          1, 2, 4, 8, 16, 20, 24, ... 2048   1, 4, 20, 96, 448, 2048            8 -> 20 tokens
     rows            1, 2, 4, ... 256                   1, 16, 256                          2 -> 16 rows
     blocks copied   8, 16, ... 256                     8, 32, 256                          16 -> 32 blocks
+    blocks swapped  8, 16, ... the cache's blocks      the same way, at most x4
 """
 
 import bisect

@@ -368,7 +368,7 @@ struct Problem {
   int64_t rows, in_features, out_features;
   const int16_t* x_int16;  // int8 weights and GGUF blocks: x rounded to int16, x ~= x_int16 * x_step (per row)
   const float* x_step;
-  const float* x_block_sums;  // GGUF blocks: [M, K/32] sums of x_int16 over each run of 32 (for minimums)
+  const float* x_block_sums;  // GGUF blocks streamed: [M, K/32] sums of x_int16 over each run of 32 (minimums)
   const float* x_transposed;  // GGUF blocks past kDequantizedAfterRows rows: x_int16 as float32, [K, stride]
   int64_t x_transposed_stride;  // rows rounded up to whole registers (zeros past the last)
   int64_t block_row_bytes;  // GGUF blocks: the bytes from one weight row to the next
@@ -721,7 +721,7 @@ struct WorkQueue {
   Problem problem;
   std::vector<int16_t> x_int16;  // int8 weights and GGUF blocks only
   std::vector<float> x_step;
-  std::vector<float> x_block_sums;  // GGUF blocks only
+  std::vector<float> x_block_sums;  // GGUF blocks streamed (up to kDequantizedAfterRows rows) only
   std::vector<float> x_transposed;  // GGUF blocks past kDequantizedAfterRows rows only
   std::vector<uint8_t> x_low;  // int8 weights with VNNI only
   std::vector<int8_t> x_high;
@@ -865,7 +865,7 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
     work->problem.x_high_sums = work->x_high_sums.data();
   }
 #endif
-  if (gguf_blocks) {  // each run of 32's sum of x, for the minimums
+  if (gguf_blocks && x_dims[0] <= kDequantizedAfterRows) {  // each run of 32's sum of x, for streamed minimums
     work->x_block_sums.assign(x_dims[0] * (K / kBlock), 0.0f);
     for (int64_t i = 0; i < x_dims[0] * K; ++i) work->x_block_sums[i / kBlock] += work->x_int16[i];
     work->problem.x_block_sums = work->x_block_sums.data();
