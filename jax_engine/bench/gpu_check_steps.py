@@ -166,14 +166,15 @@ def engine_greedy(check: Check) -> dict:
     return {"figures": {"rows": rows, "near_tie_nats": NEAR_TIE}, "targets": _greedy_targets(rows), "ok": True}
 
 
-def _bench(check: Check, module_name: str, argv: tuple[str, ...]):
-    """A benchmark's main on its own parsed command line; {tiny} is a tiny llama checkpoint (CPU smoke run)."""
+def _bench(check: Check, module_name: str, argv: tuple[str, ...], runs_model: bool = True):
+    """A benchmark's main on its own parsed command line; {tiny} is a tiny llama checkpoint (CPU smoke run).
+    runs_model: the bench loads a model, so --model (check.model) is passed on (bench kernels loads none)."""
     import importlib
 
     module = importlib.import_module(f"jax_engine.bench.{module_name}")
     parser = argparse.ArgumentParser()
     module.add_arguments(parser)
-    if check.model and "--model" not in argv:
+    if runs_model and check.model and "--model" not in argv:
         argv = ("--model", check.model, *argv)
     if any("{tiny}" in a for a in argv):
         argv = tuple(a.replace("{tiny}", str(tiny_checkpoint(check, "llama"))) for a in argv)
@@ -185,7 +186,7 @@ def bench_kernels(check: Check) -> dict:
     """`bench kernels` at the headline shape: ours against the jnp path and jax's Pallas kernel, and the ragged
     kernel (on CPU: the cpu backend's kernel). Its table is the step's printed output."""
     argv = check.sizes.bench_kernels + (("--peak-gbps", str(check.peak_gbps)) if check.peak_gbps else ())
-    _bench(check, "kernels", argv)
+    _bench(check, "kernels", argv, runs_model=False)
     return {"figures": {"command": "jax-engine bench kernels " + " ".join(argv)}, "targets": [], "ok": True}
 
 
