@@ -79,6 +79,8 @@ def test_a_machine_without_the_default_model_runs_the_check_on_another_checkpoin
     assert [(r["model"], r["dtype"]) for r in step["figures"]["rows"]] == [
         ("gpt2", "bfloat16"), ("gpt2", "float32"), ("qwen3", "bfloat16"), ("qwen3", "float32")]
     assert kernels["ok"] and "--model" not in kernels["figures"]["command"]
+    # Steps run without the environment step still say what they ran on.
+    assert f"Device: {jax.devices()[0].device_kind} (jax {jax.__version__})" in (tmp_path / "report.md").read_text()
     figures = kernel_tests(Check(SMOKE, tmp_path, smoke=True, model=str(model)))["figures"]
     assert figures["command"].endswith(f"--deselect {DEFAULT_MODEL_TEST}")
 

@@ -75,8 +75,11 @@ def run_step(name: str, step, check: Check) -> dict:
 
 def run_check(check: Check, names: list[str], command: str) -> dict:
     """Every step in order; the report (also on disk after each step)."""
+    from jax_engine.bench.kernels import machine
+
+    # The device and jax in every report, also one of steps run alone (the environment step adds the rest).
     report = {"mode": "cpu smoke (interpret mode, tiny sizes)" if check.smoke else "gpu",
-              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command, "steps": []}
+              "started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command, "machine": machine(), "steps": []}
     started = time.perf_counter()
     for name in names:
         report["steps"].append(run_step(name, STEPS[name], check))

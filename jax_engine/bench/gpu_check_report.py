@@ -70,9 +70,9 @@ def _step(step: dict) -> list[str]:
 
 def markdown(report: dict) -> str:
     """The report as a page: the verdict, every target beside its figure, then each step."""
-    environment = next((s["figures"] for s in report["steps"] if s["name"] == "environment"), {})
+    machine = report["machine"]
     summary = (f"Mode: {report['mode']}. Started {report['started']}; {report['seconds']:.0f} s in all. "
-               f"Device: {environment.get('device', '?')} (jax {environment.get('jax', '?')}). "
+               f"Device: {machine['device']} (jax {machine['jax']}). "
                f"Command: `{report['command']}`.")
     lines = [f"# gpu-check: {'passed' if report['ok'] else 'FAILED'}", "", summary, "",
              "| step | result | seconds |", "| --- | --- | ---: |"]
