@@ -112,8 +112,6 @@ def test_the_core_s_death_fails_requests_in_flight_and_exits_1(long_checkpoint_d
     (["--api-server-count", "0"], "--api-server-count must be at least 1 (got 0)"),
     (["--api-server-count", str(os.cpu_count() + 1)], "--api-server-count must be at most the"),
     (["--api-server-count", "2", "--no-engine-core-process"], "--api-server-count > 1 needs the engine core process"),
-    (["--api-server-count", "2", "--engine-core-process", "--data-parallel-size", "2"],
-     "--api-server-count > 1 runs one engine core: not data parallelism"),
     (["--api-server-count", "2", "--engine-core-process", "--port", "{taken}"], "cannot listen there"),
 ])
 def test_flags_that_cannot_work_are_refused_before_the_model_loads(flags, error, monkeypatch):

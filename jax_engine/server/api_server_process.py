@@ -2,8 +2,8 @@
 listening socket it is given, driving the shared engine core through a socket pair of its own.
 
 Its arguments come pickled on stdin once its imports are done: (index, EngineArgs, ServerConfig, host, port, log
-level, the listening socket's file descriptor, its (input, output) socket addresses, its ends of the start
-barrier's pipes: start_barrier.py). It exits with run_server's
+level, the listening socket's file descriptor, its (input, output) socket addresses to each engine core (one per
+data-parallel replica), its ends of the start barrier's pipes: start_barrier.py). It exits with run_server's
 status: 0 after a drain, 1 if the engine core died or refused its flags or model.
 """
 
@@ -20,6 +20,7 @@ signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.engine_core.core_client import EngineCoreClient
+from jax_engine.server.data_parallel import DataParallelEngine
 from jax_engine.server.serve import run_server
 from jax_engine.server.start_barrier import wait_for_the_others
 
@@ -32,10 +33,11 @@ def main() -> int | str:
     logging.basicConfig(level=log_level.upper(),
                         format=f"%(levelname)s %(asctime)s api-server-{index} %(name)s: %(message)s")
     listener = socket.socket(fileno=listener_fd)
-    try:
-        engine = AsyncLLMEngine(EngineCoreClient(args, log_level.upper(), shared_core=addresses))
+    try:  # one engine per core; each waits for its core, which all load at once
+        engines = [AsyncLLMEngine(EngineCoreClient(args, log_level.upper(), shared_core=a)) for a in addresses]
     except ValueError as error:  # the core refused its flags or model: a line, as `jax-engine serve` prints it
         return f"jax-engine: error: {error}"
+    engine = engines[0] if len(engines) == 1 else DataParallelEngine(engines)
     wait_for_the_others(start_fds)
     return run_server(engine, config, host, port, log_level, sockets=[listener])
 

@@ -1,21 +1,24 @@
-"""`jax-engine serve --api-server-count N`: N API server processes on one engine core, as vLLM v1 scales out the
-front end (HTTP, checks, tokenization, streaming) once one Python process cannot keep up with the engine.
+"""`jax-engine serve --api-server-count N`: N API server processes on the engine core (or, with
+`--data-parallel-size R`, on each of R cores), as vLLM v1 scales out the front end (HTTP, checks, tokenization,
+streaming) once one Python process cannot keep up with the engine.
 
     supervisor (`jax-engine serve`)   binds --port, starts the others, watches them, passes SIGTERM on
-      ├── engine core                 the scheduler and the model (engine_core/core.py), a socket pair per API server
+      ├── engine core(s) 0 .. R-1     the scheduler and the model (engine_core/core.py), a socket pair per API server;
+      │                               core r runs data-parallel replica r on its own devices
       └── API servers 0 .. N-1        each a whole server (api_server_process.py) accepting connections on the one
                                       listening socket it was given: the kernel hands each connection to one of them
                                       (all start accepting together: start_barrier.py)
 
-Each API server has its own connection limits and /health; the engine is shared: the core sends each API server
+Each API server has its own connection limits and /health; the engine is shared: each core sends each API server
 its own requests' outputs and all of them the engine's state, so a full queue's 503 counts every API server's
-waiting requests. /metrics sums the API servers' counters and histograms (prometheus_client's multiprocess mode,
-as vLLM's); the gauges are the engine's.
+waiting requests, and with R cores each API server sends a new request to the core with the fewest unfinished
+requests of all API servers (server/data_parallel.py). /metrics sums the API servers' counters and histograms
+(prometheus_client's multiprocess mode, as vLLM's); the gauges are the engines'.
 
-It ends as one server does. SIGTERM (or Ctrl-C) drains every API server; each then leaves the core, which stops
-once all have: status 0. If the core dies, the supervisor tells each API server so (the "dead" message the core
-sends itself when its loop fails); they fail their requests in flight and exit, and the supervisor exits 1. If an
-API server dies, it stops the others and the core and exits 1.
+It ends as one server does. SIGTERM (or Ctrl-C) drains every API server; each then leaves the cores, which stop
+once all have: status 0. If a core dies, the supervisor tells each API server so (the "dead" message a core sends
+itself when its loop fails); they fail their requests in flight and exit, and the supervisor exits 1. If an API
+server dies, it stops the others and the cores and exits 1.
 """
 
 import contextlib
@@ -61,36 +64,39 @@ def check_api_server_count(count: int, args, core_process: bool) -> None:
     if count > 1 and args.enable_lora and runtime_updates_allowed():
         raise ValueError(f"--api-server-count > 1 serves the adapters of --lora-modules, not run-time LoRA updates "
                          f"({RUNTIME_UPDATES_ENV}): a load would reach one API server only")
-    if count > 1 and args.data_parallel_size > 1:
-        raise ValueError("--api-server-count > 1 runs one engine core: not data parallelism (--data-parallel-size) "
-                         "yet")
 
 
 def serve_with_api_servers(count: int, args, config, host: str, port: int, log_level: str) -> int:
-    """Run the engine core and `count` API servers on host:port; return 0 after a drain, 1 after a death."""
+    """Run the engine core (one per data-parallel replica) and `count` API servers on host:port; return 0 after a
+    drain, 1 after a death."""
     try:
         listener = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                         backlog=2048)  # uvicorn's backlog
     except OSError as error:  # before anything has started: a message, as for any bad flag
         raise ValueError(f"--host {host} --port {port}: cannot listen there ({error.strerror})") from None
     directory = tempfile.mkdtemp(prefix="jax-engine-serve-")  # mode 0700: only this user reaches the sockets
-    addresses = [(f"ipc://{directory}/inputs-{i}", f"ipc://{directory}/outputs-{i}") for i in range(count)]
+    replicas = args.data_parallel_size
+    # addresses[r][i]: API server i's (input, output) sockets to core r
+    addresses = [[(f"ipc://{directory}/inputs-{r}-{i}", f"ipc://{directory}/outputs-{r}-{i}") for i in range(count)]
+                 for r in range(replicas)]
     os.mkdir(metrics_dir := os.path.join(directory, "metrics"))
-    core = _given(take_core_process(), (args, addresses, log_level.upper()))
+    cores = [_given(take_core_process(), (args, addresses[r], log_level.upper(), r if replicas > 1 else None))
+             for r in range(replicas)]
     barrier = StartBarrier(count)
     servers = [_given(subprocess.Popen([sys.executable, "-m", API_SERVER_MODULE], stdin=subprocess.PIPE,
                                        pass_fds=(listener.fileno(), *barrier.child_fds),
                                        env={**os.environ, METRICS_DIR_ENV: metrics_dir}),
-                      (i, args, config, host, port, log_level, listener.fileno(), addresses[i], barrier.child_fds))
+                      (i, args, config, host, port, log_level, listener.fileno(), [a[i] for a in addresses],
+                       barrier.child_fds))
                for i in range(count)]
     listener.close()  # the API servers hold it
     barrier.started()
-    logger.info("%d API servers on %s:%d, one engine core", count, host, port)
+    logger.info("%d API servers on %s:%d, %d engine core%s", count, host, port, replicas, "s" * (replicas > 1))
     try:
         with _sigterm_passed_on(servers):
-            return _watch(core, servers, addresses, barrier)
+            return _watch(cores, servers, addresses, barrier)
     finally:
-        for process in [*servers, core]:
+        for process in [*servers, *cores]:
             if process.poll() is None:
                 process.kill()
                 process.wait()
@@ -105,19 +111,20 @@ def _given(process: subprocess.Popen, arguments: tuple) -> subprocess.Popen:
     return process
 
 
-def _watch(core: subprocess.Popen, servers: list[subprocess.Popen], addresses: list[tuple[str, str]],
+def _watch(cores: list[subprocess.Popen], servers: list[subprocess.Popen], addresses: list[list[tuple[str, str]]],
            barrier: StartBarrier) -> int:
     while True:
-        statuses, core_status = [server.poll() for server in servers], core.poll()  # each read once per round
-        if core_status == 0:  # it stops once every API server has left it, and may exit before they do
+        statuses, core_statuses = [s.poll() for s in servers], [c.poll() for c in cores]  # each read once per round
+        if 0 in core_statuses:  # a core stops once every API server has left it, and may exit before they do
             _stop(*servers)
             statuses = [server.returncode for server in servers]
-        if all(status == 0 for status in statuses):  # drained: each left the core, which stops once all have
-            _stop(core)
+        if all(status == 0 for status in statuses):  # drained: each left the cores, which stop once all have
+            _stop(*cores)
             return 0
-        if core_status is not None:
-            logger.error("the engine core process exited with status %d: stopping the API servers", core_status)
-            _tell_core_died(addresses, f"the engine core process exited with status {core.returncode}")
+        if dead := [(r, status) for r, status in enumerate(core_statuses) if status not in (None, 0)]:
+            logger.error("the engine core process exited with status %d: stopping the API servers", dead[0][1])
+            _tell_core_died([a for r, _ in dead for a in addresses[r]],
+                            f"the engine core process exited with status {dead[0][1]}")
             _terminate(servers)  # an idle API server reads nothing from the core until a request comes
             _stop(*servers)
             return 1
@@ -125,8 +132,9 @@ def _watch(core: subprocess.Popen, servers: list[subprocess.Popen], addresses: l
             logger.error("API server %d exited with status %d: stopping the others", *failed[0])
             _terminate(servers)
             _stop(*servers)
-            core.kill()  # the others have drained; it would wait for the failed one's "shutdown", which won't come
-            core.wait()
+            for core in cores:  # the others have drained; it would wait for the failed one's "shutdown", which
+                core.kill()  # won't come
+                core.wait()
             return 1
         barrier.wait(WATCH_S)  # and lets the API servers accept once all are ready
 

@@ -158,3 +158,67 @@ def test_serve_runs_each_replica_in_an_engine_core_process_of_its_own(tiny_check
     assert sorted(queries) == ["0", "1"] and all(float(q) > 0 for q in queries.values())  # both served prompts
     log = (tmp_path / "log").read_text()
     assert "engine-core-dp0" in log and "engine-core-dp1" in log and "Traceback" not in log
+
+
+def _serve_replicas_behind_api_servers(checkpoint_dir: str, log_path):
+    """`jax-engine serve --data-parallel-size 2 --api-server-count 2` on the tiny checkpoint, every API server
+    accepting; (process, url, core pids, API server pids)."""
+    from jax_engine.engine_core.launch import CORE_MODULE
+    from jax_engine.server.api_servers import API_SERVER_MODULE
+    from tests.server_helpers import TINY_ENGINE_ARGS, child_processes, cli_flags, start_server_process, \
+        wait_for_api_servers
+
+    process, url = start_server_process(checkpoint_dir, "--data-parallel-size", "2", "--api-server-count", "2",
+                                        "--served-model-name", "tiny", *cli_flags(**TINY_ENGINE_ARGS),
+                                        log_path=str(log_path))
+    wait_for_api_servers(log_path)
+    children = child_processes(process.pid)
+    return (process, url, [pid for pid, cmdline in children if CORE_MODULE in cmdline],
+            [pid for pid, cmdline in children if API_SERVER_MODULE in cmdline])
+
+
+def test_several_api_servers_share_every_replica_s_core(tiny_checkpoint_dir, tmp_path):
+    """Two API servers, each a client of both replicas' cores, each sending a request to the core with the fewest
+    unfinished requests of both API servers (vLLM's DP x API server layout): answers as one engine's, both
+    replicas and both API servers served, and a SIGTERM drains them all (status 0)."""
+    from tests.server_helpers import TINY_ENGINE_ARGS, stop_server_process
+    from tests.test_server_api_servers import _served_prompt_tokens
+
+    prompts = [f"request {i} says hello to the" for i in range(16)]
+    process, url, cores, api_servers = _serve_replicas_behind_api_servers(tiny_checkpoint_dir, tmp_path / "log")
+    try:
+        def complete(prompt: str) -> str:  # a client of its own: a connection of its own
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+            return client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+
+        with ThreadPoolExecutor(len(prompts)) as pool:
+            texts = list(pool.map(complete, prompts))
+        served = [_served_prompt_tokens(pid) for pid in api_servers]
+        metrics = httpx.get(f"{url}/metrics").text
+    finally:
+        stop_server_process(process)
+    assert len(cores) == 2 and len(api_servers) == 2 and process.returncode == 0
+    want = LLM(tiny_checkpoint_dir, **TINY_ENGINE_ARGS).generate(prompts, SamplingParams(max_tokens=8, temperature=0),
+                                                                 use_tqdm=False)
+    assert texts == [o.outputs[0].text for o in want]
+    assert sum(served) == sum(len(o.prompt_token_ids) for o in want) and all(served), served
+    queries = dict(re.findall(r'^vllm:prefix_cache_queries_total\{.*engine="(\d+)".*\} (\S+)$', metrics, re.MULTILINE))
+    assert sorted(queries) == ["0", "1"] and all(float(q) > 0 for q in queries.values())  # both replicas served
+    log = (tmp_path / "log").read_text()
+    assert "2 API servers on 127.0.0.1" in log and "2 engine cores" in log and "Traceback" not in log
+
+
+def test_one_replica_s_core_dying_stops_every_api_server_and_core(tiny_checkpoint_dir, tmp_path):
+    import os
+    import signal
+
+    from tests.test_engine_core import _gone
+
+    process, url, cores, api_servers = _serve_replicas_behind_api_servers(tiny_checkpoint_dir, tmp_path / "log")
+    try:
+        os.kill(cores[1], signal.SIGKILL)
+        assert process.wait(timeout=60) == 1
+        wait_for(lambda: all(_gone(pid) for pid in [*cores, *api_servers]), 30, "every process to exit")
+    finally:
+        process.kill()
+    assert "the engine core process exited with status -9: stopping the API servers" in (tmp_path / "log").read_text()
