@@ -31,11 +31,6 @@ def multiprocessing_by_default() -> bool:
     return os.environ.get(MULTIPROCESSING_ENV, "1") != "0"
 
 
-def not_served_across_processes(args) -> list[str]:
-    """What of these EngineArgs keeps the engine in the server's process (nothing: it may run in a core of its own)."""
-    return ["nnodes > 1"] if args.nnodes > 1 else []
-
-
 def start_core_process() -> subprocess.Popen:
     """A fresh interpreter (no fork of this one's threads, no re-import of the caller's __main__) running core.py
     as `python -m` would, its garbage collector paused from the first import on (core.py freezes the heap once

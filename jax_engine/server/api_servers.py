@@ -35,7 +35,7 @@ import time
 
 import zmq
 
-from jax_engine.engine_core.launch import not_served_across_processes, take_core_process
+from jax_engine.engine_core.launch import take_core_process
 from jax_engine.engine_core.messages import encode
 from jax_engine.server.lora_adapters import RUNTIME_UPDATES_ENV, runtime_updates_allowed
 from jax_engine.server.start_barrier import StartBarrier
@@ -56,9 +56,6 @@ def check_api_server_count(count: int, args, core_process: bool) -> None:
         raise ValueError(f"--api-server-count must be at most the {cores} CPU cores of this machine (got {count})")
     if count > 1 and not core_process:
         raise ValueError("--api-server-count > 1 needs the engine core process (--engine-core-process)")
-    if count > 1 and (in_process := not_served_across_processes(args)):
-        raise ValueError(f"--api-server-count > 1 needs the engine core process, and {in_process[0]} is not served "
-                         "across processes yet")
     # Each API server numbers the adapters of --lora-modules alike, in their order; one loaded at run time would
     # reach only the API server its request came to, and take a number the others give another adapter.
     if count > 1 and args.enable_lora and runtime_updates_allowed():

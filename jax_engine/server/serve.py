@@ -19,7 +19,7 @@ import sys
 import threading
 
 from jax_engine.engine_core.launch import (MULTIPROCESSING_ENV, discard_early, multiprocessing_by_default,
-                                           not_served_across_processes, start_engine_core)
+                                           start_engine_core)
 from jax_engine.server.lora_adapters import parse_lora_module
 from jax_engine.server.reasoning import REASONING_PARSERS
 from jax_engine.server.server_config import PREFIX_CACHE_ISOLATION, ServerConfig
@@ -198,11 +198,7 @@ def main(ns: argparse.Namespace) -> None:
 
 def _engine(args, core_process: bool, log_level: str):
     """The engine the server drives: in a process of its own (the default), or in this one."""
-    in_process = not_served_across_processes(args)
-    if core_process and in_process:
-        logging.getLogger(__name__).warning("the engine runs in the server's process: %s is not served across "
-                                            "processes yet", in_process[0])
-    if core_process and not in_process:
+    if core_process:
         return _engine_in_core_processes(args, log_level)
     discard_early()  # cli.main may have started one, before the flags were parsed
     from jax_engine.async_llm_engine import AsyncLLMEngine
