@@ -20,7 +20,7 @@ import pytest
 from jax_engine import LLM, EngineArgs, SamplingParams
 from jax_engine.engine_core.core_client import EngineCoreClient
 from jax_engine.engine_core.launch import CORE_MODULE
-from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, data_lines, events_after,
+from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, data_lines, events_after, metric,
                                   start_server_process, stop_server_process, wait_for)
 
 # One running request at a time; room for streams long enough (4000 tokens, seconds) to act on while they run.
@@ -97,6 +97,21 @@ def test_a_full_queue_answers_503_and_aborts_reach_the_core(core_server):
     # Leaving the streams aborted their requests in the core: the queue takes requests again.
     wait_for(lambda: httpx.post(f"{url}/v1/completions", json={"prompt": "hi", "max_tokens": 2},
                                 timeout=30).status_code == 200, 30, "the aborted requests to leave the core")
+
+
+def test_a_cache_salt_keeps_prefix_hits_apart_across_the_process_boundary(core_server):
+    """cache_salt travels with the prompt to the core, whose prefix cache hits only the same salt's blocks."""
+    _, url = core_server
+    body = {"prompt": "a salted system prompt of several blocks, sent to the core again", "max_tokens": 2}
+
+    def hits_after(salt: str | None) -> float:
+        response = httpx.post(f"{url}/v1/completions", json={**body, "cache_salt": salt}, timeout=60)
+        assert response.status_code == 200, response.text
+        return metric(url, "vllm:prefix_cache_hits_total")
+
+    cold = hits_after("a")
+    assert hits_after("b") == cold and hits_after(None) == cold  # another salt, or none: no hit
+    assert hits_after("a") > cold  # the same salt hits
 
 
 def test_the_server_exits_1_when_the_core_dies(long_checkpoint_dir, tmp_path):
