@@ -1,5 +1,6 @@
 """One API server of `jax-engine serve --api-server-count N` (started by api_servers.py): a whole server, on the
-listening socket it is given, driving the shared engine core through a socket pair of its own.
+listening socket it is given, driving the shared engine core (one per data-parallel replica) through a socket
+pair of its own to each.
 
 Its arguments come pickled on stdin once its imports are done: (index, EngineArgs, ServerConfig, host, port, log
 level, the listening socket's file descriptor, its (input, output) socket addresses to each engine core (one per
