@@ -27,7 +27,7 @@ def unsplit_texts(make_llm):
     return [o.outputs[0].text for o in outputs]
 
 
-@pytest.mark.parametrize("devices_per_host, api_servers", [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("devices_per_host, api_servers", [(1, 1), (2, 2)])
 def test_two_hosts_serve_one_split_model(tmp_path, unsplit_texts, devices_per_host, api_servers):
     tp = 2 * devices_per_host  # every device of both hosts
     flags = cli_flags(tensor_parallel_size=tp, nnodes=2, master_port=free_port(), **ENGINE)
