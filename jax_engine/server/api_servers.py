@@ -129,9 +129,8 @@ def _watch(cores: list[subprocess.Popen], servers: list[subprocess.Popen], addre
             logger.error("API server %d exited with status %d: stopping the others", *failed[0])
             _terminate(servers)
             _stop(*servers)
-            for core in cores:  # the others have drained; it would wait for the failed one's "shutdown", which
-                core.kill()  # won't come
-                core.wait()
+            # The cores are killed on the way out (serve_with_api_servers): they would wait for the failed one's
+            # "shutdown", which won't come.
             return 1
         barrier.wait(WATCH_S)  # and lets the API servers accept once all are ready
 

@@ -1,7 +1,9 @@
 """Data parallelism (jax_engine.server.data_parallel.py): two replicas of the default model behind one real
 HTTP server, driven by the official openai client, against one engine; each replica on its own devices."""
 
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -209,9 +211,6 @@ def test_several_api_servers_share_every_replica_s_core(tiny_checkpoint_dir, tmp
 
 
 def test_one_replica_s_core_dying_stops_every_api_server_and_core(tiny_checkpoint_dir, tmp_path):
-    import os
-    import signal
-
     from tests.test_engine_core import _gone
 
     process, url, cores, api_servers = _serve_replicas_behind_api_servers(tiny_checkpoint_dir, tmp_path / "log")
