@@ -13,13 +13,16 @@
 // share it: with whole rows a decode step of one sequence ran on one thread, ~1 ms of a batch-1 SmolLM2
 // step at a context of 230 tokens (int8 weights, 2 cores: 110-112 tok/s with whole rows, 118-127 per KV
 // head). Not always per KV head: batch-8 decode ran ~8% slower so (a third of the work per slot visited).
-// Items are shared out over XLA's own intra-op thread pool. Within an item, a 16-bit cache is walked once per
-// KV head: walking all heads of each slot at once left a bfloat16 cache, half a float32 one's bytes, bound
+// Items are shared out over XLA's own intra-op thread pool. Within an item, a 16-bit cache's keys are walked
+// once per KV head: walking all heads of each slot at once left a bfloat16 cache, half a float32 one's bytes, bound
 // by the arithmetic, no faster than float32 (`bench kernels`, 256 decode rows of SmolLM2 over 320 tokens:
 // 134-155 ms), and once per KV head it takes 111-123. The head dims models use are fixed at compile time:
 // with a run-time head dim that loop ran at 180-200 ms. A float32 cache keeps whole slots (768 contiguous
 // bytes of SmolLM2's), faster at small batches (8 and 32 rows: 4.5 and 17-18 ms against 4.8 and 19-21 per
 // KV head), as fast at 256 (131-143 ms).
+// The values (pass 2) are walked once per KV head and few query heads of every cache, their sums in
+// registers (sum_values): on a 2-core Xeon, `bench kernels` as above, old and new in turns, bfloat16 158-183 ->
+// 145-166 ms, float32 232-261 -> 209-225, and no slower at 1 to 32 rows nor on Gemma 3's one 256-wide KV head.
 //
 // Shapes (float32 queries and output; float32, bfloat16 or float16 cache):
 //   q            [R, N, D]        query rows (a step's tokens), N = K * G heads
@@ -118,6 +121,64 @@ inline void soft_cap(float* row, int64_t count, float cap) {
   for (int64_t i = 0; i < count; ++i) row[i] = cap * std::tanh(row[i] * inverse);
 }
 
+// 16 floats: one AVX-512 register, two AVX2 ones (GCC's vector extension lowers it to what the CPU has).
+typedef float Floats __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+
+inline Floats load_floats(const float* p) {
+  Floats v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline Floats load_floats(const BFloat16* p) {
+  typedef uint16_t Bits16 __attribute__((vector_size(32)));
+  typedef uint32_t Bits32 __attribute__((vector_size(64)));
+  Bits16 bits;
+  std::memcpy(&bits, p, sizeof bits);
+  const Bits32 widened = __builtin_convertvector(bits, Bits32) << 16;  // float32's high half
+  Floats v;
+  std::memcpy(&v, &widened, sizeof v);
+  return v;
+}
+inline Floats load_floats(const Half* p) {
+  Floats v;
+  for (int i = 0; i < kLanes; ++i) v[i] = to_float(p[i]);
+  return v;
+}
+inline void store_floats(float* p, Floats v) { std::memcpy(p, &v, sizeof v); }
+
+// Query heads whose value sums are kept in registers at once: 16 vectors of sums.
+template <int D>
+constexpr int64_t kHeadsPerValueWalk = std::max(1, 16 / (D / kLanes));
+
+// out[g] = sum_t probs[g * m + t] * v[t] for `heads` (at most kHeadsPerValueWalk) query heads sharing the KV head
+// whose values start at `values`, with the sums in registers. Summed in memory, each token's sums waited for
+// the stores of the token before, and that loop took ~40% of the kernel's time (a C++ harness of the kernel on
+// SmolLM2's shapes, caches in L2: 90 ms a step, 76 with the sums in registers).
+template <typename T, int D>
+void sum_values(const Problem& p, const int32_t* table, int64_t begin, int64_t n, const T* values,
+                const float* probs, int64_t m, int64_t heads, float* out) {
+  constexpr int V = D / kLanes;
+  constexpr int64_t most = kHeadsPerValueWalk<D>;
+  Floats sums[most][V] = {};
+  const int64_t slot_stride = p.num_kv_heads * D;
+  for_each_slot(table, begin, n, p.block_size, values, slot_stride * sizeof(T), D * sizeof(T),
+                [&](int64_t t, int64_t slot) {
+    const T* v = values + slot * slot_stride;
+    Floats x[V];
+    for (int i = 0; i < V; ++i) x[i] = load_floats(v + i * kLanes);
+#pragma GCC unroll 16
+    for (int64_t g = 0; g < most; ++g) {
+      if (g == heads) break;
+      const float weight = probs[g * m + t];
+      for (int i = 0; i < V; ++i) sums[g][i] += weight * x[i];
+    }
+  });
+  for (int64_t g = 0; g < heads; ++g) {
+    for (int i = 0; i < V; ++i) store_floats(out + g * D + i * kLanes, sums[g][i]);
+  }
+}
+
 // Attend one query row's heads that share KV heads kv .. kv + kv_count - 1 (H = kv_count x G query heads)
 // over its context. `scores` and `acc` are scratch reused between items. HeadDim: the head dim fixed at compile
 // time, or 0 to read it from the problem.
@@ -179,25 +240,35 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
     for (int64_t t = 0; t < m; ++t) row_scores[t] *= inverse;
   }
   // Pass 2: out[h] = sum_t probs[h, t] * v[t, h / G]
-  acc.assign(H * D, 0.0f);
-  for (int64_t first = 0; first < kv_count; first += heads_per_walk) {
-    const T* values_walked = values + first * D;
-    const float* probs_walked = scores.data() + first * G * m - begin;
-    float* acc_walked = acc.data() + first * G * D;
-    for_each_slot(table, begin, n, p.block_size, values_walked, slot_stride * sizeof(T), walk_bytes,
-                  [&](int64_t t, int64_t slot) {
-      for (int64_t j = 0; j < heads_per_walk; ++j) {
-        const T* v = values_walked + slot * slot_stride + j * D;
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t h = j * G + g;
-          const float weight = probs_walked[h * m + t];
-          float* a = acc_walked + h * D;
-          for (int64_t d = 0; d < D; ++d) a[d] += weight * to_float(v[d]);
-        }
+  if constexpr (HeadDim > 0 && HeadDim % kLanes == 0) {
+    constexpr int64_t per_walk = kHeadsPerValueWalk<HeadDim>;
+    for (int64_t j = 0; j < kv_count; ++j) {
+      for (int64_t g = 0; g < G; g += per_walk) {
+        sum_values<T, HeadDim>(p, table, begin, n, values + j * D, scores.data() + (j * G + g) * m - begin, m,
+                               std::min(per_walk, G - g), out + (j * G + g) * D);
       }
-    });
+    }
+  } else {
+    acc.assign(H * D, 0.0f);
+    for (int64_t first = 0; first < kv_count; first += heads_per_walk) {
+      const T* values_walked = values + first * D;
+      const float* probs_walked = scores.data() + first * G * m - begin;
+      float* acc_walked = acc.data() + first * G * D;
+      for_each_slot(table, begin, n, p.block_size, values_walked, slot_stride * sizeof(T), walk_bytes,
+                    [&](int64_t t, int64_t slot) {
+        for (int64_t j = 0; j < heads_per_walk; ++j) {
+          const T* v = values_walked + slot * slot_stride + j * D;
+          for (int64_t g = 0; g < G; ++g) {
+            const int64_t h = j * G + g;
+            const float weight = probs_walked[h * m + t];
+            float* a = acc_walked + h * D;
+            for (int64_t d = 0; d < D; ++d) a[d] += weight * to_float(v[d]);
+          }
+        }
+      });
+    }
+    std::copy(acc.begin(), acc.end(), out);
   }
-  std::copy(acc.begin(), acc.end(), out);
 }
 
 // attend<T> with the head dim fixed at compile time for the common ones.
