@@ -19,7 +19,9 @@ from jax_engine.target_platform import platform
 from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-KV_CACHE_DTYPES = ("auto", "bfloat16")  # vLLM's names; its fp8 ones need scales this engine does not keep
+# vLLM's names. Its "fp8" is e4m3; the 8-bit caches keep vLLM's default scale of 1.0 (no calibrated scales).
+KV_CACHE_DTYPES = {"auto": None, "bfloat16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn,
+                   "fp8_e5m2": jnp.float8_e5m2}
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 ATTENTION_SELF_TESTS = ("auto", "fallback", "error", "off")
 
@@ -37,8 +39,9 @@ class EngineArgs:
         max_num_batched_tokens: most tokens in one step; None picks 2048 (or max_model_len without
             chunked prefill).
         kv_cache_memory_bytes: KV cache size; None means 2 GiB on CPU, or gpu_memory_utilization on GPU.
-        kv_cache_dtype: "auto" (the model's dtype) or "bfloat16": keys and values stored in half the bytes of a
-            float32 model's, so the cache holds twice the tokens and attention reads half the bytes.
+        kv_cache_dtype: "auto" (the model's dtype), "bfloat16", or "fp8" (= "fp8_e4m3") / "fp8_e5m2": keys and
+            values stored in half or a quarter of a float32 model's bytes, so the cache holds 2x or 4x the tokens
+            and attention reads that much less; 8-bit values saturate at the format's largest (scale 1.0).
         gpu_memory_utilization: fraction of accelerator memory for weights, activations and KV cache.
         num_gpu_blocks_override: exact number of KV blocks, ignoring the memory budget.
         enable_prefix_caching: reuse the KV blocks of shared prompt prefixes.
@@ -138,7 +141,7 @@ class EngineArgs:
         check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1, "max_num_seqs", ">= 1")
         check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1, "max_num_batched_tokens", ">= 1")
         check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes", "> 0")
-        check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"one of {KV_CACHE_DTYPES}")
+        check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"one of {list(KV_CACHE_DTYPES)}")
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "in (0, 1]")
         check(self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 1, "num_gpu_blocks_override", ">= 1")
         check(self.preemption_mode in PREEMPTION_MODES, "preemption_mode", f"one of {PREEMPTION_MODES}")

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.attention import AttentionBackend
-from jax_engine.config import DTYPES, EngineArgs
+from jax_engine.config import KV_CACHE_DTYPES, EngineArgs
 from jax_engine.model_config import ModelConfig
 from jax_engine.target_platform import platform
 from simulator import capacity
@@ -31,7 +31,7 @@ DEFAULT_CPU_KV_CACHE_BYTES = 2 * GiB
 
 def resolve_kv_cache_dtype(name: str, model_dtype):
     """The cache's dtype: the model's for "auto", else the one named (EngineArgs.kv_cache_dtype)."""
-    return model_dtype if name == "auto" else DTYPES[name]
+    return model_dtype if name == "auto" else KV_CACHE_DTYPES[name]
 
 
 def resolve_block_size(block_size: int | None, backend: AttentionBackend) -> int:

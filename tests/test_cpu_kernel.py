@@ -12,6 +12,7 @@ from tests.kernel_cases import Variant, expected, make_case, paged_batches, vari
 
 pytestmark = pytest.mark.skipif(cpu.kernel_unavailable_reason() is not None,
                                 reason=f"no CPU kernel: {cpu.kernel_unavailable_reason()}")
+CACHE_DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16, jnp.float8_e4m3fn, jnp.float8_e5m2]
 FEW = settings(max_examples=max(settings.default.max_examples // 4, 8))  # each new shape compiles
 
 
@@ -47,7 +48,7 @@ def kernel_case(case, cache_dtype=jnp.float32, **variant):
 
 
 @FEW
-@given(paged_batches(decode_only=False), st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]), variants())
+@given(paged_batches(decode_only=False), st.sampled_from(CACHE_DTYPES), variants())
 def test_kernel_matches_the_reference(case, cache_dtype, variant: Variant):
     """Decode rows and prefill chunks (causal within the chunk, after a cached context) together, with and
     without a sliding window, ALiBi and a soft cap."""
@@ -58,13 +59,30 @@ def test_kernel_matches_the_reference(case, cache_dtype, variant: Variant):
     assert diff < 2e-5, f"max difference {diff}"  # float32 sums in another order (and padding rows exactly 0)
 
 
-@pytest.mark.parametrize("cache_dtype", [jnp.float32, jnp.bfloat16])
-def test_a_head_dim_not_fixed_at_compile_time(cache_dtype):
-    """Head dims other than 64, 80, 96, 128 and 256 take the kernel's loop with a run-time head dim."""
-    case = (16, 48, 3, 2, [40, 1, 0, 37], [1, 1, 0, 5], 7)  # decode rows and a prefill chunk; whole rows
+@pytest.mark.parametrize("cache_dtype", [jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn])
+@pytest.mark.parametrize("head_dim, group", [(48, 3), (64, 9)])
+def test_the_loops_for_other_shapes(cache_dtype, head_dim, group):
+    """Head dims other than 64, 80, 96, 128 and 256 take the kernel's loop with a run-time head dim; an 8-bit
+    cache with more than 8 query heads per KV head scores its keys one at a time (not 16 at a time)."""
+    case = (16, head_dim, group, 2, [40, 1, 0, 37], [1, 1, 0, 5], 7)  # decode rows and a prefill chunk
     q, want, k, v, tables, query_seq, context_lens = kernel_case(case, cache_dtype)
     out = run_kernel(q, k, v, tables, query_seq, context_lens, case[0])
     assert np.abs(out - want).max() < 2e-5
+
+
+@pytest.mark.parametrize("cache_dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+@pytest.mark.parametrize("head_dim", [64, 48])  # the vector loads and the scalar loop
+def test_every_8_bit_value_widens_exactly(cache_dtype, head_dim):
+    """A query with one key of context outputs that key's value: each of the 256 bit patterns, widened by the
+    kernel, equals ml_dtypes' float32 (subnormals and signs included; NaN and infinity are never written)."""
+    patterns = np.arange(256, dtype=np.uint8).view(cache_dtype)
+    finite = patterns[np.isfinite(patterns.astype(np.float32))]
+    rows = -(-finite.size // head_dim)
+    values = np.resize(finite, rows * head_dim).reshape(rows, 1, 1, 1, head_dim)  # [L=rows, NB, bs, K, D]
+    keys = np.zeros_like(values)
+    out = np.concatenate([run_kernel(np.ones((1, 1, head_dim), np.float32), keys, values, np.zeros((1, 1), np.int32),
+                                     [0], [1], 1, layer=layer) for layer in range(rows)])
+    np.testing.assert_array_equal(out.reshape(-1), values.reshape(-1).astype(np.float32))
 
 
 def test_window_reads_only_the_blocks_it_reaches():
@@ -139,10 +157,10 @@ def test_without_a_compiler_auto_falls_back_to_xla(tmp_path, monkeypatch, caplog
         get_attention_backend("cpu", "cpu")
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("dtype", CACHE_DTYPES[1:])
 def test_the_write_kernel_stores_what_xla_stores(dtype):
-    """A 16-bit cache written by the write_kv kernel holds the bits XLA's convert and scatter give (to nearest,
-    ties to even; overflow, infinities, tiny values), at the real tokens' slots of the given layer only."""
+    """A 16- or 8-bit cache written by the write_kv kernel holds the bits XLA's convert and scatter give (to
+    nearest, ties to even; overflow, infinities, tiny values), at the real tokens' slots of the given layer only."""
     rng = np.random.default_rng(0)
     layers, num_slots, kv_heads, head_dim = 3, 64, 2, 8
     scales = np.float32(10.0) ** rng.integers(-9, 7, (2, 6, kv_heads, head_dim))  # past float16's range both ways
@@ -152,10 +170,11 @@ def test_the_write_kernel_stores_what_xla_stores(dtype):
     caches = [jnp.asarray(rng.standard_normal((layers, num_slots, kv_heads, head_dim)), dtype) for _ in range(2)]
     want = jax.jit(xla.write_kv)(jnp.asarray(k), jnp.asarray(v), *caches, jnp.int32(1), slots)
     got = jax.jit(cpu.write_kv)(jnp.asarray(k), jnp.asarray(v), *caches, jnp.int32(1), slots)
+    bits = lambda x: np.asarray(x).view(f"u{jnp.dtype(dtype).itemsize}")  # noqa: E731
     for ours, theirs, before in zip(got, want, caches):
         assert ours.dtype == dtype
         ours, theirs = np.asarray(ours), np.asarray(theirs)
-        assert not np.array_equal(ours.view(np.uint16), np.asarray(before).view(np.uint16))
+        assert not np.array_equal(bits(ours), bits(before))
         nan = np.isnan(theirs.astype(np.float32))
         assert np.array_equal(nan, np.isnan(ours.astype(np.float32)))
-        assert np.array_equal(ours.view(np.uint16)[~nan], theirs.view(np.uint16)[~nan])
+        assert np.array_equal(bits(ours)[~nan], bits(theirs)[~nan])

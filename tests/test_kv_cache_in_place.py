@@ -38,14 +38,15 @@ def test_the_step_copies_no_cache(tmp_path, architecture, kv_heads):
     assert cache_copies(engine) == 0
 
 
-@pytest.mark.parametrize("dtype, kv_cache_dtype", [("float32", "bfloat16"), ("bfloat16", "auto"), ("float16", "auto")])
-def test_a_16_bit_cache_is_written_in_place(tmp_path, dtype, kv_cache_dtype):
-    """XLA:CPU has no 16-bit float scatter: it widened the whole cache to float32 and back in every layer of
-    every step. The cpu backend writes such a cache with its own kernel (attention/cpu_kernel/write_kv.cc)."""
+@pytest.mark.parametrize("dtype, kv_cache_dtype", [("float32", "bfloat16"), ("bfloat16", "auto"), ("float16", "auto"),
+                                                   ("float32", "fp8"), ("bfloat16", "fp8_e5m2")])
+def test_a_narrow_cache_is_written_in_place(tmp_path, dtype, kv_cache_dtype):
+    """XLA:CPU has no 16- or 8-bit float scatter: it widened the whole cache to float32 and back in every layer
+    of every step. The cpu backend writes such a cache with its own kernel (attention/cpu_kernel/write_kv.cc)."""
     make_tiny_checkpoint(tmp_path, "llama", num_key_value_heads=2)
     engine = LLMEngine(EngineArgs(str(tmp_path), max_model_len=64, enforce_eager=True, max_num_seqs=2,
                                   kv_cache_memory_bytes=1 << 24, dtype=dtype, kv_cache_dtype=kv_cache_dtype))
-    assert engine.attention_backend.name == "cpu" and engine.runner.k_cache.dtype.itemsize == 2
+    assert engine.attention_backend.name == "cpu" and engine.runner.k_cache.dtype.itemsize < 4
     engine.add_request("r", [5, 6, 7, 8], SamplingParams(max_tokens=4))
     engine.step()
     assert cache_copies(engine) == 0

@@ -41,15 +41,15 @@ def kernel_unavailable_reason() -> str | None:
 
 def write_kv(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
              slot_mapping: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """xla.write_kv's contract. A bfloat16 or float16 cache is written in place by the write_kv kernel
+    """xla.write_kv's contract. A 16- or 8-bit cache is written in place by the write_kv kernel
     (cpu_kernel/write_kv.cc), the step's rows rounded by XLA first: XLA:CPU would widen the whole cache to
     float32 to scatter into it."""
-    if jnp.dtype(k_cache.dtype).itemsize != 2:
+    if jnp.dtype(k_cache.dtype).itemsize == 4:
         return xla.write_kv(k, v, k_cache, v_cache, layer, slot_mapping)
     caches = (jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype), jax.ShapeDtypeStruct(v_cache.shape, v_cache.dtype))
     call = jax.ffi.ffi_call(_WRITE_TARGET, caches, input_output_aliases={2: 0, 3: 1})
-    return call(k.astype(k_cache.dtype), v.astype(v_cache.dtype), k_cache, v_cache, jnp.asarray(layer, jnp.int32),
-                slot_mapping.astype(jnp.int32))
+    return call(xla.to_cache_dtype(k, k_cache.dtype), xla.to_cache_dtype(v, v_cache.dtype), k_cache, v_cache,
+                jnp.asarray(layer, jnp.int32), slot_mapping.astype(jnp.int32))
 
 
 def attend_rows(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array, tables: jax.Array,
@@ -58,7 +58,8 @@ def attend_rows(q: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax
                 logits_soft_cap: float | None = None) -> jax.Array:
     """q [R, N, D] -> [R, N, D]: each query row over the first context_lens[r] keys of sequence query_seq[r].
 
-    Rows with context_len 0 are padding (zeros out). Caches may be float32, bfloat16 or float16.
+    Rows with context_len 0 are padding (zeros out). Caches may be float32, bfloat16, float16, float8_e4m3fn or
+    float8_e5m2.
 
     Args:
         q: [R, N, D] query rows; row r sits at position context_lens[r] - 1 of its sequence.

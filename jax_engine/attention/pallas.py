@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_engine.attention.metadata import AttentionMetadata
+from jax_engine.attention.xla import to_cache_dtype
 from pallas_kernels.paged_decode_attention import paged_decode_attention
 from pallas_kernels.ragged_paged_attention import ragged_paged_attention
 from pallas_kernels.write_kv import write_kv
@@ -26,6 +27,7 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
     if sliding_window is not None and not isinstance(sliding_window, int):
         raise ValueError("the pallas attention backend takes one sliding window for every layer; a model whose "
                          "layers' windows differ (Gemma 2, Gemma 3) runs on attention_backend 'xla' or 'cpu'")
+    k, v = to_cache_dtype(k, k_cache.dtype), to_cache_dtype(v, v_cache.dtype)  # 8-bit: saturated first
     k_cache, v_cache = write_kv(k, v, k_cache, v_cache, metadata.slot_mapping, layer, interpret=interpret)
     num_layers, num_slots, num_kv_heads, head_dim = k_cache.shape
     paged = (num_layers, num_slots // block_size, block_size, num_kv_heads, head_dim)  # a free reshape

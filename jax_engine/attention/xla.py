@@ -69,6 +69,15 @@ def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale, v
     return _softmax_attend(scores, v, "bkgqt,btkd->bqkgd")
 
 
+def to_cache_dtype(x: jax.Array, dtype) -> jax.Array:
+    """x rounded to the cache's dtype. An 8-bit float saturates at its largest finite value, as vLLM's fp8 cache
+    does: a plain cast makes NaN (e4m3) or infinity (e5m2) of anything beyond."""
+    if jnp.dtype(dtype).itemsize == 1:
+        largest = float(jnp.finfo(dtype).max)
+        x = jnp.clip(x, -largest, largest)
+    return x.astype(dtype)
+
+
 def write_kv(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array, layer: jax.Array,
              slot_mapping: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Store the step's keys and values at their slots of `layer`; padding slots (out of range) are dropped."""
@@ -78,8 +87,8 @@ def write_kv(k: jax.Array, v: jax.Array, k_cache: jax.Array, v_cache: jax.Array,
         # dropped row keeps it a scatter, which is done in place.
         k, v = jnp.concatenate([k, k]), jnp.concatenate([v, v])
         slot_mapping = jnp.concatenate([slot_mapping, jnp.full_like(slot_mapping, k_cache.shape[1])])
-    k_cache = k_cache.at[layer, slot_mapping].set(k.astype(k_cache.dtype), mode="drop")
-    v_cache = v_cache.at[layer, slot_mapping].set(v.astype(v_cache.dtype), mode="drop")
+    k_cache = k_cache.at[layer, slot_mapping].set(to_cache_dtype(k, k_cache.dtype), mode="drop")
+    v_cache = v_cache.at[layer, slot_mapping].set(to_cache_dtype(v, v_cache.dtype), mode="drop")
     return k_cache, v_cache
 
 

@@ -24,7 +24,7 @@
 // registers (sum_values): on a 2-core Xeon, `bench kernels` as above, old and new in turns, bfloat16 158-183 ->
 // 145-166 ms, float32 232-261 -> 209-225, and no slower at 1 to 32 rows nor on Gemma 3's one 256-wide KV head.
 //
-// Shapes (float32 queries and output; float32, bfloat16 or float16 cache):
+// Shapes (float32 queries and output; float32, bfloat16, float16 or an 8-bit float cache):
 //   q            [R, N, D]        query rows (a step's tokens), N = K * G heads
 //   k_cache      [L, S, K, D]     every layer's keys, S = num_blocks * block_size slots
 //   v_cache      [L, S, K, D]
@@ -51,6 +51,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__F16C__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "float16.h"
 #include "xla/ffi/api/ffi.h"
 
@@ -59,6 +63,8 @@ namespace ffi = xla::ffi;
 namespace {
 
 using jax_engine::BFloat16;
+using jax_engine::Float8E4M3;
+using jax_engine::Float8E5M2;
 using jax_engine::Half;
 using jax_engine::to_float;
 
@@ -145,7 +151,106 @@ inline Floats load_floats(const Half* p) {
   for (int i = 0; i < kLanes; ++i) v[i] = to_float(p[i]);
   return v;
 }
+
+// 16 halves' bits -> 16 floats: one vcvtph2ps (AVX-512) or two (F16C). GCC 12 converts a vector of _Float16
+// one lane at a time, so the instruction is named here.
+typedef uint16_t HalfBits __attribute__((vector_size(32)));
+inline Floats halves_to_floats(HalfBits bits) {
+  Floats v;
+#if defined(__AVX512F__)
+  __m256i packed;
+  std::memcpy(&packed, &bits, sizeof packed);
+  const __m512 wide = _mm512_cvtph_ps(packed);
+  std::memcpy(&v, &wide, sizeof v);
+#elif defined(__F16C__)
+  __m128i packed[2];
+  std::memcpy(packed, &bits, sizeof packed);
+  const __m256 wide[2] = {_mm256_cvtph_ps(packed[0]), _mm256_cvtph_ps(packed[1])};
+  std::memcpy(&v, wide, sizeof v);
+#else
+  for (int i = 0; i < kLanes; ++i) v[i] = jax_engine::half_bits_to_float(bits[i]);
+#endif
+  return v;
+}
+// 8-bit floats widen as halves (float16.h says how): 16 bytes, 16 floats.
+inline HalfBits load_bytes_widened(const void* p) {
+  typedef uint8_t Bytes __attribute__((vector_size(16)));
+  Bytes bytes;
+  std::memcpy(&bytes, p, sizeof bytes);
+  return __builtin_convertvector(bytes, HalfBits);
+}
+inline Floats load_floats(const Float8E5M2* p) { return halves_to_floats(load_bytes_widened(p) << 8); }
+// e4m3 reads as 2^-8 of its values (float16.h); the loops below multiply by kLoadScale once per sum instead.
+inline Floats load_floats(const Float8E4M3* p) {
+  typedef int16_t Signed16 __attribute__((vector_size(32)));
+  const Signed16 high = reinterpret_cast<Signed16>(load_bytes_widened(p) << 8);  // sign bit on top
+  // An arithmetic shift keeps the sign on top and copies it into bit 14, the half's top exponent bit: cleared.
+  return halves_to_floats(reinterpret_cast<HalfBits>(high >> 1) & 0xbfff);
+}
+template <typename T>
+constexpr float kLoadScale = 1.0f;
+template <>
+constexpr float kLoadScale<Float8E4M3> = jax_engine::kE4M3HalfScale;
 inline void store_floats(float* p, Floats v) { std::memcpy(p, &v, sizeof v); }
+
+// Lane i of the result: the sum of the lanes of v[i]. Four rounds each add the two halves of every vector,
+// two vectors' halves packed into one (16 -> 8 -> 4 -> 2 -> 1 vectors): 15 adds for 16 sums, where summing
+// each vector alone takes 4 dependent adds and shuffles apiece.
+typedef int32_t LaneIndex __attribute__((vector_size(64)));
+template <int W>  // lanes kept per vector after this round: from each group of 2W lanes of a, then of b
+inline Floats add_halves(Floats a, Floats b) {
+  LaneIndex low, high;
+  for (int i = 0; i < kLanes; ++i) {
+    const int from_b = i >= kLanes / 2, j = i % (kLanes / 2), lane = j / W * 2 * W + j % W + from_b * kLanes;
+    low[i] = lane;
+    high[i] = lane + W;
+  }
+  return __builtin_shuffle(a, b, low) + __builtin_shuffle(a, b, high);
+}
+inline Floats sum_lanes_of_16(const Floats* v) {
+  Floats eights[8], fours[4], twos[2];
+  for (int i = 0; i < 8; ++i) eights[i] = add_halves<8>(v[2 * i], v[2 * i + 1]);
+  for (int i = 0; i < 4; ++i) fours[i] = add_halves<4>(eights[2 * i], eights[2 * i + 1]);
+  for (int i = 0; i < 2; ++i) twos[i] = add_halves<2>(fours[2 * i], fours[2 * i + 1]);
+  return add_halves<1>(twos[0], twos[1]);
+}
+
+// Pass 1 for an 8-bit cache and at most kMaxGroupScored query heads per KV head: scores[g * m + t] =
+// scale * q[g] . k[t] over the keys begin <= t < n of one KV head (`keys`: its slot 0). Each key is widened
+// once for all G heads (8-bit keys cost more to widen than to multiply), and each head's dot products are
+// summed 16 keys at a time (sum_lanes_of_16): summed one key at a time, those sums took most of the pass.
+constexpr int64_t kMaxGroupScored = 8;
+template <typename T, int D>
+void score_keys(const Problem& p, const int32_t* table, int64_t begin, int64_t n, const T* keys, const float* q,
+                int64_t G, float* scores, int64_t m) {
+  constexpr int V = D / kLanes;
+  const int64_t slot_stride = p.num_kv_heads * D;
+  const float scale = p.scale * kLoadScale<T>;
+  Floats partial[kMaxGroupScored][kLanes];
+  int count = 0;
+  int64_t first = begin;
+  auto flush = [&] {
+    for (int64_t g = 0; g < G; ++g) {
+      for (int i = count; i < kLanes; ++i) partial[g][i] = Floats{};
+      const Floats sums = sum_lanes_of_16(partial[g]) * scale;
+      std::memcpy(scores + g * m + first, &sums, count * sizeof(float));
+    }
+    count = 0;
+  };
+  for_each_slot(table, begin, n, p.block_size, keys, slot_stride * sizeof(T), D * sizeof(T),
+                [&](int64_t t, int64_t slot) {
+    if (count == 0) first = t;
+    Floats x[V];
+    for (int i = 0; i < V; ++i) x[i] = load_floats(keys + slot * slot_stride + i * kLanes);
+    for (int64_t g = 0; g < G; ++g) {
+      Floats sum = load_floats(q + g * D) * x[0];
+      for (int i = 1; i < V; ++i) sum += load_floats(q + g * D + i * kLanes) * x[i];
+      partial[g][count] = sum;
+    }
+    if (++count == kLanes) flush();
+  });
+  if (count) flush();
+}
 
 // Query heads whose value sums are kept in registers at once: 16 vectors of sums.
 template <int D>
@@ -175,7 +280,7 @@ void sum_values(const Problem& p, const int32_t* table, int64_t begin, int64_t n
     }
   });
   for (int64_t g = 0; g < heads; ++g) {
-    for (int i = 0; i < V; ++i) store_floats(out + g * D + i * kLanes, sums[g][i]);
+    for (int i = 0; i < V; ++i) store_floats(out + g * D + i * kLanes, sums[g][i] * kLoadScale<T>);
   }
 }
 
@@ -202,14 +307,19 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
   const int64_t m = n - begin;  // keys seen: begin..n-1
   scores.resize(H * m);  // [H, m]
 
-  // A 16-bit cache is walked once per KV head, whose G queries stay hot while its keys stream by: walking all
+  // A 16- or 8-bit cache is walked once per KV head, whose G queries stay hot while its keys stream by: walking all
   // heads of each slot at once left it bound by the arithmetic (see the top). A float32 cache is read at the
   // memory's pace either way, and faster at small batches with all heads per slot (whole 768-byte slots).
-  const int64_t heads_per_walk = sizeof(T) == 2 ? 1 : kv_count;
+  const int64_t heads_per_walk = sizeof(T) < 4 ? 1 : kv_count;
   const int64_t walk_bytes = heads_per_walk * D * sizeof(T);
 
   // Pass 1: scores[h, t - begin] = scale * q[h] . k[t, h / G]
-  for (int64_t first = 0; first < kv_count; first += heads_per_walk) {
+  constexpr bool kScoredByKeys = sizeof(T) == 1 && HeadDim > 0 && HeadDim % kLanes == 0;
+  for (int64_t first = 0; kScoredByKeys && G <= kMaxGroupScored && first < kv_count; ++first) {
+    score_keys<T, HeadDim>(p, table, begin, n, keys + first * D, q + first * G * D, G,
+                           scores.data() + first * G * m - begin, m);
+  }
+  for (int64_t first = 0; !(kScoredByKeys && G <= kMaxGroupScored) && first < kv_count; first += heads_per_walk) {
     const T* keys_walked = keys + first * D;
     float* scores_walked = scores.data() + first * G * m - begin;
     for_each_slot(table, begin, n, p.block_size, keys_walked, slot_stride * sizeof(T), walk_bytes,
@@ -302,6 +412,10 @@ struct WorkQueue {
       const int64_t row = item / per_row, kv = item % per_row * kv_per_item;
       if (dtype == ffi::DataType::BF16) {
         attend_any<BFloat16>(problem, row, kv, kv_per_item, scores, acc);
+      } else if (dtype == ffi::DataType::F8E4M3FN) {
+        attend_any<Float8E4M3>(problem, row, kv, kv_per_item, scores, acc);
+      } else if (dtype == ffi::DataType::F8E5M2) {
+        attend_any<Float8E5M2>(problem, row, kv, kv_per_item, scores, acc);
       } else if (dtype == ffi::DataType::F16) {
         attend_any<Half>(problem, row, kv, kv_per_item, scores, acc);
       } else {
@@ -359,9 +473,11 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
     return ffi::Error::InvalidArgument("paged_attention: expected q [R, N, D], caches [L, S, K, D], tables [B, C]");
   }
   const ffi::DataType dtype = k_cache.element_type();
-  if (v_cache.element_type() != dtype ||
-      (dtype != ffi::DataType::F32 && dtype != ffi::DataType::BF16 && dtype != ffi::DataType::F16)) {
-    return ffi::Error::InvalidArgument("paged_attention: caches must both be float32, bfloat16 or float16");
+  const bool known = dtype == ffi::DataType::F32 || dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16 ||
+                     dtype == ffi::DataType::F8E4M3FN || dtype == ffi::DataType::F8E5M2;
+  if (v_cache.element_type() != dtype || !known) {
+    return ffi::Error::InvalidArgument(
+        "paged_attention: caches must both be float32, bfloat16, float16, float8_e4m3fn or float8_e5m2");
   }
   const int64_t num_layers = cache_dims[0], num_slots = cache_dims[1], num_kv_heads = cache_dims[2];
   const int64_t head_dim = cache_dims[3];
@@ -392,7 +508,7 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
   // All zero (what the caller passes for no ALiBi) adds nothing: skip the term.
   const float* slopes = alibi_slopes.typed_data();
   const bool alibi = std::any_of(slopes, slopes + num_heads, [](float slope) { return slope != 0.0f; });
-  const size_t item = dtype == ffi::DataType::F32 ? 4 : 2;
+  const size_t item = k_cache.size_bytes() / std::max<size_t>(1, k_cache.element_count());  // bytes per element
   const int64_t layer_offset = layer_index * num_slots * num_kv_heads * head_dim;
   auto work = std::make_shared<WorkQueue>();
   work->problem = Problem{q.typed_data(),
