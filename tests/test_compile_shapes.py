@@ -209,11 +209,12 @@ def test_after_start_up_a_varied_workload_compiles_nothing(make_llm, store, asyn
     assert compiles(events) == []
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "fp8"])
 def test_swapping_after_start_up_compiles_nothing(make_llm, store, kv_cache_dtype):
     """With preemption_mode="swap" start-up provides the swaps out and in too: four sequences that need 12 of
     the cache's 8 blocks swap one another out and back in without a compile, and keep their greedy tokens.
-    A bfloat16 cache beside the float32 model: its own step and swap programs, the rest the model's dtype."""
+    A bfloat16 or fp8 cache beside the float32 model: its own step and swap programs, the rest the model's
+    dtype; its blocks come back from the host pool bit for bit (the same tokens)."""
     llm = make_llm(enforce_eager=False, compilation_cache_dir=str(store), preemption_mode="swap", swap_space=0.05,
                    kv_cache_dtype=kv_cache_dtype, **SMALL)
     params = SamplingParams(temperature=0, max_tokens=125, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""A bfloat16 or fp8 KV cache beside the float32 model: twice or four times the tokens in the same memory."""
+"""bfloat16 and fp8 KV caches beside the float32 model: 2x and 4x the tokens."""
 
 from jax_engine import LLM, SamplingParams
 
