@@ -38,19 +38,16 @@ inline float to_float(Half x) {
   return from_bits(sign | biased << 23 | mantissa << 13);
 }
 
-// An 8-bit float's bits as an IEEE half's, with the compiler's half type: it widens to float32 in one
-// instruction where the CPU has one (x86's F16C), subnormals included, whatever the denormal flags say.
-inline float half_bits_to_float(uint16_t bits) {
-  _Float16 x;
-  std::memcpy(&x, &bits, sizeof x);
-  return static_cast<float>(x);
-}
+// The 8-bit floats widen by way of an IEEE half: an e5m2 byte is a half's high byte.
+inline float half_bits_to_float(uint16_t bits) { return to_float(Half{bits}); }
 inline float to_float(Float8E5M2 x) { return half_bits_to_float(static_cast<uint16_t>(x.bits) << 8); }
 // e4m3 as a half: the sign moves to bit 15, exponent and mantissa go under the half's (5 exponent bits, 10
 // mantissa bits) so that the half reads 2^-8 of the value (the biases differ by 8), subnormals alike; times 256.
 // Its one NaN (0x7f) would read 480: the engine never writes it (values are clipped to +-448 first).
 constexpr float kE4M3HalfScale = 256.0f;
-inline uint16_t e4m3_as_half_bits(uint16_t bits) { return static_cast<uint16_t>((bits & 0x80u) << 8 | (bits & 0x7fu) << 7); }
+inline uint16_t e4m3_as_half_bits(uint16_t bits) {
+  return static_cast<uint16_t>((bits & 0x80u) << 8 | (bits & 0x7fu) << 7);
+}
 inline float to_float(Float8E4M3 x) { return half_bits_to_float(e4m3_as_half_bits(x.bits)) * kE4M3HalfScale; }
 
 }  // namespace jax_engine

@@ -154,8 +154,8 @@ inline Floats load_floats(const BFloat16* p) {
   return v;
 }
 
-// 16 halves' bits -> 16 floats: one vcvtph2ps (AVX-512) or two (F16C). GCC 12 converts a vector of _Float16
-// one lane at a time, so the instruction is named here.
+// 16 halves' bits -> 16 floats: one vcvtph2ps (AVX-512) or two (F16C), subnormals included whatever the
+// denormal flags say.
 typedef uint16_t HalfBits __attribute__((vector_size(32)));
 inline Floats halves_to_floats(HalfBits bits) {
   Floats v;
@@ -323,8 +323,8 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
   const int64_t m = n - begin;  // keys seen: begin..n-1
   scores.resize(H * m);  // [H, m]
 
-  // A 16- or 8-bit cache is walked once per KV head, whose G queries stay hot while its keys stream by: walking all
-  // heads of each slot at once left it bound by the arithmetic (see the top). A float32 cache is read at the
+  // A 16- or 8-bit cache is walked once per KV head, whose G queries stay hot while its keys stream by: walking
+  // all heads of each slot at once left it bound by the arithmetic (see the top). A float32 cache is read at the
   // memory's pace either way, and faster at small batches with all heads per slot (whole 768-byte slots).
   const int64_t heads_per_walk = sizeof(T) < 4 ? 1 : kv_count;
   const int64_t walk_bytes = heads_per_walk * D * sizeof(T);
