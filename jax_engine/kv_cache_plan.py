@@ -2,9 +2,9 @@
 
 Each block holds the keys and values of `block_size` tokens in every layer. The budget (kv_cache_memory_bytes,
 or what gpu_memory_utilization leaves beside the weights) divided by a block's bytes is the number of blocks;
-the host pool for swapped-out blocks is swap_space over the same bytes. A cache in bfloat16 beside float32
-weights (kv_cache_dtype) halves a block's bytes: twice the blocks in the same budget, and half the bytes for
-attention to read each step.
+the host pool for swapped-out blocks is swap_space over the same bytes. A cache in bfloat16 (or fp8) beside
+float32 weights (kv_cache_dtype) halves (or quarters) a block's bytes: two (four) times the blocks in the same
+budget, and that much less for attention to read each step.
 """
 
 import logging
