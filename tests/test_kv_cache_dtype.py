@@ -31,23 +31,30 @@ def fp8_llm(make_llm):
     return make_llm(**dict(LLM_ARGS, kv_cache_dtype="fp8"))
 
 
+def attend_over_a_narrow_cache(attention, case, dtype, ragged: bool) -> tuple[np.ndarray, np.ndarray]:
+    """One step of `attention` over `case`'s caches stored in `dtype` (the step's new keys rounded as they are
+    written): (its real rows' outputs, the reference's over the unrounded values)."""
+    options = case["variant"].kwargs(case["case"][2] * case["case"][3])
+    block_size, head_dim = case["case"][:2]
+    step = make_step(case["case"], options, ragged)
+    caches = (jnp.asarray(step.k_cache, dtype), jnp.asarray(step.v_cache, dtype))
+    out, k_cache, _ = attention(jnp.array(step.q), jnp.array(step.k), jnp.array(step.v), *caches, jnp.int32(1),
+                                step.metadata, block_size=block_size, scale=head_dim**-0.5, **options)
+    assert k_cache.dtype == dtype
+    return np.asarray(out)[step.real_rows], step.want
+
+
 @pytest.mark.skipif(cpu.kernel_unavailable_reason() is not None, reason="no CPU kernel")
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2])
 def test_both_cpu_backends_attend_over_the_rounded_cache_alike(dtype):
-    """The xla path and the kernel, given one step over a 16- or 8-bit cache (its new keys rounded as they are
-    written), agree to float32's order of summation; both differ from attention over the unrounded values."""
-    options = MIXED["variant"].kwargs(MIXED["case"][2] * MIXED["case"][3])
-    block_size, head_dim = MIXED["case"][:2]
+    """The xla path and the kernel, given one step over a 16- or 8-bit cache, agree to float32's order of
+    summation; both differ from attention over the unrounded values."""
     outs = []
     for attention, ragged in ((xla.paged_attention, False), (cpu.paged_attention, True)):
-        step = make_step(MIXED["case"], options, ragged)
         run = jax.jit(attention, static_argnames=("block_size", "scale", "sliding_window", "logits_soft_cap"))
-        caches = (jnp.asarray(step.k_cache, dtype), jnp.asarray(step.v_cache, dtype))
-        out, k_cache, _ = run(jnp.array(step.q), jnp.array(step.k), jnp.array(step.v), *caches, jnp.int32(1),
-                              step.metadata, block_size=block_size, scale=head_dim**-0.5, **options)
-        assert k_cache.dtype == dtype
-        outs.append(np.asarray(out)[step.real_rows])
-        assert np.abs(outs[-1] - step.want).max() > 1e-4  # rounded: 8 bits of mantissa or fewer, not float32's 24
+        out, want = attend_over_a_narrow_cache(run, MIXED, dtype, ragged)
+        assert np.abs(out - want).max() > 1e-4  # rounded: 8 bits of mantissa or fewer, not float32's 24
+        outs.append(out)
     np.testing.assert_allclose(outs[0], outs[1], atol=2e-6)
 
 
@@ -55,16 +62,8 @@ def test_both_cpu_backends_attend_over_the_rounded_cache_alike(dtype):
 @pytest.mark.parametrize("case", [MIXED, DECODE], ids=["ragged kernel", "decode kernel"])
 def test_the_pallas_kernels_attend_over_an_8_bit_cache_as_xla_does(dtype, case):
     """In the interpreter (the GPU build of an 8-bit cache is not checked on this machine)."""
-    options = case["variant"].kwargs(case["case"][2] * case["case"][3])
-    block_size, head_dim = case["case"][:2]
-    outs = []
-    for attention in (xla.paged_attention, pallas.make_backend("cpu")):
-        step = make_step(case["case"], options, False)
-        caches = (jnp.asarray(step.k_cache, dtype), jnp.asarray(step.v_cache, dtype))
-        out, k_cache, _ = attention(jnp.array(step.q), jnp.array(step.k), jnp.array(step.v), *caches, jnp.int32(1),
-                                    step.metadata, block_size=block_size, scale=head_dim**-0.5, **options)
-        assert k_cache.dtype == dtype
-        outs.append(np.asarray(out)[step.real_rows])
+    outs = [attend_over_a_narrow_cache(attention, case, dtype, False)[0]
+            for attention in (xla.paged_attention, pallas.make_backend("cpu"))]
     np.testing.assert_allclose(outs[0], outs[1], atol=2e-6)
 
 

@@ -330,12 +330,15 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
   const int64_t walk_bytes = heads_per_walk * D * sizeof(T);
 
   // Pass 1: scores[h, t - begin] = scale * q[h] . k[t, h / G]
-  constexpr bool kScoredByKeys = sizeof(T) < 4 && HeadDim > 0 && HeadDim % kLanes == 0;
-  for (int64_t first = 0; kScoredByKeys && G <= kMaxGroupScored && first < kv_count; ++first) {
-    score_keys<T, HeadDim>(p, table, begin, n, keys + first * D, q + first * G * D, G,
-                           scores.data() + first * G * m - begin, m);
+  bool scored = false;  // by score_keys: a 16- or 8-bit cache, a head dim fixed at compile time, G <= 8
+  if constexpr (sizeof(T) < 4 && HeadDim > 0 && HeadDim % kLanes == 0) {
+    scored = G <= kMaxGroupScored;
+    for (int64_t first = 0; scored && first < kv_count; ++first) {
+      score_keys<T, HeadDim>(p, table, begin, n, keys + first * D, q + first * G * D, G,
+                             scores.data() + first * G * m - begin, m);
+    }
   }
-  for (int64_t first = 0; !(kScoredByKeys && G <= kMaxGroupScored) && first < kv_count; first += heads_per_walk) {
+  for (int64_t first = 0; !scored && first < kv_count; first += heads_per_walk) {
     const T* keys_walked = keys + first * D;
     float* scores_walked = scores.data() + first * G * m - begin;
     for_each_slot(table, begin, n, p.block_size, keys_walked, slot_stride * sizeof(T), walk_bytes,

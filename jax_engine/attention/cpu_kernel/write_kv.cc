@@ -12,6 +12,7 @@
 //   layer             []  int32     the layer to write
 //   slot_mapping      [T] int32     each token's slot; one out of [0, S) is padding, skipped
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -59,7 +60,7 @@ ffi::Error WriteKVImpl(ffi::AnyBuffer k, ffi::AnyBuffer v, ffi::AnyBuffer k_cach
   if (layer_index < 0 || layer_index >= num_layers) {
     return ffi::Error::InvalidArgument("write_kv: layer " + std::to_string(layer_index) + " out of range");
   }
-  const int64_t item = dtype == ffi::DataType::BF16 || dtype == ffi::DataType::F16 ? 2 : 1;  // bytes
+  const int64_t item = k_cache.size_bytes() / std::max<size_t>(1, k_cache.element_count());  // bytes each
   const int64_t layer_offset = layer_index * num_slots * row_size * item;
   const int32_t* slots = slot_mapping.typed_data();
   write_rows(k, k_cache, k_out, slots, num_tokens, layer_offset, num_slots, row_size * item);
