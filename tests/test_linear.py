@@ -215,6 +215,23 @@ def test_linear_takes_the_kernel_for_few_rows_and_xla_beyond_with_the_same_resul
     np.testing.assert_allclose(few, many[:limit], rtol=1e-5, atol=1e-4)
 
 
+@needs_kernel
+@pytest.mark.parametrize("k", [48, 40])  # panels packed by 16 x 16 transposes, and (40) one value at a time
+def test_a_float32_layer_of_a_stack_takes_the_kernel_for_any_rows(k):
+    """Past FEW_ROWS rows a float32 stack's layer is multiplied by the kernel's register blocks (where the CPU has
+    AVX-512), read in place: 600 rows are three chunks of 256, the last of 88 (two panels and a partial one), and
+    100 output features leave a tail after the blocks of 12."""
+    from jax_engine.linear.matmul import STACKED_FLOAT32_ANY_ROWS
+    rng = np.random.default_rng(k)
+    w = rng.standard_normal((3, 100, k)).astype(np.float32)
+    assert uses_few_rows_kernel(600, jnp.asarray(w)) == STACKED_FLOAT32_ANY_ROWS
+    assert not uses_few_rows_kernel(FEW_ROWS[4] + 1, jnp.asarray(w[1]))  # one matrix: XLA's dot, no copy to save
+    x = rng.standard_normal((600, k)).astype(np.float32)
+    got = np.asarray(jax.jit(linear)(x, jnp.asarray(w), layer=jnp.int32(1)))
+    float32_rounding = 1e-5 * np.sqrt(k) * max(1.0, np.abs(w[1]).max())  # as in the test above
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w[1].T.astype(np.float64), rtol=0, atol=float32_rounding)
+
+
 def test_int8_rows_in_place_equal_the_plain_formula_and_quantize_layer_by_layer():
     """int8_rows (start-up's in-place passes) gives the plain formula's bits, and a stack of layers quantized one
     by one (as models/weights.py does) equals the stack quantized at once: rows are independent."""

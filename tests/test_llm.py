@@ -3,6 +3,7 @@
 import re
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from jax_engine import LLM, EngineArgs, SamplingParams
@@ -10,6 +11,7 @@ from jax_engine.attention import get_attention_backend
 from jax_engine.attention.backend import CPU, XLA
 from jax_engine.attention.cpu import kernel_unavailable_reason
 from jax_engine.kv_cache_plan import resolve_block_size
+from jax_engine.linear.matmul import STACKED_FLOAT32_ANY_ROWS
 from reference import LlamaModel, ReferenceEngine
 from reference import SamplingParams as ReferenceSamplingParams
 
@@ -320,7 +322,7 @@ def test_decode_steps_reuse_the_memory_of_their_logits(llm):
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA:CPU's compiled HLO; GPU compiles fuse otherwise")
 def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     """A decode step of a few rows copies no weight matrix out of the stacked layers: the few-rows kernel takes
-    the whole stack and the layer index. (XLA's dot, for more rows, reads a sliced copy: see models/llama.py.)
+    the whole stack and the layer index. (XLA's dot, for more rows of other weight types, reads a sliced copy.)
     Slicing out each layer's matrices would add a copy of the model's weights to a step that only reads them."""
     from jax_engine.runner.device_programs import STEP
 
@@ -335,6 +337,21 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     sliced = re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} dynamic-slice\(", step)
     matrices = [shape for shape in sliced if sum(int(d) > 1 for d in shape.split(",")) > 1]
     assert "ENTRY" in step and "jax_engine_few_rows_matmul" in step and sliced and not matrices
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA:CPU's compiled HLO; GPU compiles fuse otherwise")
+@pytest.mark.skipif(not STACKED_FLOAT32_ANY_ROWS, reason="float32 stacks take the kernel past 32 rows with AVX-512")
+def test_a_large_float32_step_reads_every_layers_weights_in_place(llm):
+    """A step of 64 tokens, past the few-rows kernel's 32, copies no weight matrix out of the stack either: float32
+    layers of a stack take the kernel for any rows (matmul.STACKED_FLOAT32_ANY_ROWS)."""
+    from jax_engine.runner.device_programs import STEP, step_example
+
+    runner = llm.llm_engine.runner
+    assert runner.model.layers["w_qkv"].value.dtype == jnp.float32
+    step = STEP.fn.lower(*step_example(runner, 64).args, runner.backend.attend).compile().as_text()
+    sliced = re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} dynamic-slice\(", step)
+    matrices = [shape for shape in sliced if sum(int(d) > 1 for d in shape.split(",")) > 1]
+    assert "jax_engine_few_rows_matmul" in step and sliced and not matrices
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA:CPU's compiled HLO")

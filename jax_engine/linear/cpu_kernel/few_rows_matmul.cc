@@ -369,12 +369,14 @@ struct Problem {
   const int16_t* x_int16;  // int8 weights and GGUF blocks: x rounded to int16, x ~= x_int16 * x_step (per row)
   const float* x_step;
   const float* x_block_sums;  // GGUF blocks streamed: [M, K/32] sums of x_int16 over each run of 32 (minimums)
-  const float* x_transposed;  // GGUF blocks past kDequantizedAfterRows rows: x_int16 as float32, [K, stride]
-  int64_t x_transposed_stride;  // rows rounded up to whole registers (zeros past the last)
+  // Many rows (GGUF blocks past kDequantizedAfterRows, float32 past kFloatAfterRows): x (GGUF: x_int16 as float32)
+  // in panels of kPanelRows rows, [panels, K, kPanelRows], zeros past the last row (pack_panels).
+  const float* x_panels;
   int64_t block_row_bytes;  // GGUF blocks: the bytes from one weight row to the next
   const uint8_t* x_low;  // int8 weights with VNNI: x_int16's low bytes [M, K] (unsigned),
   const int8_t* x_high;  // its high bytes (signed): x_int16 = 256 x_high + x_low
   const int64_t* x_high_sums;  // [M] sums of x_high over the row
+  uint64_t call;  // float32 past kFloatAfterRows: which call this is (chunk_panels' packed panels belong to one)
 };
 
 // Each int32 lane sums products of at most 127 x 32767 (2^22); this many inputs per lane-sum (here 4096 / 8
@@ -589,6 +591,8 @@ typedef Vec Wide;  // 8 rows of x
 constexpr int kDequantizedFeatures = 4;  // 4 x 2: 8 accumulators of the 16 AVX2 registers
 #endif
 constexpr int kWideLanes = sizeof(Wide) / sizeof(float);
+constexpr int64_t kPanelRows = 2 * kWideLanes;
+constexpr int64_t kLineFloats = 64 / sizeof(float);
 typedef float Float32x16 __attribute__((vector_size(64)));
 
 inline Wide load_wide(const float* p) {
@@ -626,17 +630,18 @@ void dequantize_features(const Problem& p, const uint8_t* w, int features, float
   }
 }
 
-// Dequantized weights w [FEATURES, K] times REGISTERS x kWideLanes rows of x from m0 into y: for each input, a
-// register of x_transposed's rows times each feature's weight (broadcast), so every multiply-add is a whole
-// register's and nothing is summed across lanes. (Dot products along K, a register of x times one of weights
-// per multiply-add, ran at a third of this speed in a one-core harness.)
-template <int REGISTERS, int FEATURES>
-inline void block_dequantized(const Problem& p, int64_t m0, const float* w, float* y) {
-  const int64_t K = p.in_features, N = p.out_features, stride = p.x_transposed_stride;
+// Float32 weights w [FEATURES, K] (dequantized or float32 as stored) times REGISTERS x kWideLanes rows of x from
+// m0 (the start of a panel) into y: for each input, a register of the panel's rows times each feature's weight
+// (broadcast), so every multiply-add is a whole register's and nothing is summed across lanes. (Dot products
+// along K, a register of x times one of weights per multiply-add, ran at a third of this speed in a one-core
+// harness.)
+template <int REGISTERS, int FEATURES, bool STEPPED>
+inline void block_dequantized(const Problem& p, const float* panel, int64_t m0, const float* w, float* y) {
+  const int64_t K = p.in_features, N = p.out_features;
   Wide acc[FEATURES][REGISTERS] = {};
   for (int64_t k = 0; k < K; ++k) {
     Wide xk[REGISTERS];
-    for (int r = 0; r < REGISTERS; ++r) xk[r] = load_wide(p.x_transposed + k * stride + m0 + r * kWideLanes);
+    for (int r = 0; r < REGISTERS; ++r) xk[r] = load_wide(panel + k * kPanelRows + r * kWideLanes);
     for (int f = 0; f < FEATURES; ++f) {
       const float wf = w[f * K + k];
       for (int r = 0; r < REGISTERS; ++r) acc[f][r] += wf * xk[r];
@@ -650,7 +655,11 @@ inline void block_dequantized(const Problem& p, int64_t m0, const float* w, floa
     for (int r = 0; r < REGISTERS; ++r) {
       const int64_t m = r * kWideLanes + lane;
       if (m >= rows) continue;
-      for (int f = 0; f < FEATURES; ++f) y[m * N + f] = acc[f][r][lane] * p.x_step[m0 + m];
+      if constexpr (STEPPED) {
+        for (int f = 0; f < FEATURES; ++f) y[m * N + f] = acc[f][r][lane] * p.x_step[m0 + m];
+      } else {
+        for (int f = 0; f < FEATURES; ++f) y[m * N + f] = acc[f][r][lane];
+      }
     }
   }
 }
@@ -682,21 +691,131 @@ inline void pass(const Problem& p, int64_t m, int64_t n) {
   }
 }
 
-// Every row of x times FEATURES output features from n on, dequantized once: two registers of rows at a time
-// (x_transposed's rows are padded with zeros to whole registers).
+// Rows [m_begin, m_end) of x (whole panels) times FEATURES output features' float32 weights w [FEATURES, K],
+// a panel at a time.
+template <int FEATURES, bool STEPPED>
+void rows_times(const Problem& p, const float* panels, int64_t m_begin, int64_t m_end, int64_t n, const float* w) {
+  for (int64_t m = m_begin; m < m_end; m += kPanelRows) {
+    const float* panel = panels + (m - m_begin) * p.in_features;
+    float* y = p.y + m * p.out_features + n;
+    if (m_end - m > kWideLanes) {
+      block_dequantized<2, FEATURES, STEPPED>(p, panel, m, w, y);
+    } else {
+      block_dequantized<1, FEATURES, STEPPED>(p, panel, m, w, y);
+    }
+  }
+}
+
+// Every row of x times FEATURES output features from n on, dequantized once.
 template <typename T, int FEATURES>
 void features_dequantized(const Problem& p, int64_t n) {
   thread_local std::vector<float> w;
   w.resize(FEATURES * p.in_features);
   dequantize_features<T>(p, static_cast<const uint8_t*>(p.w) + n * p.block_row_bytes, FEATURES, w.data());
-  for (int64_t m = 0; m < p.rows; m += 2 * kWideLanes) {
-    float* y = p.y + m * p.out_features + n;
-    if (p.rows - m > kWideLanes) {
-      block_dequantized<2, FEATURES>(p, m, w.data(), y);
-    } else {
-      block_dequantized<1, FEATURES>(p, m, w.data(), y);
+  rows_times<FEATURES, true>(p, p.x_panels, 0, p.rows, n, w.data());
+}
+
+// Float32 weights past kFloatAfterRows rows: the arithmetic is the cost, and XLA's dot would first copy a stacked
+// layer's weights out of the stack and repack them. Here rows [m_begin, m_end) multiply output features [n, end)
+// read in place, in blocks of kFloatFeatures: 12 features x 2 registers of rows take 24 of AVX-512's 32
+// registers, and each input loads 2 registers of x and broadcasts 12 weights for 24 multiply-adds. (A one-core
+// harness, 256 rows of SmolLM2's MLP: 140 GFLOP/s with 12 features, 146 with 14, 125 with 8; blocking over K was
+// no faster. 12 divides SmolLM2's widths, 576, 960, 3072 and 49152, where 14 would leave every matrix a tail.)
+#if defined(__AVX512F__)
+constexpr int kFloatFeatures = 12;
+#else
+constexpr int kFloatFeatures = kDequantizedFeatures;
+#endif
+// Fewer rows take the streaming passes, which read each weight once from memory (matmul.py's FEW_ROWS).
+constexpr int64_t kFloatAfterRows = 32;
+// Rows of x multiplied by one item's weights: 256 rows of 1536 inputs (SmolLM2's MLP down) are 1.5 MB of panels,
+// which stay in a core's L2 while the item's weights stream past. Longer x (prefill) is cut into chunks. Smaller
+// chunks read the weights once per chunk: 64 rows made the LM head (113 MB of float32) ~30% slower.
+constexpr int64_t kFloatRowsPerChunk = 256;
+// Items per chunk: the threads take them from a shared counter, so the last one is all either waits for.
+constexpr int64_t kFloatItemsPerChunk = 16;
+
+#if defined(__AVX512F__)
+// 16 rows of x (K apart) by 16 inputs into 16 runs of 16 rows, `stride` apart: a transpose in registers.
+inline void transpose_16x16(const float* x, int64_t K, float* out, int64_t stride) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(x + i * K);
+  for (int i = 0; i < 16; i += 2) {  // pairs of rows, interleaved by 32 bits
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // quads, by 64 bits
+    const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+    const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int i = 0; i < 4; ++i) {  // 128-bit lanes of quads 4 apart, then of quads 8 apart
+    for (int j = 0; j < 16; j += 8) {
+      t[i + j] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_f32x4(r[i + j], r[i + j + 4], 0xdd);
     }
   }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(out + i * stride, r[i]);
+}
+#endif
+
+// x [rows, K] (float32, or int16 held as float32) into panels of kPanelRows rows (see Problem::x_panels).
+template <typename S>
+void pack_panels(const S* x, int64_t rows, int64_t K, float* panels) {
+  const int64_t padded = (rows + kPanelRows - 1) / kPanelRows * kPanelRows;
+  auto at = [&](int64_t m, int64_t k) { return panels + (m / kPanelRows * K + k) * kPanelRows + m % kPanelRows; };
+  int64_t m = 0;
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<S, float>) {
+    for (; K % 16 == 0 && m + 16 <= rows; m += 16) {
+      for (int64_t k = 0; k < K; k += 16) transpose_16x16(x + m * K + k, K, at(m, k), kPanelRows);
+    }
+  }
+#endif
+  for (; m < padded; ++m) {
+    for (int64_t k = 0; k < K; ++k) *at(m, k) = m < rows ? static_cast<float>(x[m * K + k]) : 0.0f;
+  }
+}
+// The panels of rows [m_begin, m_end) of x, packed by this thread into its own buffer (once per call and chunk:
+// items of one chunk taken in a row reuse them). Each thread packs the chunks it works on while they are hot in
+// its own cache; one thread packing all of x for both took longer than a matmul's worth of setup (256 rows of
+// 1536 inputs: ~190 us, x and its panels twice the size of L2).
+const float* chunk_panels(const Problem& p, int64_t m_begin, int64_t m_end) {
+  thread_local std::vector<float> buffer;
+  thread_local uint64_t packed_call = 0;
+  thread_local int64_t packed_begin = -1;
+  const int64_t K = p.in_features;
+  const size_t size = (m_end - m_begin + kPanelRows - 1) / kPanelRows * kPanelRows * K + kLineFloats;
+  if (buffer.size() < size) {
+    buffer.resize(size);
+    packed_begin = -1;
+  }
+  float* panels = buffer.data();
+  panels += (kLineFloats - reinterpret_cast<uintptr_t>(panels) / sizeof(float) % kLineFloats) % kLineFloats;
+  if (packed_call != p.call || packed_begin != m_begin) {
+    pack_panels(p.x + m_begin * K, m_end - m_begin, K, panels);
+    packed_call = p.call;
+    packed_begin = m_begin;
+  }
+  return panels;
+}
+
+void float_features(const Problem& p, int64_t m_begin, int64_t m_end, int64_t n, int64_t end) {
+  const float* w = static_cast<const float*>(p.w);
+  const int64_t K = p.in_features;
+  const float* panels = chunk_panels(p, m_begin, m_end);
+  for (; n + kFloatFeatures <= end; n += kFloatFeatures) {
+    rows_times<kFloatFeatures, false>(p, panels, m_begin, m_end, n, w + n * K);
+  }
+  for (; n + 4 <= end; n += 4) rows_times<4, false>(p, panels, m_begin, m_end, n, w + n * K);
+  for (; n < end; ++n) rows_times<1, false>(p, panels, m_begin, m_end, n, w + n * K);
 }
 
 // Every row of x for FEATURES output features from n on: passes of kMaxRows rows while their weights stay in L1.
@@ -722,7 +841,7 @@ struct WorkQueue {
   std::vector<int16_t> x_int16;  // int8 weights and GGUF blocks only
   std::vector<float> x_step;
   std::vector<float> x_block_sums;  // GGUF blocks streamed (up to kDequantizedAfterRows rows) only
-  std::vector<float> x_transposed;  // GGUF blocks past kDequantizedAfterRows rows only
+  std::vector<float> x_panels;  // GGUF blocks past kDequantizedAfterRows rows only (float32: chunk_panels)
   std::vector<uint8_t> x_low;  // int8 weights with VNNI only
   std::vector<int8_t> x_high;
   std::vector<int64_t> x_high_sums;
@@ -730,13 +849,22 @@ struct WorkQueue {
   int block_type;  // GGUF blocks: the format's ggml_type id
   int64_t num_items;
   int64_t features_per_item;
+  int64_t items_per_chunk;  // items share out the output features of each chunk of rows_per_chunk rows
+  int64_t rows_per_chunk;  // whole panels for float32 weights past kFloatAfterRows; every row otherwise
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
   template <typename T>
   void item_features(int64_t item) {
+    const int64_t m_begin = item / items_per_chunk * rows_per_chunk;
+    item %= items_per_chunk;
     const int64_t end = std::min(problem.out_features, (item + 1) * features_per_item);
     int64_t n = item * features_per_item;
+    if constexpr (std::is_same_v<T, float>) {
+      if (problem.call) {
+        return float_features(problem, m_begin, std::min(problem.rows, m_begin + rows_per_chunk), n, end);
+      }
+    }
     if constexpr (kIsBlockFormat<T>) {
       if (problem.rows > kDequantizedAfterRows) {
         for (; n + kDequantizedFeatures <= end; n += kDequantizedFeatures) {
@@ -871,16 +999,22 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
     work->problem.x_block_sums = work->x_block_sums.data();
   }
   if (gguf_blocks && x_dims[0] > kDequantizedAfterRows) {
-    const int64_t stride = (x_dims[0] + kWideLanes - 1) / kWideLanes * kWideLanes;
-    work->x_transposed.assign(K * stride, 0.0f);
-    for (int64_t m = 0; m < x_dims[0]; ++m) {
-      for (int64_t k = 0; k < K; ++k) work->x_transposed[k * stride + m] = work->x_int16[m * K + k];
-    }
-    work->problem.x_transposed = work->x_transposed.data();
-    work->problem.x_transposed_stride = stride;
+    work->x_panels.resize((x_dims[0] + kPanelRows - 1) / kPanelRows * kPanelRows * K);
+    pack_panels(work->x_int16.data(), x_dims[0], K, work->x_panels.data());
+    work->problem.x_panels = work->x_panels.data();
   }
-  work->features_per_item = std::max<int64_t>(4, kBytesPerItem / static_cast<int64_t>(row_bytes) / 4 * 4);
-  work->num_items = (N + work->features_per_item - 1) / work->features_per_item;
+  if (dtype == ffi::DataType::F32 && x_dims[0] > kFloatAfterRows) {  // see float_features
+    static std::atomic<uint64_t> calls{0};
+    work->problem.call = ++calls;
+    const int64_t blocks = (N + kFloatFeatures - 1) / kFloatFeatures;
+    work->features_per_item = (blocks + kFloatItemsPerChunk - 1) / kFloatItemsPerChunk * kFloatFeatures;
+    work->rows_per_chunk = kFloatRowsPerChunk;
+  } else {
+    work->features_per_item = std::max<int64_t>(4, kBytesPerItem / static_cast<int64_t>(row_bytes) / 4 * 4);
+    work->rows_per_chunk = std::max<int64_t>(1, x_dims[0]);
+  }
+  work->items_per_chunk = (N + work->features_per_item - 1) / work->features_per_item;
+  work->num_items = work->items_per_chunk * ((x_dims[0] + work->rows_per_chunk - 1) / work->rows_per_chunk);
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
   work->run();
