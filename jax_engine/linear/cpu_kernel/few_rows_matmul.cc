@@ -27,6 +27,10 @@
 // one per 16 weights); a minimum (Q4_1, Q4_K, Q5_K) adds itself times the run's sum of x. Past 8 rows a few
 // output features are dequantized to float32 once and multiply every row from L1 (block_dequantized).
 //
+// Float32 weights past 32 rows (matmul.py sends a stacked layer's, with AVX-512) are no longer a few rows: the
+// cost is arithmetic. The same register blocks multiply them as stored, read in place (float_features), so a
+// layer of a stack is neither copied out of it nor repacked, which XLA's dot does at every call.
+//
 // Shapes:
 //   x      [M, K]  float32, K a multiple of 8 (of 16 for int8 weights)
 //   w      [N, K] or [L, N, K] (every layer's weights, stacked)  float32, bfloat16, float16 or int8;
@@ -38,7 +42,8 @@
 //          index, rather than a slice of it, saves XLA copying the layer's weights out before every call.
 //   y      [M, N]  float32
 //
-// Work items are ranges of output features, shared out over XLA's intra-op thread pool.
+// Work items are ranges of output features (for many float32 rows, of a chunk of rows), shared out over XLA's
+// intra-op thread pool.
 
 #include <algorithm>
 #include <atomic>
