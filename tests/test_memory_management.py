@@ -159,6 +159,7 @@ def test_parallel_sampling_forks_the_prompt_and_matches_independent_seeds(make_l
     assert any(step.copies for step in trace)  # copy-on-write of the shared partial block
     for i, completion in enumerate(together.outputs):
         single = SamplingParams(temperature=1.0, seed=10 + i, max_tokens=12, ignore_eos=True)
+        assert llm.reset_prefix_cache()  # prefill the whole prompt again, as `together` did: the same matmul path
         assert run(llm, [PROMPTS[0]], [single])[0] == completion.token_ids
 
 
