@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from jax_engine.linear import (FEW_ROWS, GGUF_FEW_ROWS, few_rows_matmul,
                                kernel_unavailable_reason, linear, quantize, uses_few_rows_kernel)
+from jax_engine.linear import matmul  # the module: tests set its MANY_ROWS_KERNEL
 from jax_engine.linear.gguf_blocks import FORMATS, as_q8_0, dequantize_blocks
 from tests.engine_helpers import engine_logits
 
@@ -89,13 +90,13 @@ def test_kernel_matches_the_plain_matmul(rows, k, n, kind, layers, seed):
 @needs_kernel
 @pytest.mark.parametrize("kind", GGUF_KINDS)
 def test_gguf_blocks_times_few_and_many_rows_with_every_tail(kind):
-    """Up to 8 rows the kernel streams the blocks. Past 8 it dequantizes 8 output features at a time (4 without
-    AVX-512) and multiplies 16 rows a register (8): 9, 17 and 40 rows leave registers partly padded, and 13
-    features a tail of 4 and of 1."""
+    """Up to 8 rows the kernel streams the blocks. Past 8 it dequantizes 12 output features at a time (4 without
+    AVX-512) and multiplies 16 rows a register (8), in chunks of 256 rows: 9, 17, 40 and 300 rows leave registers
+    partly padded, and 17 features a tail of 4 and of 1."""
     rng = np.random.default_rng(7)
     k = FORMATS[kind][0] * 2
-    w, _, exact = _weights(rng, 13, k, kind)
-    for rows in (1, 2, 9, 17, 40):
+    w, _, exact = _weights(rng, 17, k, kind)
+    for rows in (1, 2, 9, 17, 40, 300):
         x = rng.standard_normal((rows, k)).astype(np.float32)
         got = np.asarray(jax.jit(few_rows_matmul, static_argnames="formats")(x, w, None, 0, (kind,)))
         multiplied, _ = _rows_rounded_to_int16(x)
@@ -169,10 +170,12 @@ def test_kernel_refuses_uint8_rows_of_no_block_format():
         jax.block_until_ready(few_rows_matmul(jnp.zeros((1, 64)), jnp.zeros((4, 36), jnp.uint8)))
 
 
-@pytest.mark.parametrize("rows", [1, 70])  # the kernel, and XLA's dot of the layer dequantized (lax.switch)
-def test_a_stack_of_layers_in_different_formats(rows):
+@pytest.mark.parametrize("rows, many_rows_kernel", [(1, True), (70, True), (70, False)])
+def test_a_stack_of_layers_in_different_formats(rows, many_rows_kernel, monkeypatch):
     """A Q4_K_M file's ffn_down is Q4_K in some layers and Q6_K in others: the stack keeps each layer's blocks,
-    the narrower rows padded, and each layer is multiplied as its own format."""
+    the narrower rows padded, and each layer is multiplied as its own format, by the kernel (few rows, and many
+    with AVX-512) and by XLA's dot of the layer dequantized (lax.switch: many rows without AVX-512)."""
+    monkeypatch.setattr(matmul, "MANY_ROWS_KERNEL", matmul.MANY_ROWS_KERNEL and many_rows_kernel)
     rng = np.random.default_rng(4)
     kinds = ("q4_k", "q6_k", "q4_k")
     layers = [_weights(rng, 8, 512, kind) for kind in kinds]
@@ -181,9 +184,9 @@ def test_a_stack_of_layers_in_different_formats(rows):
                        for raw, _, _ in layers])  # padding bytes that would show if they were read
     x = rng.standard_normal((rows, 512)).astype(np.float32)
     multiplied, _ = _rows_rounded_to_int16(x)
-    call = jax.jit(linear, static_argnames="formats")
+    call = jax.jit(lambda x, layer: linear(x, stack, layer=layer, formats=kinds))  # traced with this test's routing
     for layer, (_, _, exact) in enumerate(layers):
-        got = np.asarray(call(x, stack, layer=jnp.int32(layer), formats=kinds))
+        got = np.asarray(call(x, jnp.int32(layer)))
         np.testing.assert_allclose(got, multiplied @ exact.T, rtol=0, atol=1e-5 * np.sqrt(512) * np.abs(exact).max())
 
 
@@ -201,35 +204,44 @@ def test_int8_weights_of_a_width_the_kernel_refuses_take_xla_with_the_same_round
 
 @needs_kernel
 @pytest.mark.parametrize("kind", WEIGHT_KINDS)
-def test_linear_takes_the_kernel_for_few_rows_and_xla_beyond_with_the_same_result(kind):
+def test_linear_takes_the_kernel_for_few_rows_and_xla_beyond_with_the_same_result(kind, monkeypatch):
+    """At the kernel's row limit and one past it, a single matrix: XLA's dot past the limit, except that with
+    AVX-512 the kernel keeps int8 weights and GGUF blocks for any rows (matmul.MANY_ROWS_KERNEL); then XLA's path
+    (forced) gives the kernel's result."""
     rng = np.random.default_rng(0)
     k = 256 if kind in K_QUANTS else 64
     w, scale, _ = _weights(rng, 96, k, kind)
     formats = (kind,) if kind in GGUF_KINDS else None
     limit = GGUF_FEW_ROWS if formats else FEW_ROWS[w.dtype.itemsize]
-    assert uses_few_rows_kernel(limit, w) and not uses_few_rows_kernel(limit + 1, w)
+    assert uses_few_rows_kernel(limit, w)
+    assert uses_few_rows_kernel(limit + 1, w) == (matmul.MANY_ROWS_KERNEL and kind in ROUNDS_X)
     x = rng.standard_normal((limit + 1, k)).astype(np.float32)
-    call = jax.jit(linear, static_argnames="formats")
-    many = np.asarray(call(x, w, scale, formats=formats))  # XLA's dot
-    few = np.asarray(call(x[:limit], w, scale, formats=formats))  # the kernel
+    few = np.asarray(jax.jit(lambda x: linear(x, w, scale, formats=formats))(x[:limit]))  # the kernel
+    monkeypatch.setattr(matmul, "MANY_ROWS_KERNEL", False)
+    many = np.asarray(jax.jit(lambda x: linear(x, w, scale, formats=formats))(x))  # traced now: XLA's dot
     np.testing.assert_allclose(few, many[:limit], rtol=1e-5, atol=1e-4)
 
 
 @needs_kernel
-@pytest.mark.parametrize("k", [48, 40])  # panels packed by 16 x 16 transposes, and (40) one value at a time
-def test_a_float32_layer_of_a_stack_takes_the_kernel_for_any_rows(k):
-    """Past FEW_ROWS rows a float32 stack's layer is multiplied by the kernel's register blocks (where the CPU has
-    AVX-512), read in place: 600 rows are three chunks of 256, the last of 88 (two panels and a partial one), and
-    100 output features leave a tail after the blocks of 12."""
-    from jax_engine.linear.matmul import STACKED_FLOAT32_ANY_ROWS
+@pytest.mark.parametrize("kind, k", [("float32", 48), ("float32", 40), ("int8", 48), ("q4_1", 64), ("q6_k", 256)])
+def test_a_layer_of_a_stack_takes_the_kernel_for_any_rows(kind, k):
+    """Past FEW_ROWS rows a float32 stack's layer, and int8 or GGUF weights, are multiplied by the kernel's
+    register blocks (where the CPU has AVX-512), read in place: 600 rows are three chunks of 256, the last of 88
+    (two panels and a partial one), and 100 output features leave tails after the blocks of 12. x's panels are
+    packed by 16 x 16 transposes, and (40 inputs) one value at a time."""
     rng = np.random.default_rng(k)
-    w = rng.standard_normal((3, 100, k)).astype(np.float32)
-    assert uses_few_rows_kernel(600, jnp.asarray(w)) == STACKED_FLOAT32_ANY_ROWS
-    assert not uses_few_rows_kernel(FEW_ROWS[4] + 1, jnp.asarray(w[1]))  # one matrix: XLA's dot, no copy to save
+    stack = [_weights(rng, 100, k, kind) for _ in range(3)]
+    w = jnp.stack([stored for stored, _, _ in stack])
+    scale = jnp.stack([s for _, s, _ in stack]) if kind == "int8" else None
+    formats = (kind,) * 3 if kind in GGUF_KINDS else None
+    assert uses_few_rows_kernel(600, w) == matmul.MANY_ROWS_KERNEL
+    assert not uses_few_rows_kernel(FEW_ROWS[4] + 1, jnp.ones((100, k)))  # one float32 matrix: no copy to save
     x = rng.standard_normal((600, k)).astype(np.float32)
-    got = np.asarray(jax.jit(linear)(x, jnp.asarray(w), layer=jnp.int32(1)))
-    float32_rounding = 1e-5 * np.sqrt(k) * max(1.0, np.abs(w[1]).max())  # as in the test above
-    np.testing.assert_allclose(got, x.astype(np.float64) @ w[1].T.astype(np.float64), rtol=0, atol=float32_rounding)
+    got = np.asarray(jax.jit(lambda x: linear(x, w, scale, layer=jnp.int32(1), formats=formats))(x))
+    multiplied, _ = _rows_rounded_to_int16(x) if kind in ROUNDS_X else (x.astype(np.float64), None)
+    exact = stack[1][2]
+    float32_rounding = 1e-5 * np.sqrt(k) * max(1.0, np.abs(exact).max())  # as in the first test
+    np.testing.assert_allclose(got, multiplied @ exact.T, rtol=0, atol=float32_rounding)
 
 
 def test_int8_rows_in_place_equal_the_plain_formula_and_quantize_layer_by_layer():

@@ -11,7 +11,7 @@ from jax_engine.attention import get_attention_backend
 from jax_engine.attention.backend import CPU, XLA
 from jax_engine.attention.cpu import kernel_unavailable_reason
 from jax_engine.kv_cache_plan import resolve_block_size
-from jax_engine.linear.matmul import STACKED_FLOAT32_ANY_ROWS
+from jax_engine.linear.matmul import MANY_ROWS_KERNEL
 from reference import LlamaModel, ReferenceEngine
 from reference import SamplingParams as ReferenceSamplingParams
 
@@ -340,10 +340,10 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA:CPU's compiled HLO; GPU compiles fuse otherwise")
-@pytest.mark.skipif(not STACKED_FLOAT32_ANY_ROWS, reason="float32 stacks take the kernel past 32 rows with AVX-512")
+@pytest.mark.skipif(not MANY_ROWS_KERNEL, reason="float32 stacks take the kernel past 32 rows with AVX-512")
 def test_a_large_float32_step_reads_every_layers_weights_in_place(llm):
     """A step of 64 tokens, past the few-rows kernel's 32, copies no weight matrix out of the stack either: float32
-    layers of a stack take the kernel for any rows (matmul.STACKED_FLOAT32_ANY_ROWS)."""
+    layers of a stack take the kernel for any rows (matmul.MANY_ROWS_KERNEL)."""
     from jax_engine.runner.device_programs import STEP, step_example
 
     runner = llm.llm_engine.runner

@@ -1,5 +1,5 @@
-"""y = x W^T (times a scale per output feature for int8 weights): a C++ kernel for few rows (and for a float32
-layer of a stack), XLA's dot otherwise.
+"""y = x W^T (times a scale per output feature for int8 weights): a C++ kernel for few rows (and with AVX-512 for
+many rows of weights it reads in place), XLA's dot otherwise.
 
 Weights are float32, bfloat16, float16, int8 (with a scale per output feature) or GGUF blocks (uint8 rows,
 with each layer's block format named beside them: gguf_blocks.py).
@@ -9,8 +9,9 @@ every weight of the model, so its cost is reading the weights from memory; XLA's
 matrix into a blocked layout on every call before multiplying, about three times the memory traffic, and
 padding the rows changes nothing. The few-rows kernel (cpu_kernel/few_rows_matmul.cc) streams each weight row
 once for all rows. Past FEW_ROWS rows (more for narrower weights) the matmul is bound by arithmetic, not memory,
-and XLA's dot is faster, except where it must first copy a layer out of the stacked weights: float32 layers of
-a stack keep taking the kernel, which multiplies many rows in register blocks and reads the layer in place.
+and XLA's dot is as fast, except where it must first copy or widen the weights: float32 layers of a stack, int8
+weights and GGUF blocks keep taking the kernel, which multiplies many rows in register blocks and reads the
+weights in place (MANY_ROWS_KERNEL).
 """
 
 import functools
@@ -33,13 +34,15 @@ _TARGET = "jax_engine_few_rows_matmul"
 # 54/77 at 24, 71/105 at 32, 101/103 at 48, 130/129 at 64 (the first kernel, before its prefetch into L2, lost
 # at 32 rows: 210 against 133). int8: 97 ms at 32 rows, where XLA would first widen every weight to float32.
 FEW_ROWS = {4: 32, 2: 32, 1: 64}
-# A float32 layer of a stack times more rows: the kernel's register blocks (float_features in few_rows_matmul.cc),
-# built for AVX-512's 32 registers. XLA's dot would copy the layer out of the stack and repack it first. Chains of
-# SmolLM2's 30 layers on a 2-core Xeon (AVX-512), XLA against the kernel, ms at 64 / 128 / 256 / 1024 rows: q/k/v
-# 15.4 / 23.0 / 47.8 / 130 against 11.8 / 18.5 / 41.3 / 123, MLP up 43.4 / 66.9 / 145 / 397 against 36.7 /
-# 59.9 / 121 / 375, MLP down 26.0 / 38.2 / 80.8 / 228 against 14.2 / 28.3 / 69.9 / 219. The LM head (one matrix,
-# nothing to copy) came out even, so single matrices keep XLA's dot.
-STACKED_FLOAT32_ANY_ROWS = "avx512f" in native.cpu_signature().split()
+# Past those rows, where the CPU has AVX-512, the kernel multiplies many rows in register blocks built for its 32
+# registers (many_rows_features in few_rows_matmul.cc), reading the weights in place: a float32 layer of a stack,
+# which XLA's dot would first copy out of the stack and repack, and int8 weights and GGUF blocks, which XLA's path
+# first widens to a float32 copy four times (GGUF: eight times) their size. Chains of SmolLM2's 30 layers on a
+# 2-core Xeon (AVX-512), XLA against the kernel, ms at 64 / 128 / 256 / 1024 rows: float32 q/k/v 15.4 / 23.0 / 47.8
+# / 130 against 11.8 / 18.5 / 41.3 / 123, MLP up 43.4 / 66.9 / 145 / 397 against 36.7 / 59.9 / 121 / 375, MLP down
+# 26.0 / 38.2 / 80.8 / 228 against 14.2 / 28.3 / 69.9 / 219. A float32 LM head (one matrix, nothing to copy) came
+# out even, so single float32 matrices keep XLA's dot.
+MANY_ROWS_KERNEL = "avx512f" in native.cpu_signature().split()
 # GGUF blocks past 8 rows are dequantized a few output features at a time in the kernel (few_rows_matmul.cc), so the
 # weights cross memory once in their blocks where XLA's path writes and reads them dequantized to float32. The
 # shipped file's Q4_1 matrices of all 30 layers on a 2-core Zen 5, kernel against dequantize + XLA's dot: up 7.6 /
@@ -71,7 +74,8 @@ def uses_few_rows_kernel(rows: int, w: jax.Array) -> bool:
     """Whether `linear` runs the kernel for this many rows of x times w (on this platform)."""
     width_fits = w.dtype == jnp.uint8 or w.shape[-1] % (16 if w.dtype == jnp.int8 else 8) == 0  # blocks: always
     most = GGUF_FEW_ROWS if w.dtype == jnp.uint8 else FEW_ROWS.get(w.dtype.itemsize, 0)
-    any_rows = STACKED_FLOAT32_ANY_ROWS and w.dtype == jnp.float32 and w.ndim == 3
+    in_place = w.dtype in (jnp.int8, jnp.uint8) or (w.dtype == jnp.float32 and w.ndim == 3)
+    any_rows = MANY_ROWS_KERNEL and in_place
     return (rows <= most or any_rows) and width_fits and platform() == "cpu" and kernel_unavailable_reason() is None
 
 

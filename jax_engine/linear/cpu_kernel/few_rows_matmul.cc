@@ -24,12 +24,12 @@
 // of 32 weights or Q4_K, Q5_K or Q6_K super-blocks of 256, with each layer's format named by its ggml_type id.
 // They multiply x rounded to int16 like int8 weights: each run of 32 products is summed exactly in int32 (at
 // most 4 x 127 x 32767 per lane, below 2^24, so exact in float32 too), then scaled by the run's scale (Q6_K:
-// one per 16 weights); a minimum (Q4_1, Q4_K, Q5_K) adds itself times the run's sum of x. Past 8 rows a few
-// output features are dequantized to float32 once and multiply every row from L1 (block_dequantized).
+// one per 16 weights); a minimum (Q4_1, Q4_K, Q5_K) adds itself times the run's sum of x.
 //
-// Float32 weights past 32 rows (matmul.py sends a stacked layer's, with AVX-512) are no longer a few rows: the
-// cost is arithmetic. The same register blocks multiply them as stored, read in place (float_features), so a
-// layer of a stack is neither copied out of it nor repacked, which XLA's dot does at every call.
+// Past a few rows (GGUF 8, float32 24, int8 28 with AVX-512: streamed_rows) the cost is arithmetic, not reading the weights:
+// a few output features' weights at a time, as stored (float32) or widened to float32 once (int8, GGUF), in L1,
+// multiply every row of a chunk of x in register blocks (many_rows_features). A layer of a stack is read in
+// place, where XLA's dot copies it out of the stack (and widens it) and repacks it at every call.
 //
 // Shapes:
 //   x      [M, K]  float32, K a multiple of 8 (of 16 for int8 weights)
@@ -42,7 +42,7 @@
 //          index, rather than a slice of it, saves XLA copying the layer's weights out before every call.
 //   y      [M, N]  float32
 //
-// Work items are ranges of output features (for many float32 rows, of a chunk of rows), shared out over XLA's
+// Work items are ranges of output features (for many rows, of a chunk of rows), shared out over XLA's
 // intra-op thread pool.
 
 #include <algorithm>
@@ -374,14 +374,14 @@ struct Problem {
   const int16_t* x_int16;  // int8 weights and GGUF blocks: x rounded to int16, x ~= x_int16 * x_step (per row)
   const float* x_step;
   const float* x_block_sums;  // GGUF blocks streamed: [M, K/32] sums of x_int16 over each run of 32 (minimums)
-  // Many rows (GGUF blocks past kDequantizedAfterRows, float32 past kFloatAfterRows): x (GGUF: x_int16 as float32)
-  // in panels of kPanelRows rows, [panels, K, kPanelRows], zeros past the last row (pack_panels).
-  const float* x_panels;
+  // Many rows of int8 weights or GGUF blocks (many_rows_features): x_int16 as float32 [M, K], which each thread
+  // packs into panels (chunk_panels) as float32 weights' rows pack x.
+  const float* x_rounded;
   int64_t block_row_bytes;  // GGUF blocks: the bytes from one weight row to the next
   const uint8_t* x_low;  // int8 weights with VNNI: x_int16's low bytes [M, K] (unsigned),
   const int8_t* x_high;  // its high bytes (signed): x_int16 = 256 x_high + x_low
   const int64_t* x_high_sums;  // [M] sums of x_high over the row
-  uint64_t call;  // float32 past kFloatAfterRows: which call this is (chunk_panels' packed panels belong to one)
+  uint64_t call;  // many rows (streamed_rows): which call this is (chunk_panels' packed panels belong to one); 0 else
 };
 
 // Each int32 lane sums products of at most 127 x 32767 (2^22); this many inputs per lane-sum (here 4096 / 8
@@ -391,14 +391,16 @@ constexpr float kInt16Max = 32767.0f;
 
 // Each row of x as int16 values and one step: x_int16 = rint(x * (32767 / max |x|)), step = max |x| / 32767
 // (a zero row: x_int16 = 0, step 1). matmul.round_rows_to_int16 computes the same in XLA.
-void round_rows_to_int16(const float* x, int64_t rows, int64_t K, int16_t* x_int16, float* x_step) {
+// S is int16_t, or float for the many-rows path (the same integers, held as float32: exact).
+template <typename S>
+void round_rows_to_int16(const float* x, int64_t rows, int64_t K, S* x_int16, float* x_step) {
   for (int64_t m = 0; m < rows; ++m) {
     const float* row = x + m * K;
     float peak = 0.0f;
     for (int64_t k = 0; k < K; ++k) peak = std::max(peak, std::fabs(row[k]));
     const float inverse = peak > 0.0f ? kInt16Max / peak : 1.0f;
     x_step[m] = peak > 0.0f ? peak / kInt16Max : 1.0f;
-    for (int64_t k = 0; k < K; ++k) x_int16[m * K + k] = static_cast<int16_t>(std::nearbyint(row[k] * inverse));
+    for (int64_t k = 0; k < K; ++k) x_int16[m * K + k] = static_cast<S>(std::nearbyint(row[k] * inverse));
   }
 }
 
@@ -573,28 +575,61 @@ inline void block_gguf(const Problem& p, int64_t m0, const uint8_t* w, float* y)
   }
 }
 
-// GGUF blocks times more rows than one pass takes: a few output features' weights are dequantized once into
-// float32 in L1, and every row of x multiplies them there with float32 multiply-adds. x is the same x rounded
-// to int16 (held as float32: exact), so these are the sums matmul.py's XLA path computes for many rows, x_int16
-// times the dequantized weights, without the dequantized matrix crossing memory. Streamed, each pass of 4 rows
-// unpacked every block again (Q5_0: up to 17 instructions per run of 32 weights), and each run of 32 products
-// and row took two vpmaddwd, an add, a conversion to float and a scaled add (5 instructions); here a register's
-// multiply-adds take 16 products with AVX-512 (8 with AVX2), and nothing else. Timed in turns on a 2-core Zen 5,
-// chains of Gemma 3 270M's matrices, streamed (int16 weights unpacked once per 4 features before 2026-11-28)
-// against dequantized: the Q8_0 LM head (262144 x 640) 32 / 67 / 136 ms against 24 / 39 / 75 at 12 / 32 / 64
-// rows (its int8 requantization: 24 / 47-55 / 109), the 18 Q5_0 ffn_gate 4.7 / 11.2 / 21.1 against 3.8 / 5.1
-// / 9.1, the Q4_K ffn_down 5.2 / 11.7 / 21.4 against 3.2 / 5.3 / 10.7.
+// Many rows: the cost is arithmetic, not reading the weights. A few output features' weights at a time are
+// made float32 ([features, K]: float32 weights as stored, read in place; int8 rows times their scale and GGUF
+// blocks dequantized once into the thread's buffer, in L1), and every row of a chunk of x multiplies them there
+// with float32 multiply-adds in register blocks (block_dequantized). For int8 and GGUF, x is the same x rounded
+// to int16 (held as float32: exact), so these are the sums matmul.py's XLA path computes, x_int16 times the
+// widened weights, without a widened matrix crossing memory or a stacked layer being copied out of its stack.
 //
-// Not for 8 rows or fewer: a register of 16 rows then holds half padding, and streaming wins (the LM head at 4
-// / 6 / 8 rows: 12.8 / 10.7 / 11.7 ms streamed against 21.0 / 21.1 / 21.6 dequantized).
-constexpr int64_t kDequantizedAfterRows = 8;
+// GGUF, streamed, each pass of 4 rows unpacked every block again (Q5_0: up to 17 instructions per run of 32
+// weights), and each run of 32 products and row took two vpmaddwd, an add, a conversion to float and a scaled
+// add (5 instructions); here a register's multiply-adds take 16 products with AVX-512 (8 with AVX2), and
+// nothing else. Timed in turns on a 2-core Zen 5, chains of Gemma 3 270M's matrices, streamed (int16 weights
+// unpacked once per 4 features before 2026-11-28) against dequantized: the Q8_0 LM head (262144 x 640) 32 / 67
+// / 136 ms against 24 / 39 / 75 at 12 / 32 / 64 rows (its int8 requantization: 24 / 47-55 / 109), the 18 Q5_0
+// ffn_gate 4.7 / 11.2 / 21.1 against 3.8 / 5.1 / 9.1, the Q4_K ffn_down 5.2 / 11.7 / 21.4 against 3.2 / 5.3 /
+// 10.7. Not for 8 rows or fewer: a register of 16 rows then holds half padding, and streaming wins (the LM head
+// at 4 / 6 / 8 rows: 12.8 / 10.7 / 11.7 ms streamed against 21.0 / 21.1 / 21.6 dequantized).
+//
+// Float32 past 24 rows (matmul.py sends a stacked layer's any rows, with AVX-512): XLA's dot would copy the layer
+// out of the stack and repack it. 12 features x 2 registers of rows take 24 of AVX-512's 32 registers, and each
+// input loads 2 registers of x and broadcasts 12 weights for 24 multiply-adds. (A one-core harness, 256 rows of
+// SmolLM2's MLP: 140 GFLOP/s with 12 features, 146 with 14, 125 with 8; blocking over K was no faster. 12
+// divides SmolLM2's widths, 576, 960, 3072 and 49152, where 14 would leave every matrix a tail.)
+//
+// The rows each weight type streams before it takes this path: where reading each weight once for all rows
+// still costs more than the register blocks' padding (a register holds 16 rows). With AVX-512, chains of
+// SmolLM2's 30 layers on a 2-core Xeon, streamed against these blocks (q/k/v, ms): float32 at 16 / 24 / 32 rows
+// 6.0 / 7.7 / 9.0 against 6.9 / 7.7 / 6.9, int8 at 24 / 32 / 64 4.4 / 7.0 / 12.2 against 5.3 / 5.5 / 9.7. Without
+// AVX-512 (blocks of 8 rows, not timed) float32 and int8 stream as many rows as matmul.py sends; bfloat16 and
+// float16 always stream.
+int64_t streamed_rows(ffi::DataType dtype) {
+#if defined(__AVX512F__)
+  constexpr int64_t kFloat32 = 24, kInt8 = 28;
+#else
+  constexpr int64_t kFloat32 = 32, kInt8 = 64;
+#endif
+  switch (dtype) {
+    case ffi::DataType::F32: return kFloat32;
+    case ffi::DataType::S8: return kInt8;
+    case ffi::DataType::U8: return 8;  // GGUF blocks
+    default: return INT64_MAX;
+  }
+}
 #if defined(__AVX512F__)
 typedef float Wide __attribute__((vector_size(64)));  // one AVX-512 register: 16 rows of x
-constexpr int kDequantizedFeatures = 8;  // 8 features x 2 registers of rows: 16 accumulators of the 32 registers
+constexpr int kManyFeatures = 12;
 #else
 typedef Vec Wide;  // 8 rows of x
-constexpr int kDequantizedFeatures = 4;  // 4 x 2: 8 accumulators of the 16 AVX2 registers
+constexpr int kManyFeatures = 4;  // 4 x 2: 8 accumulators of the 16 AVX2 registers
 #endif
+// Rows of x multiplied by one item's weights: 256 rows of 1536 inputs (SmolLM2's MLP down) are 1.5 MB of panels,
+// which stay in a core's L2 while the item's weights stream past. Longer x (prefill) is cut into chunks. Smaller
+// chunks read the weights once per chunk: 64 rows made the LM head (113 MB of float32) ~30% slower.
+constexpr int64_t kManyRowsPerChunk = 256;
+// Items per chunk: the threads take them from a shared counter, so the last one is all either waits for.
+constexpr int64_t kManyItemsPerChunk = 16;
 constexpr int kWideLanes = sizeof(Wide) / sizeof(float);
 constexpr int64_t kPanelRows = 2 * kWideLanes;
 constexpr int64_t kLineFloats = 64 / sizeof(float);
@@ -632,6 +667,16 @@ void dequantize_features(const Problem& p, const uint8_t* w, int features, float
         store_dequantized(high, scale[T::kScalesPer16 ? 2 * j + 1 : j], minimum[j], run + kIntLanes);
       }
     }
+  }
+}
+
+// int8 weight rows times their scales, into out [features, K].
+void dequantize_int8(const Problem& p, int64_t n, int features, float* out) {
+  const int64_t K = p.in_features;
+  const int8_t* w = static_cast<const int8_t*>(p.w) + n * K;
+  for (int f = 0; f < features; ++f) {
+    const float scale = p.scale[n + f];
+    for (int64_t k = 0; k < K; ++k) out[f * K + k] = static_cast<float>(w[f * K + k]) * scale;
   }
 }
 
@@ -711,35 +756,6 @@ void rows_times(const Problem& p, const float* panels, int64_t m_begin, int64_t 
   }
 }
 
-// Every row of x times FEATURES output features from n on, dequantized once.
-template <typename T, int FEATURES>
-void features_dequantized(const Problem& p, int64_t n) {
-  thread_local std::vector<float> w;
-  w.resize(FEATURES * p.in_features);
-  dequantize_features<T>(p, static_cast<const uint8_t*>(p.w) + n * p.block_row_bytes, FEATURES, w.data());
-  rows_times<FEATURES, true>(p, p.x_panels, 0, p.rows, n, w.data());
-}
-
-// Float32 weights past kFloatAfterRows rows: the arithmetic is the cost, and XLA's dot would first copy a stacked
-// layer's weights out of the stack and repack them. Here rows [m_begin, m_end) multiply output features [n, end)
-// read in place, in blocks of kFloatFeatures: 12 features x 2 registers of rows take 24 of AVX-512's 32
-// registers, and each input loads 2 registers of x and broadcasts 12 weights for 24 multiply-adds. (A one-core
-// harness, 256 rows of SmolLM2's MLP: 140 GFLOP/s with 12 features, 146 with 14, 125 with 8; blocking over K was
-// no faster. 12 divides SmolLM2's widths, 576, 960, 3072 and 49152, where 14 would leave every matrix a tail.)
-#if defined(__AVX512F__)
-constexpr int kFloatFeatures = 12;
-#else
-constexpr int kFloatFeatures = kDequantizedFeatures;
-#endif
-// Fewer rows take the streaming passes, which read each weight once from memory (matmul.py's FEW_ROWS).
-constexpr int64_t kFloatAfterRows = 32;
-// Rows of x multiplied by one item's weights: 256 rows of 1536 inputs (SmolLM2's MLP down) are 1.5 MB of panels,
-// which stay in a core's L2 while the item's weights stream past. Longer x (prefill) is cut into chunks. Smaller
-// chunks read the weights once per chunk: 64 rows made the LM head (113 MB of float32) ~30% slower.
-constexpr int64_t kFloatRowsPerChunk = 256;
-// Items per chunk: the threads take them from a shared counter, so the last one is all either waits for.
-constexpr int64_t kFloatItemsPerChunk = 16;
-
 #if defined(__AVX512F__)
 // 16 rows of x (K apart) by 16 inputs into 16 runs of 16 rows, `stride` apart: a transpose in registers.
 inline void transpose_16x16(const float* x, int64_t K, float* out, int64_t stride) {
@@ -771,24 +787,22 @@ inline void transpose_16x16(const float* x, int64_t K, float* out, int64_t strid
 }
 #endif
 
-// x [rows, K] (float32, or int16 held as float32) into panels of kPanelRows rows (see Problem::x_panels).
-template <typename S>
-void pack_panels(const S* x, int64_t rows, int64_t K, float* panels) {
+// x [rows, K] into panels of kPanelRows rows, [panels, K, kPanelRows], zeros past the last row: a panel's rows of
+// one input are one or two registers.
+void pack_panels(const float* x, int64_t rows, int64_t K, float* panels) {
   const int64_t padded = (rows + kPanelRows - 1) / kPanelRows * kPanelRows;
   auto at = [&](int64_t m, int64_t k) { return panels + (m / kPanelRows * K + k) * kPanelRows + m % kPanelRows; };
   int64_t m = 0;
 #if defined(__AVX512F__)
-  if constexpr (std::is_same_v<S, float>) {
-    for (; K % 16 == 0 && m + 16 <= rows; m += 16) {
-      for (int64_t k = 0; k < K; k += 16) transpose_16x16(x + m * K + k, K, at(m, k), kPanelRows);
-    }
+  for (; K % 16 == 0 && m + 16 <= rows; m += 16) {
+    for (int64_t k = 0; k < K; k += 16) transpose_16x16(x + m * K + k, K, at(m, k), kPanelRows);
   }
 #endif
   for (; m < padded; ++m) {
-    for (int64_t k = 0; k < K; ++k) *at(m, k) = m < rows ? static_cast<float>(x[m * K + k]) : 0.0f;
+    for (int64_t k = 0; k < K; ++k) *at(m, k) = m < rows ? x[m * K + k] : 0.0f;
   }
 }
-// The panels of rows [m_begin, m_end) of x, packed by this thread into its own buffer (once per call and chunk:
+// The panels of rows [m_begin, m_end) of x (int8 and GGUF: of x rounded), packed by this thread into its own buffer (once per call and chunk:
 // items of one chunk taken in a row reuse them). Each thread packs the chunks it works on while they are hot in
 // its own cache; one thread packing all of x for both took longer than a matmul's worth of setup (256 rows of
 // 1536 inputs: ~190 us, x and its panels twice the size of L2).
@@ -805,30 +819,45 @@ const float* chunk_panels(const Problem& p, int64_t m_begin, int64_t m_end) {
   float* panels = buffer.data();
   panels += (kLineFloats - reinterpret_cast<uintptr_t>(panels) / sizeof(float) % kLineFloats) % kLineFloats;
   if (packed_call != p.call || packed_begin != m_begin) {
-    pack_panels(p.x + m_begin * K, m_end - m_begin, K, panels);
+    pack_panels((p.x_rounded ? p.x_rounded : p.x) + m_begin * K, m_end - m_begin, K, panels);
     packed_call = p.call;
     packed_begin = m_begin;
   }
   return panels;
 }
 
-void float_features(const Problem& p, int64_t m_begin, int64_t m_end, int64_t n, int64_t end) {
-  const float* w = static_cast<const float*>(p.w);
-  const int64_t K = p.in_features;
-  const float* panels = chunk_panels(p, m_begin, m_end);
-  for (; n + kFloatFeatures <= end; n += kFloatFeatures) {
-    rows_times<kFloatFeatures, false>(p, panels, m_begin, m_end, n, w + n * K);
+// Weights of output features [n, n + features) as float32 [features, K] (see above).
+template <typename T>
+const float* features_as_float(const Problem& p, int64_t n, int features) {
+  if constexpr (std::is_same_v<T, float>) {
+    return static_cast<const float*>(p.w) + n * p.in_features;
+  } else {
+    thread_local std::vector<float> buffer;
+    buffer.resize(features * p.in_features);
+    if constexpr (kIsBlockFormat<T>) {
+      dequantize_features<T>(p, static_cast<const uint8_t*>(p.w) + n * p.block_row_bytes, features, buffer.data());
+    } else {
+      dequantize_int8(p, n, features, buffer.data());
+    }
+    return buffer.data();
   }
-  for (; n + 4 <= end; n += 4) rows_times<4, false>(p, panels, m_begin, m_end, n, w + n * K);
-  for (; n < end; ++n) rows_times<1, false>(p, panels, m_begin, m_end, n, w + n * K);
+}
+
+// Rows [m_begin, m_end) of x times output features [n, end), kManyFeatures at a time.
+template <typename T>
+void many_rows_features(const Problem& p, int64_t m_begin, int64_t m_end, int64_t n, int64_t end) {
+  constexpr bool kStepped = !std::is_same_v<T, float>;  // x rounded: times each row's step
+  const float* panels = chunk_panels(p, m_begin, m_end);
+  for (; n + kManyFeatures <= end; n += kManyFeatures) {
+    rows_times<kManyFeatures, kStepped>(p, panels, m_begin, m_end, n, features_as_float<T>(p, n, kManyFeatures));
+  }
+  for (; n + 4 <= end; n += 4) rows_times<4, kStepped>(p, panels, m_begin, m_end, n, features_as_float<T>(p, n, 4));
+  for (; n < end; ++n) rows_times<1, kStepped>(p, panels, m_begin, m_end, n, features_as_float<T>(p, n, 1));
 }
 
 // Every row of x for FEATURES output features from n on: passes of kMaxRows rows while their weights stay in L1.
 template <typename T, int FEATURES>
 void features(const Problem& p, int64_t n) {
-  if constexpr (kIsBlockFormat<T>) {
-    if (p.rows > kDequantizedAfterRows) return features_dequantized<T, FEATURES>(p, n);
-  }
   int64_t m = 0;
   for (; m + kMaxRows <= p.rows; m += kMaxRows) pass<T, kMaxRows, FEATURES>(p, m, n);
   switch (p.rows - m) {  // the last, partial pass: one instantiation per row count keeps accumulators in registers
@@ -843,10 +872,10 @@ void features(const Problem& p, int64_t n) {
 // the call has returned finds no item left and touches nothing else.
 struct WorkQueue {
   Problem problem;
-  std::vector<int16_t> x_int16;  // int8 weights and GGUF blocks only
+  std::vector<int16_t> x_int16;  // int8 weights and GGUF blocks streamed only
   std::vector<float> x_step;
-  std::vector<float> x_block_sums;  // GGUF blocks streamed (up to kDequantizedAfterRows rows) only
-  std::vector<float> x_panels;  // GGUF blocks past kDequantizedAfterRows rows only (float32: chunk_panels)
+  std::vector<float> x_block_sums;  // GGUF blocks streamed only
+  std::vector<float> x_rounded;  // int8 weights and GGUF blocks past streamed_rows only
   std::vector<uint8_t> x_low;  // int8 weights with VNNI only
   std::vector<int8_t> x_high;
   std::vector<int64_t> x_high_sums;
@@ -855,7 +884,7 @@ struct WorkQueue {
   int64_t num_items;
   int64_t features_per_item;
   int64_t items_per_chunk;  // items share out the output features of each chunk of rows_per_chunk rows
-  int64_t rows_per_chunk;  // whole panels for float32 weights past kFloatAfterRows; every row otherwise
+  int64_t rows_per_chunk;  // whole panels past streamed_rows; every row otherwise
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
@@ -865,20 +894,61 @@ struct WorkQueue {
     item %= items_per_chunk;
     const int64_t end = std::min(problem.out_features, (item + 1) * features_per_item);
     int64_t n = item * features_per_item;
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, int8_t> || kIsBlockFormat<T>) {
       if (problem.call) {
-        return float_features(problem, m_begin, std::min(problem.rows, m_begin + rows_per_chunk), n, end);
-      }
-    }
-    if constexpr (kIsBlockFormat<T>) {
-      if (problem.rows > kDequantizedAfterRows) {
-        for (; n + kDequantizedFeatures <= end; n += kDequantizedFeatures) {
-          features_dequantized<T, kDequantizedFeatures>(problem, n);
-        }
+        return many_rows_features<T>(problem, m_begin, std::min(problem.rows, m_begin + rows_per_chunk), n, end);
       }
     }
     for (; n + 4 <= end; n += 4) features<T, 4>(problem, n);
     for (; n < end; ++n) features<T, 1>(problem, n);
+  }
+
+  // Many rows (see many_rows_features): items are chunks of rows times kManyFeatures-aligned feature ranges.
+  void prepare_many_rows() {
+    Problem& p = problem;
+    static std::atomic<uint64_t> calls{0};
+    p.call = ++calls;
+    if (dtype != ffi::DataType::F32) {  // int8 weights or GGUF blocks: x rounded to int16 (held as float32)
+      x_rounded.resize(p.rows * p.in_features);
+      x_step.resize(p.rows);
+      round_rows_to_int16(p.x, p.rows, p.in_features, x_rounded.data(), x_step.data());
+      p.x_rounded = x_rounded.data();
+      p.x_step = x_step.data();
+    }
+    const int64_t blocks = (p.out_features + kManyFeatures - 1) / kManyFeatures;
+    features_per_item = (blocks + kManyItemsPerChunk - 1) / kManyItemsPerChunk * kManyFeatures;
+    rows_per_chunk = kManyRowsPerChunk;
+  }
+
+  // Few rows (see pass): items are ranges of about kBytesPerItem weight bytes, over every row.
+  void prepare_streamed(size_t row_bytes) {
+    Problem& p = problem;
+    const int64_t M = p.rows, K = p.in_features;
+    if (dtype == ffi::DataType::S8 || dtype == ffi::DataType::U8) {
+      x_int16.resize(M * K);
+      x_step.resize(M);
+      round_rows_to_int16(p.x, M, K, x_int16.data(), x_step.data());
+      p.x_int16 = x_int16.data();
+      p.x_step = x_step.data();
+    }
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    if (dtype == ffi::DataType::S8 && (M % kMaxRows == 1 || M % kMaxRows == 2)) {  // see pass()
+      x_low.resize(M * K);
+      x_high.resize(M * K);
+      x_high_sums.resize(M);
+      split_bytes(x_int16.data(), M, K, x_low.data(), x_high.data(), x_high_sums.data());
+      p.x_low = x_low.data();
+      p.x_high = x_high.data();
+      p.x_high_sums = x_high_sums.data();
+    }
+#endif
+    if (dtype == ffi::DataType::U8) {  // each run of 32's sum of x, for the blocks' minimums
+      x_block_sums.assign(M * (K / kBlock), 0.0f);
+      for (int64_t i = 0; i < M * K; ++i) x_block_sums[i / kBlock] += x_int16[i];
+      p.x_block_sums = x_block_sums.data();
+    }
+    features_per_item = std::max<int64_t>(4, kBytesPerItem / static_cast<int64_t>(row_bytes) / 4 * 4);
+    rows_per_chunk = std::max<int64_t>(1, M);
   }
 
   void run() {
@@ -979,44 +1049,10 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   work->dtype = dtype;
   work->block_type = block_type;
   work->problem.block_row_bytes = row_values;
-  if (dtype == ffi::DataType::S8 || gguf_blocks) {
-    work->x_int16.resize(x_dims[0] * K);
-    work->x_step.resize(x_dims[0]);
-    round_rows_to_int16(x.typed_data(), x_dims[0], K, work->x_int16.data(), work->x_step.data());
-    work->problem.x_int16 = work->x_int16.data();
-    work->problem.x_step = work->x_step.data();
-  }
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-  if (dtype == ffi::DataType::S8 && (x_dims[0] % kMaxRows == 1 || x_dims[0] % kMaxRows == 2)) {  // see pass()
-    work->x_low.resize(x_dims[0] * K);
-    work->x_high.resize(x_dims[0] * K);
-    work->x_high_sums.resize(x_dims[0]);
-    split_bytes(work->x_int16.data(), x_dims[0], K, work->x_low.data(), work->x_high.data(),
-                work->x_high_sums.data());
-    work->problem.x_low = work->x_low.data();
-    work->problem.x_high = work->x_high.data();
-    work->problem.x_high_sums = work->x_high_sums.data();
-  }
-#endif
-  if (gguf_blocks && x_dims[0] <= kDequantizedAfterRows) {  // each run of 32's sum of x, for streamed minimums
-    work->x_block_sums.assign(x_dims[0] * (K / kBlock), 0.0f);
-    for (int64_t i = 0; i < x_dims[0] * K; ++i) work->x_block_sums[i / kBlock] += work->x_int16[i];
-    work->problem.x_block_sums = work->x_block_sums.data();
-  }
-  if (gguf_blocks && x_dims[0] > kDequantizedAfterRows) {
-    work->x_panels.resize((x_dims[0] + kPanelRows - 1) / kPanelRows * kPanelRows * K);
-    pack_panels(work->x_int16.data(), x_dims[0], K, work->x_panels.data());
-    work->problem.x_panels = work->x_panels.data();
-  }
-  if (dtype == ffi::DataType::F32 && x_dims[0] > kFloatAfterRows) {  // see float_features
-    static std::atomic<uint64_t> calls{0};
-    work->problem.call = ++calls;
-    const int64_t blocks = (N + kFloatFeatures - 1) / kFloatFeatures;
-    work->features_per_item = (blocks + kFloatItemsPerChunk - 1) / kFloatItemsPerChunk * kFloatFeatures;
-    work->rows_per_chunk = kFloatRowsPerChunk;
+  if (x_dims[0] > streamed_rows(dtype)) {
+    work->prepare_many_rows();
   } else {
-    work->features_per_item = std::max<int64_t>(4, kBytesPerItem / static_cast<int64_t>(row_bytes) / 4 * 4);
-    work->rows_per_chunk = std::max<int64_t>(1, x_dims[0]);
+    work->prepare_streamed(row_bytes);
   }
   work->items_per_chunk = (N + work->features_per_item - 1) / work->features_per_item;
   work->num_items = work->items_per_chunk * ((x_dims[0] + work->rows_per_chunk - 1) / work->rows_per_chunk);
