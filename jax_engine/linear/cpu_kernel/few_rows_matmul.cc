@@ -26,10 +26,10 @@
 // most 4 x 127 x 32767 per lane, below 2^24, so exact in float32 too), then scaled by the run's scale (Q6_K:
 // one per 16 weights); a minimum (Q4_1, Q4_K, Q5_K) adds itself times the run's sum of x.
 //
-// Past a few rows (GGUF 8, float32 24, int8 28 with AVX-512: streamed_rows) the cost is arithmetic, not reading the weights:
-// a few output features' weights at a time, as stored (float32) or widened to float32 once (int8, GGUF), in L1,
-// multiply every row of a chunk of x in register blocks (many_rows_features). A layer of a stack is read in
-// place, where XLA's dot copies it out of the stack (and widens it) and repacks it at every call.
+// Past a few rows (GGUF 8, float32 24, int8 28 with AVX-512: streamed_rows) the cost is arithmetic, not reading
+// the weights: a few output features' weights at a time, as stored (float32) or widened to float32 once (int8,
+// GGUF), in L1, multiply every row of a chunk of x in register blocks (many_rows_features). A layer of a stack
+// is read in place, where XLA's dot copies it out of the stack (and widens it) and repacks it at every call.
 //
 // Shapes:
 //   x      [M, K]  float32, K a multiple of 8 (of 16 for int8 weights)
@@ -381,7 +381,7 @@ struct Problem {
   const uint8_t* x_low;  // int8 weights with VNNI: x_int16's low bytes [M, K] (unsigned),
   const int8_t* x_high;  // its high bytes (signed): x_int16 = 256 x_high + x_low
   const int64_t* x_high_sums;  // [M] sums of x_high over the row
-  uint64_t call;  // many rows (streamed_rows): which call this is (chunk_panels' packed panels belong to one); 0 else
+  uint64_t call;  // many rows: which call this is (chunk_panels' packed panels belong to one); 0 for few rows
 };
 
 // Each int32 lane sums products of at most 127 x 32767 (2^22); this many inputs per lane-sum (here 4096 / 8
@@ -802,10 +802,10 @@ void pack_panels(const float* x, int64_t rows, int64_t K, float* panels) {
     for (int64_t k = 0; k < K; ++k) *at(m, k) = m < rows ? x[m * K + k] : 0.0f;
   }
 }
-// The panels of rows [m_begin, m_end) of x (int8 and GGUF: of x rounded), packed by this thread into its own buffer (once per call and chunk:
-// items of one chunk taken in a row reuse them). Each thread packs the chunks it works on while they are hot in
-// its own cache; one thread packing all of x for both took longer than a matmul's worth of setup (256 rows of
-// 1536 inputs: ~190 us, x and its panels twice the size of L2).
+// The panels of rows [m_begin, m_end) of x (int8 and GGUF: of x rounded), packed by this thread into its own
+// buffer (once per call and chunk: items of one chunk taken in a row reuse them). Each thread packs the chunks it
+// works on while they are hot in its own cache; one thread packing all of x for both took longer than a matmul's
+// worth of setup (256 rows of 1536 inputs: ~190 us, x and its panels twice the size of L2).
 const float* chunk_panels(const Problem& p, int64_t m_begin, int64_t m_end) {
   thread_local std::vector<float> buffer;
   thread_local uint64_t packed_call = 0;
