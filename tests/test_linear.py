@@ -206,7 +206,7 @@ def test_int8_weights_of_a_width_the_kernel_refuses_take_xla_with_the_same_round
 @pytest.mark.parametrize("kind", WEIGHT_KINDS)
 def test_linear_takes_the_kernel_for_few_rows_and_xla_beyond_with_the_same_result(kind, monkeypatch):
     """At the kernel's row limit and one past it, a single matrix: XLA's dot past the limit, except that with
-    AVX-512 the kernel keeps int8 weights and GGUF blocks for any rows (matmul.MANY_ROWS_KERNEL); then XLA's path
+    AVX-512 the kernel keeps every weight but float32 for any rows (matmul.MANY_ROWS_KERNEL); then XLA's path
     (forced) gives the kernel's result."""
     rng = np.random.default_rng(0)
     k = 256 if kind in K_QUANTS else 64
@@ -214,7 +214,7 @@ def test_linear_takes_the_kernel_for_few_rows_and_xla_beyond_with_the_same_resul
     formats = (kind,) if kind in GGUF_KINDS else None
     limit = GGUF_FEW_ROWS if formats else FEW_ROWS[w.dtype.itemsize]
     assert uses_few_rows_kernel(limit, w)
-    assert uses_few_rows_kernel(limit + 1, w) == (matmul.MANY_ROWS_KERNEL and kind in ROUNDS_X)
+    assert uses_few_rows_kernel(limit + 1, w) == (matmul.MANY_ROWS_KERNEL and kind != "float32")
     x = rng.standard_normal((limit + 1, k)).astype(np.float32)
     few = np.asarray(jax.jit(lambda x: linear(x, w, scale, formats=formats))(x[:limit]))  # the kernel
     monkeypatch.setattr(matmul, "MANY_ROWS_KERNEL", False)
@@ -223,9 +223,10 @@ def test_linear_takes_the_kernel_for_few_rows_and_xla_beyond_with_the_same_resul
 
 
 @needs_kernel
-@pytest.mark.parametrize("kind, k", [("float32", 48), ("float32", 40), ("int8", 48), ("q4_1", 64), ("q6_k", 256)])
+@pytest.mark.parametrize("kind, k", [("float32", 48), ("float32", 40), ("bfloat16", 48), ("int8", 48), ("q4_1", 64),
+                                     ("q6_k", 256)])
 def test_a_layer_of_a_stack_takes_the_kernel_for_any_rows(kind, k):
-    """Past FEW_ROWS rows a float32 stack's layer, and int8 or GGUF weights, are multiplied by the kernel's
+    """Past FEW_ROWS rows a float32 stack's layer, and narrower weights, are multiplied by the kernel's
     register blocks (where the CPU has AVX-512), read in place: 600 rows are three chunks of 256, the last of 88
     (two panels and a partial one), and 100 output features leave tails after the blocks of 12. x's panels are
     packed by 16 x 16 transposes, and (40 inputs) one value at a time."""

@@ -341,15 +341,15 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA:CPU's compiled HLO; GPU compiles fuse otherwise")
 @pytest.mark.skipif(not MANY_ROWS_KERNEL, reason="stacks take the kernel past its streamed rows with AVX-512")
-@pytest.mark.parametrize("quantization", [None, "int8"])
+@pytest.mark.parametrize("quantization", [None, "bf16", "int8"])
 def test_a_large_step_reads_every_layers_weights_in_place(llm, make_llm, quantization):
     """A step of 128 tokens, past the rows the few-rows kernel streams, copies no weight matrix out of the stack
-    either (nor widens one: int8): float32 and int8 layers of a stack take the kernel for any rows
-    (matmul.MANY_ROWS_KERNEL)."""
+    either (nor widens one: bf16, int8): layers of a stack take the kernel for any rows (matmul.MANY_ROWS_KERNEL)."""
     from jax_engine.runner.device_programs import STEP, step_example
 
     runner = (make_llm(quantization=quantization) if quantization else llm).llm_engine.runner
-    assert runner.model.layers["w_qkv"].value.dtype == (jnp.int8 if quantization else jnp.float32)
+    stored = {None: jnp.float32, "bf16": jnp.bfloat16, "int8": jnp.int8}[quantization]
+    assert runner.model.layers["w_qkv"].value.dtype == stored
     step = STEP.fn.lower(*step_example(runner, 128).args, runner.backend.attend).compile().as_text()
     sliced = re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} dynamic-slice\(", step)
     matrices = [shape for shape in sliced if sum(int(d) > 1 for d in shape.split(",")) > 1]

@@ -9,9 +9,9 @@ every weight of the model, so its cost is reading the weights from memory; XLA's
 matrix into a blocked layout on every call before multiplying, about three times the memory traffic, and
 padding the rows changes nothing. The few-rows kernel (cpu_kernel/few_rows_matmul.cc) streams each weight row
 once for all rows. Past FEW_ROWS rows (more for narrower weights) the matmul is bound by arithmetic, not memory,
-and XLA's dot is as fast, except where it must first copy or widen the weights: float32 layers of a stack, int8
-weights and GGUF blocks keep taking the kernel, which multiplies many rows in register blocks and reads the
-weights in place (MANY_ROWS_KERNEL).
+and XLA's dot is as fast, except where it must first copy or widen the weights: float32 layers of a stack and
+every narrower weight (16-bit floats, int8, GGUF blocks) keep taking the kernel, which multiplies many rows in
+register blocks and reads the weights in place (MANY_ROWS_KERNEL).
 """
 
 import functools
@@ -36,14 +36,14 @@ _TARGET = "jax_engine_few_rows_matmul"
 FEW_ROWS = {4: 32, 2: 32, 1: 64}
 # Past those rows, where the CPU has AVX-512, the kernel multiplies many rows in register blocks built for its 32
 # registers (many_rows_features in few_rows_matmul.cc), reading the weights in place: a float32 layer of a stack,
-# which XLA's dot would first copy out of the stack and repack, and int8 weights and GGUF blocks, which XLA's path
-# first widens to a float32 copy four times (GGUF: eight times) their size. Chains of SmolLM2's 30 layers on a
-# 2-core Xeon (AVX-512), XLA against the kernel, ms at 64 / 128 / 256 / 1024 rows: float32 q/k/v 15.4 / 23.0 / 47.8
-# / 130 against 11.8 / 18.5 / 41.3 / 123, MLP up 43.4 / 66.9 / 145 / 397 against 36.7 / 59.9 / 121 / 375, MLP down
-# 26.0 / 38.2 / 80.8 / 228 against 14.2 / 28.3 / 69.9 / 219. A float32 LM head (one matrix, nothing to copy) came
-# out even, so single float32 matrices keep XLA's dot. int8, the same chains at 128 / 256 rows: q/k/v 26.9 / 43.4
-# against 20.9 / 37.8, MLP down 47.7 / 78.0 against 33.4 / 73.4, the LM head 33.0 / 72.1 against 29.0 / 67.4; the
-# random Q4_1 blocks: q/k/v 31.1 / 48.7 against 18.6 / 35.3, the LM head 74.9 / 102.0 against 32.8 / 66.0.
+# which XLA's dot would first copy out of the stack and repack, and narrower weights (16-bit floats, int8, GGUF
+# blocks), which XLA's path first widens to a float32 copy two to eight times their size. Chains of SmolLM2's 30
+# layers on a 2-core Xeon (AVX-512), XLA against the kernel, ms at 64 / 128 / 256 / 1024 rows: float32 q/k/v 15.4 /
+# 23.0 / 47.8 / 130 against 11.8 / 18.5 / 41.3 / 123, MLP up 43.4 / 66.9 / 145 / 397 against 36.7 / 59.9 / 121 / 375,
+# MLP down 26.0 / 38.2 / 80.8 / 228 against 14.2 / 28.3 / 69.9 / 219. A float32 LM head (one matrix, nothing to
+# copy) came out even, so single float32 matrices keep XLA's dot. int8, the same chains at 128 / 256 rows: q/k/v
+# 26.9 / 43.4 against 20.9 / 37.8, MLP down 47.7 / 78.0 against 33.4 / 73.4, the LM head 33.0 / 72.1 against 29.0 /
+# 67.4; random Q4_1 blocks: q/k/v 31.1 / 48.7 against 18.6 / 35.3, the LM head 74.9 / 102.0 against 32.8 / 66.0.
 MANY_ROWS_KERNEL = "avx512f" in native.cpu_signature().split()
 # GGUF blocks past 8 rows are dequantized a few output features at a time in the kernel (few_rows_matmul.cc), so the
 # weights cross memory once in their blocks where XLA's path writes and reads them dequantized to float32. The
@@ -76,8 +76,7 @@ def uses_few_rows_kernel(rows: int, w: jax.Array) -> bool:
     """Whether `linear` runs the kernel for this many rows of x times w (on this platform)."""
     width_fits = w.dtype == jnp.uint8 or w.shape[-1] % (16 if w.dtype == jnp.int8 else 8) == 0  # blocks: always
     most = GGUF_FEW_ROWS if w.dtype == jnp.uint8 else FEW_ROWS.get(w.dtype.itemsize, 0)
-    in_place = w.dtype in (jnp.int8, jnp.uint8) or (w.dtype == jnp.float32 and w.ndim == 3)
-    any_rows = MANY_ROWS_KERNEL and in_place
+    any_rows = MANY_ROWS_KERNEL and (w.dtype != jnp.float32 or w.ndim == 3)  # not a single float32 matrix
     return (rows <= most or any_rows) and width_fits and platform() == "cpu" and kernel_unavailable_reason() is None
 
 

@@ -26,10 +26,11 @@
 // most 4 x 127 x 32767 per lane, below 2^24, so exact in float32 too), then scaled by the run's scale (Q6_K:
 // one per 16 weights); a minimum (Q4_1, Q4_K, Q5_K) adds itself times the run's sum of x.
 //
-// Past a few rows (GGUF 8, float32 24, int8 28 with AVX-512: streamed_rows) the cost is arithmetic, not reading
-// the weights: a few output features' weights at a time, as stored (float32) or widened to float32 once (int8,
-// GGUF), in L1, multiply every row of a chunk of x in register blocks (many_rows_features). A layer of a stack
-// is read in place, where XLA's dot copies it out of the stack (and widens it) and repacks it at every call.
+// Past a few rows (GGUF 8, 24 for float weights, int8 28, with AVX-512: streamed_rows) the cost is arithmetic,
+// not reading the weights: a few output features' weights at a time, as stored (float32) or widened to float32
+// once (the rest), in L1, multiply every row of a chunk of x in register blocks (many_rows_features). A layer of
+// a stack is read in place, where XLA's dot copies it out of the stack (and widens it) and repacks it at every
+// call.
 //
 // Shapes:
 //   x      [M, K]  float32, K a multiple of 8 (of 16 for int8 weights)
@@ -576,11 +577,12 @@ inline void block_gguf(const Problem& p, int64_t m0, const uint8_t* w, float* y)
 }
 
 // Many rows: the cost is arithmetic, not reading the weights. A few output features' weights at a time are
-// made float32 ([features, K]: float32 weights as stored, read in place; int8 rows times their scale and GGUF
-// blocks dequantized once into the thread's buffer, in L1), and every row of a chunk of x multiplies them there
-// with float32 multiply-adds in register blocks (block_dequantized). For int8 and GGUF, x is the same x rounded
-// to int16 (held as float32: exact), so these are the sums matmul.py's XLA path computes, x_int16 times the
-// widened weights, without a widened matrix crossing memory or a stacked layer being copied out of its stack.
+// made float32 ([features, K]: float32 weights as stored, read in place; 16-bit floats widened, int8 rows times
+// their scale, GGUF blocks dequantized, once, into the thread's buffer in L1), and every row of a chunk of x
+// multiplies them there with float32 multiply-adds in register blocks (block_dequantized). For int8 and GGUF, x
+// is the same x rounded to int16 (held as float32: exact), so these are the sums matmul.py's XLA path computes,
+// x_int16 times the widened weights, without a widened matrix crossing memory or a stacked layer being copied out
+// of its stack.
 //
 // GGUF, streamed, each pass of 4 rows unpacked every block again (Q5_0: up to 17 instructions per run of 32
 // weights), and each run of 32 products and row took two vpmaddwd, an add, a conversion to float and a scaled
@@ -602,19 +604,19 @@ inline void block_gguf(const Problem& p, int64_t m0, const uint8_t* w, float* y)
 // still costs more than the register blocks' padding (a register holds 16 rows). With AVX-512, chains of
 // SmolLM2's 30 layers on a 2-core Xeon, streamed against these blocks (q/k/v, ms): float32 at 16 / 24 / 32 rows
 // 6.0 / 7.7 / 9.0 against 6.9 / 7.7 / 6.9, int8 at 24 / 32 / 64 4.4 / 7.0 / 12.2 against 5.3 / 5.5 / 9.7. Without
-// AVX-512 (blocks of 8 rows, not timed) float32 and int8 stream as many rows as matmul.py sends; bfloat16 and
-// float16 always stream.
+// AVX-512 (blocks of 8 rows, not timed) float32, 16-bit floats and int8 stream as many rows as matmul.py sends.
 int64_t streamed_rows(ffi::DataType dtype) {
 #if defined(__AVX512F__)
-  constexpr int64_t kFloat32 = 24, kInt8 = 28;
+  constexpr int64_t kFloat32 = 24, kFloat16 = 24, kInt8 = 28;
 #else
-  constexpr int64_t kFloat32 = 32, kInt8 = 64;
+  constexpr int64_t kFloat32 = 32, kFloat16 = 32, kInt8 = 64;
 #endif
   switch (dtype) {
     case ffi::DataType::F32: return kFloat32;
+    case ffi::DataType::BF16:
+    case ffi::DataType::F16: return kFloat16;
     case ffi::DataType::S8: return kInt8;
-    case ffi::DataType::U8: return 8;  // GGUF blocks
-    default: return INT64_MAX;
+    default: return 8;  // GGUF blocks
   }
 }
 #if defined(__AVX512F__)
@@ -826,6 +828,16 @@ const float* chunk_panels(const Problem& p, int64_t m_begin, int64_t m_end) {
   return panels;
 }
 
+// bfloat16 or float16 weight rows widened to float32, into out [features, K] (the rows lie back to back).
+template <typename T>
+void widen_features(const Problem& p, int64_t n, int features, float* out) {
+  const T* w = static_cast<const T*>(p.w) + n * p.in_features;
+  for (int64_t i = 0; i < features * p.in_features; i += kLanes) {
+    const Vec v = load8(w + i);
+    std::memcpy(out + i, &v, sizeof v);
+  }
+}
+
 // Weights of output features [n, n + features) as float32 [features, K] (see above).
 template <typename T>
 const float* features_as_float(const Problem& p, int64_t n, int features) {
@@ -836,8 +848,10 @@ const float* features_as_float(const Problem& p, int64_t n, int features) {
     buffer.resize(features * p.in_features);
     if constexpr (kIsBlockFormat<T>) {
       dequantize_features<T>(p, static_cast<const uint8_t*>(p.w) + n * p.block_row_bytes, features, buffer.data());
-    } else {
+    } else if constexpr (std::is_same_v<T, int8_t>) {
       dequantize_int8(p, n, features, buffer.data());
+    } else {
+      widen_features<T>(p, n, features, buffer.data());
     }
     return buffer.data();
   }
@@ -846,7 +860,7 @@ const float* features_as_float(const Problem& p, int64_t n, int features) {
 // Rows [m_begin, m_end) of x times output features [n, end), kManyFeatures at a time.
 template <typename T>
 void many_rows_features(const Problem& p, int64_t m_begin, int64_t m_end, int64_t n, int64_t end) {
-  constexpr bool kStepped = !std::is_same_v<T, float>;  // x rounded: times each row's step
+  constexpr bool kStepped = std::is_same_v<T, int8_t> || kIsBlockFormat<T>;  // x rounded: times each row's step
   const float* panels = chunk_panels(p, m_begin, m_end);
   for (; n + kManyFeatures <= end; n += kManyFeatures) {
     rows_times<kManyFeatures, kStepped>(p, panels, m_begin, m_end, n, features_as_float<T>(p, n, kManyFeatures));
@@ -894,10 +908,8 @@ struct WorkQueue {
     item %= items_per_chunk;
     const int64_t end = std::min(problem.out_features, (item + 1) * features_per_item);
     int64_t n = item * features_per_item;
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, int8_t> || kIsBlockFormat<T>) {
-      if (problem.call) {
-        return many_rows_features<T>(problem, m_begin, std::min(problem.rows, m_begin + rows_per_chunk), n, end);
-      }
+    if (problem.call) {
+      return many_rows_features<T>(problem, m_begin, std::min(problem.rows, m_begin + rows_per_chunk), n, end);
     }
     for (; n + 4 <= end; n += 4) features<T, 4>(problem, n);
     for (; n < end; ++n) features<T, 1>(problem, n);
@@ -908,7 +920,7 @@ struct WorkQueue {
     Problem& p = problem;
     static std::atomic<uint64_t> calls{0};
     p.call = ++calls;
-    if (dtype != ffi::DataType::F32) {  // int8 weights or GGUF blocks: x rounded to int16 (held as float32)
+    if (dtype == ffi::DataType::S8 || dtype == ffi::DataType::U8) {  // x rounded to int16 (held as float32)
       x_rounded.resize(p.rows * p.in_features);
       x_step.resize(p.rows);
       round_rows_to_int16(p.x, p.rows, p.in_features, x_rounded.data(), x_step.data());
