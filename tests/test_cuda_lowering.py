@@ -37,18 +37,25 @@ def export_for_cuda(fn, *args, **kwargs) -> export.Exported:
 # --------------------------------------------------------------------------------------------- the kernels
 @dataclass(frozen=True)
 class KernelConfig:
-    dtype: str  # of the queries and the cache
+    dtype: str  # of the queries, and of the cache unless cache_dtype says otherwise
     block_size: int
     group: int  # query heads per KV head
     head_dim: int
     sliding_window: int | None
     alibi: bool
     num_partitions: int  # the decode kernel's context partitions
+    cache_dtype: str | None = None  # an 8-bit cache beside wider queries (kv_cache_dtype="fp8", "fp8_e5m2")
 
     def __str__(self) -> str:
         variant = "-".join(name for name, on in (("window", self.sliding_window), ("alibi", self.alibi)) if on)
-        return (f"{self.dtype}-block{self.block_size}-group{self.group}-dim{self.head_dim}-{variant or 'causal'}-"
-                f"{self.num_partitions}parts")
+        cache = f"-{self.cache_dtype}-cache" if self.cache_dtype else ""
+        return (f"{self.dtype}{cache}-block{self.block_size}-group{self.group}-dim{self.head_dim}-"
+                f"{variant or 'causal'}-{self.num_partitions}parts")
+
+    @property
+    def stored(self) -> str:
+        """The cache's dtype, which the keys and values are rounded to before the write kernel."""
+        return self.cache_dtype or self.dtype
 
 
 VARIANTS = [(None, False), (40, False), (None, True), (40, True)]
@@ -57,7 +64,8 @@ VARIANTS = [(None, False), (40, False), (None, True), (40, True)]
 def kernel_configs() -> list[KernelConfig]:
     """The issue's axes in full (dtypes, block sizes 16 and 32, GQA groups 1/3/4/8, head dims 64/128), each with
     a variant and a partition count taken in turn; then every other block size the engine allows and the head
-    dims its families have that are not 64 or 128 (GPT-NeoX 80, Phi-3 96, Gemma 256; BLOOM's tiny 8 in tests)."""
+    dims its families have that are not 64 or 128 (GPT-NeoX 80, Phi-3 96, Gemma 256; BLOOM's tiny 8 in tests);
+    then 8-bit caches (both fp8 formats) beside each query dtype, at both head dims and the engine's block size."""
     configs = []
     axes = itertools.product(["float16", "bfloat16", "float32"], [16, 32], [1, 3, 4, 8], [64, 128])
     for i, (dtype, block_size, group, head_dim) in enumerate(axes):
@@ -66,6 +74,10 @@ def kernel_configs() -> list[KernelConfig]:
     for i, (block_size, head_dim) in enumerate(itertools.product([1, 2, 4, 8, 64, 128], [8, 80, 96, 256])):
         window, alibi = VARIANTS[i % len(VARIANTS)]
         configs.append(KernelConfig("bfloat16", block_size, 3, head_dim, window, alibi, 4))
+    axes = itertools.product(["float8_e4m3fn", "float8_e5m2"], ["float16", "bfloat16", "float32"], [64, 128])
+    for i, (cache_dtype, dtype, head_dim) in enumerate(axes):
+        window, alibi = VARIANTS[i % len(VARIANTS)]
+        configs.append(KernelConfig(dtype, 16, 3, head_dim, window, alibi, 4, cache_dtype))
     return configs
 
 
@@ -75,7 +87,7 @@ NUM_KV_HEADS, BATCH, COLUMNS, TOKENS = 2, 4, 8, 64
 def _cache(config: KernelConfig, paged: bool = True) -> jax.ShapeDtypeStruct:
     num_blocks = BATCH * COLUMNS
     blocks = (num_blocks, config.block_size) if paged else (num_blocks * config.block_size,)
-    return jax.ShapeDtypeStruct((2, *blocks, NUM_KV_HEADS, config.head_dim), config.dtype)
+    return jax.ShapeDtypeStruct((2, *blocks, NUM_KV_HEADS, config.head_dim), config.stored)
 
 
 def _specs(config: KernelConfig, tokens: int) -> dict:
@@ -107,9 +119,13 @@ def test_ragged_kernel_lowers_for_cuda(config: KernelConfig):
     assert TRITON_CALL in text and "ragged_paged_attention" in text
 
 
-@pytest.mark.parametrize("config", kernel_configs()[::4], ids=str)  # the write varies with dtype and head dim only
+PLAIN, EIGHT_BIT = ([c for c in kernel_configs() if bool(c.cache_dtype) == narrow] for narrow in (False, True))
+WRITES = PLAIN[::4] + EIGHT_BIT[::3]  # each 8-bit format at both head dims
+
+
+@pytest.mark.parametrize("config", WRITES, ids=str)  # the write varies with the cache's dtype and head dim only
 def test_write_kv_kernel_lowers_for_cuda(config: KernelConfig):
-    new = jax.ShapeDtypeStruct((TOKENS, NUM_KV_HEADS, config.head_dim), config.dtype)
+    new = jax.ShapeDtypeStruct((TOKENS, NUM_KV_HEADS, config.head_dim), config.stored)
     cache = _cache(config, paged=False)
     write = jax.jit(lambda k, v, k_cache, v_cache, slots: write_kv(k, v, k_cache, v_cache, slots, 1))
     text = export_for_cuda(write, new, new, cache, cache, jax.ShapeDtypeStruct((TOKENS,), jnp.int32)).mlir_module()
@@ -117,9 +133,9 @@ def test_write_kv_kernel_lowers_for_cuda(config: KernelConfig):
 
 
 # ------------------------------------------------------------------------------------ the engine's programs
-def gpu_runner(checkpoint, dtype):
+def gpu_runner(checkpoint, dtype, cache_dtype=None):
     """The default engine's runner as a GPU would build it: the attention backend "auto" picks there (Pallas,
-    compiled), a small cache, eight sequences."""
+    compiled), a small cache (in the model's dtype, or `cache_dtype`), eight sequences."""
     from jax_engine.attention import get_attention_backend
     from jax_engine.models import CausalLM
     from jax_engine.runner.model_runner import ModelRunner
@@ -128,7 +144,7 @@ def gpu_runner(checkpoint, dtype):
     backend = get_attention_backend("auto", "gpu")
     assert backend.name == "pallas"
     return ModelRunner(model, num_blocks=64, block_size=16, num_host_blocks=8, max_model_len=256, max_num_seqs=8,
-                       backend=backend, dtype=dtype)
+                       backend=backend, dtype=cache_dtype or dtype)
 
 
 def scheduled_steps(runner) -> dict[str, object]:
@@ -165,13 +181,13 @@ def engine_programs(runner) -> list[tuple[str, object, tuple, dict]]:
     return programs
 
 
-def check_programs_lower_for_cuda(checkpoint, dtype) -> None:
+def check_programs_lower_for_cuda(checkpoint, dtype, cache_dtype=None) -> None:
     """Every program of the engine on `checkpoint` lowers for CUDA, with no CPU kernel in it and, in its steps,
     the Pallas kernels."""
     from jax_engine.target_platform import lowering_for
 
     with lowering_for("gpu"):
-        runner = gpu_runner(checkpoint, dtype)
+        runner = gpu_runner(checkpoint, dtype, cache_dtype)
         for name, fn, args, kwargs in engine_programs(runner):
             text = export_for_cuda(fn, *args, **kwargs).mlir_module()
             assert not any(target in text for target in CPU_FFI_TARGETS), f"{name}: a CPU kernel in a GPU program"
@@ -179,10 +195,13 @@ def check_programs_lower_for_cuda(checkpoint, dtype) -> None:
                 assert TRITON_CALL in text, f"{name}: no Pallas kernel in the step"
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32], ids=["bfloat16", "float32"])
-def test_default_model_programs_lower_for_cuda(default_checkpoint, dtype):
-    """SmolLM2-135M (9 query heads over 3 KV heads: the group Triton once refused) as a GPU runs it."""
-    check_programs_lower_for_cuda(default_checkpoint, dtype)
+@pytest.mark.parametrize(("dtype", "cache_dtype"), [(jnp.bfloat16, None), (jnp.float32, None),
+                                                    (jnp.bfloat16, jnp.float8_e4m3fn)],
+                         ids=["bfloat16", "float32", "bfloat16-fp8-cache"])
+def test_default_model_programs_lower_for_cuda(default_checkpoint, dtype, cache_dtype):
+    """SmolLM2-135M (9 query heads over 3 KV heads: the group Triton once refused) as a GPU runs it, and with
+    an fp8 cache (kv_cache_dtype="fp8"), which the kernels widen as they load each block."""
+    check_programs_lower_for_cuda(default_checkpoint, dtype, cache_dtype)
 
 
 FAMILIES = {  # tiny random checkpoints (tests/tiny_checkpoints.py) with what the default model lacks

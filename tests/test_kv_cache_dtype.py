@@ -61,7 +61,8 @@ def test_both_cpu_backends_attend_over_the_rounded_cache_alike(dtype):
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
 @pytest.mark.parametrize("case", [MIXED, DECODE], ids=["ragged kernel", "decode kernel"])
 def test_the_pallas_kernels_attend_over_an_8_bit_cache_as_xla_does(dtype, case):
-    """In the interpreter (the GPU build of an 8-bit cache is not checked on this machine)."""
+    """In the interpreter: tests/test_cuda_lowering.py checks that Triton's lowering takes an 8-bit cache, and
+    the GPU check (engine_greedy) runs it compiled."""
     outs = [attend_over_a_narrow_cache(attention, case, dtype, False)[0]
             for attention in (xla.paged_attention, pallas.make_backend("cpu"))]
     np.testing.assert_allclose(outs[0], outs[1], atol=2e-6)
