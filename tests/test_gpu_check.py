@@ -31,8 +31,8 @@ def test_the_cpu_smoke_run_writes_every_step_to_the_report(tmp_path):
     [row] = steps["kernel_sweep"]["figures"]["rows"]
     assert row["paged_us"] > 0 and row["contiguous_us"] > 0 and row["max_diff"] < 1e-5  # float32, same sums
     engine_rows = steps["engine_greedy"]["figures"]["rows"]
-    assert [(r["model"], r["dtype"], r["equal"]) for r in engine_rows] == [("llama", "bfloat16", True),
-                                                                           ("llama", "float32", True)]
+    assert [(r["model"], r["dtype"], r["kv_cache_dtype"], r["equal"]) for r in engine_rows] == [
+        ("llama", "bfloat16", "auto", True), ("llama", "float32", "auto", True), ("llama", "bfloat16", "fp8", True)]
     assert all(r["tokens"] == 3 * SMOKE.max_tokens for r in engine_rows)
     assert steps["bench_latency"]["figures"]["rows"][0]["decode_tokens_per_s"] > 0
     assert steps["bench_throughput"]["figures"]["results"][0]["output_tokens_per_s"] > 0
@@ -76,8 +76,9 @@ def test_a_machine_without_the_default_model_runs_the_check_on_another_checkpoin
             str(model), "--families", "qwen3"]
     assert gpu_check.main(argv) == 0
     step, kernels = json.loads((tmp_path / "report.json").read_text())["steps"]
-    assert [(r["model"], r["dtype"]) for r in step["figures"]["rows"]] == [
-        ("gpt2", "bfloat16"), ("gpt2", "float32"), ("qwen3", "bfloat16"), ("qwen3", "float32")]
+    assert [(r["model"], r["dtype"], r["kv_cache_dtype"]) for r in step["figures"]["rows"]] == [
+        ("gpt2", "bfloat16", "auto"), ("gpt2", "float32", "auto"), ("qwen3", "bfloat16", "auto"),
+        ("qwen3", "float32", "auto"), ("gpt2", "bfloat16", "fp8")]
     assert kernels["ok"] and "--model" not in kernels["figures"]["command"]
     # Steps run without the environment step still say what they ran on.
     assert f"Device: {jax.devices()[0].device_kind} (jax {jax.__version__})" in (tmp_path / "report.md").read_text()
@@ -96,7 +97,7 @@ def test_a_model_that_fails_to_load_or_run_is_a_row_that_disagrees():
         raise FileNotFoundError("no checkpoint here")
 
     row = compare_backends("missing", load, "float32", max_tokens=2)
-    assert row == {"model": "missing", "dtype": "float32", "equal": False, "agree": False,
+    assert row == {"model": "missing", "dtype": "float32", "kv_cache_dtype": "auto", "equal": False, "agree": False,
                    "error": "FileNotFoundError: no checkpoint here"}
 
 

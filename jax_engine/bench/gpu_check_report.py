@@ -44,11 +44,13 @@ def _greedy(figures: dict) -> list[str]:
              "| model | dtype | tokens equal | or parting at near ties | where they part (margin) "
              "| cumulative logprob gap |", "| --- | --- | --- | --- | --- | ---: |"]
     for r in figures["rows"]:
+        cache = r.get("kv_cache_dtype", "auto")
+        dtype = r["dtype"] if cache == "auto" else f"{r['dtype']}, {cache} cache"
         if "error" in r:
             error = " ".join(r["error"].replace("|", "/").split())  # one table cell
-            lines.append(f"| {r['model']} | {r['dtype']} | **no** | **no** | {error} | |")
+            lines.append(f"| {r['model']} | {dtype} | **no** | **no** | {error} | |")
             continue
-        lines.append(f"| {r['model']} | {r['dtype']} | {'yes' if r['equal'] else 'no'} | "
+        lines.append(f"| {r['model']} | {dtype} | {'yes' if r['equal'] else 'no'} | "
                      f"{'yes' if r['agree'] else '**no**'} | {', '.join(map(_parting, r['partings']))} | "
                      f"{r['max_cumulative_logprob_gap']:.1e} |")
     return lines

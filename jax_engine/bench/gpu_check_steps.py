@@ -89,11 +89,12 @@ def tiny_checkpoint(check: Check, family: str) -> pathlib.Path:
     return directory
 
 
-def _greedy(checkpoint, dtype: str, backend: str, max_tokens: int) -> list:
+def _greedy(checkpoint, dtype: str, backend: str, max_tokens: int, kv_cache_dtype: str) -> list:
     from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
 
     # A start-up self-test that fails stops the engine with its figures (the default would serve on xla instead).
-    args = EngineArgs(dtype=dtype, attention_backend=backend, attention_self_test="error", **ENGINE_ARGS)
+    args = EngineArgs(dtype=dtype, kv_cache_dtype=kv_cache_dtype, attention_backend=backend,
+                      attention_self_test="error", **ENGINE_ARGS)
     llm = LLM.from_engine(LLMEngine(args, checkpoint=checkpoint))
     assert llm.llm_engine.attention_backend.name == backend, llm.llm_engine.attention_backend.name
     # The top two log-probabilities of each step: where two backends part, how close the two tokens were.
@@ -116,23 +117,26 @@ def parting(ours, theirs) -> dict | None:
     return {"position": position, "margin": max(margins)}
 
 
-def compare_backends(name: str, load, dtype: str, max_tokens: int) -> dict:
+def compare_backends(name: str, load, dtype: str, max_tokens: int, kv_cache_dtype: str = "auto") -> dict:
     """Greedy tokens with the Pallas kernels against the xla backend's on the checkpoint load() gives: equal, or
-    parting only at a near tie (rounding, not a bug), where they part, the cumulative logprob gap; or the error."""
+    parting only at a near tie (rounding, not a bug), where they part, the cumulative logprob gap; or the error.
+    Both backends round the keys and values to an 8-bit cache alike (kv_cache_dtype "fp8"): only the sums'
+    order differs, as with the model's dtype."""
+    label = dtype if kv_cache_dtype == "auto" else f"{dtype}, {kv_cache_dtype} cache"
     try:
         checkpoint = load()
-        pallas, xla = (_greedy(checkpoint, dtype, backend, max_tokens) for backend in ("pallas", "xla"))
+        pallas, xla = (_greedy(checkpoint, dtype, backend, max_tokens, kv_cache_dtype) for backend in ("pallas", "xla"))
     except Exception as error:  # noqa: BLE001 - one model failing is a row of the table, not the end of it
-        print(f"{name:<14}{dtype:<10} ERROR {type(error).__name__}: {error}", flush=True)
-        return {"model": name, "dtype": dtype, "equal": False, "agree": False,
+        print(f"{name:<14}{label:<10} ERROR {type(error).__name__}: {error}", flush=True)
+        return {"model": name, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype, "equal": False, "agree": False,
                 "error": f"{type(error).__name__}: {error}"[:500]}
     partings = [parting(p, x) for p, x in zip(pallas, xla)]
     gap = max(abs(p.cumulative_logprob - x.cumulative_logprob) for p, x in zip(pallas, xla))
-    row = {"model": name, "dtype": dtype, "equal": partings == [None] * len(partings),
+    row = {"model": name, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype, "equal": partings == [None] * len(partings),
            "agree": all(t is None or t["margin"] < NEAR_TIE[dtype] for t in partings), "partings": partings,
            "tokens": sum(len(p.token_ids) for p in pallas), "max_cumulative_logprob_gap": gap}
     verdict = "equal" if row["equal"] else "part at near ties" if row["agree"] else "DIFFER"
-    print(f"{name:<14}{dtype:<10} {verdict} (partings {partings}; cumulative logprob gap {gap:.2e})", flush=True)
+    print(f"{name:<14}{label:<10} {verdict} (partings {partings}; cumulative logprob gap {gap:.2e})", flush=True)
     return row
 
 
@@ -143,7 +147,8 @@ def _greedy_targets(rows: list[dict]) -> list[dict]:
         ours = [r for r in rows if r["dtype"] == dtype]
         targets.append(target(f"{dtype} greedy equal to xla's or parting at a near tie", sum(r["agree"] for r in ours),
                               f"every model ({len(ours)}; ties within {tie} nats)", all(r["agree"] for r in ours)))
-    default = next((r for r in rows if (r["model"], r["dtype"]) == ("default model", "bfloat16")), None)
+    default = next((r for r in rows if (r["model"], r["dtype"], r["kv_cache_dtype"]) == ("default model", "bfloat16",
+                                                                                           "auto")), None)
     if default:
         targets.insert(0, target("default model: bfloat16 greedy equal to xla's", default["equal"], "equal",
                                  default["equal"]))
@@ -151,7 +156,8 @@ def _greedy_targets(rows: list[dict]) -> list[dict]:
 
 
 def engine_greedy(check: Check) -> dict:
-    """The engine on the Pallas kernels against the xla backend, greedy, per model and dtype."""
+    """The engine on the Pallas kernels against the xla backend, greedy, per model and dtype; then the first model
+    with an fp8 KV cache (bfloat16 weights, vLLM's usual pairing on a GPU), whose kernels widen each block loaded."""
     import functools
 
     from jax_engine.loader import load_checkpoint
@@ -163,6 +169,7 @@ def engine_greedy(check: Check) -> dict:
                for family in check.sizes.families]  # the default model first: the one users run
     rows = [compare_backends(name, load, dtype, check.sizes.max_tokens) for name, load in models
             for dtype in NEAR_TIE]
+    rows += [compare_backends(*models[0], "bfloat16", check.sizes.max_tokens, "fp8")] if models else []
     return {"figures": {"rows": rows, "near_tie_nats": NEAR_TIE}, "targets": _greedy_targets(rows), "ok": True}
 
 
