@@ -4,6 +4,8 @@ step's printed figures), rewritten after every step."""
 import json
 import pathlib
 
+from jax_engine.bench.gpu_check_sizes import engine_label
+
 VERDICT = {True: "met", False: "**missed**", None: "not judged"}
 
 
@@ -44,8 +46,7 @@ def _greedy(figures: dict) -> list[str]:
              "| model | dtype | tokens equal | or parting at near ties | where they part (margin) "
              "| cumulative logprob gap |", "| --- | --- | --- | --- | --- | ---: |"]
     for r in figures["rows"]:
-        cache = r.get("kv_cache_dtype", "auto")
-        dtype = r["dtype"] if cache == "auto" else f"{r['dtype']}, {cache} cache"
+        dtype = engine_label(r["dtype"], r.get("kv_cache_dtype", "auto"))  # reports from before it had caches
         if "error" in r:
             error = " ".join(r["error"].replace("|", "/").split())  # one table cell
             lines.append(f"| {r['model']} | {dtype} | **no** | **no** | {error} | |")

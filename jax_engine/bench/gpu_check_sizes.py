@@ -78,6 +78,11 @@ class Check:
     model: str | None = None
 
 
+def engine_label(dtype: str, kv_cache_dtype: str) -> str:
+    """An engine_greedy row's dtype as printed and reported: the model's, and the KV cache's where it differs."""
+    return dtype if kv_cache_dtype == "auto" else f"{dtype}, {kv_cache_dtype} cache"
+
+
 def target(name: str, value, wanted: str, met: bool | None) -> dict:
     """One target beside its figure; met is None where it is not judged (the CPU smoke run)."""
     return {"name": name, "value": value, "target": wanted, "met": met}

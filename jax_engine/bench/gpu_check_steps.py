@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 
-from jax_engine.bench.gpu_check_sizes import Check, target
+from jax_engine.bench.gpu_check_sizes import Check, engine_label, target
 
 # Prompts of a few lengths (byte-level tiny tokenizers: one token a byte), one longer than two 16-token blocks.
 PROMPTS = ["Hello there", "The capital of France is", "Once upon a time, in a land far away, there lived a king who"]
@@ -122,7 +122,7 @@ def compare_backends(name: str, load, dtype: str, max_tokens: int, kv_cache_dtyp
     parting only at a near tie (rounding, not a bug), where they part, the cumulative logprob gap; or the error.
     Both backends round the keys and values to an 8-bit cache alike (kv_cache_dtype "fp8"): only the sums'
     order differs, as with the model's dtype."""
-    label = dtype if kv_cache_dtype == "auto" else f"{dtype}, {kv_cache_dtype} cache"
+    label = engine_label(dtype, kv_cache_dtype)
     try:
         checkpoint = load()
         pallas, xla = (_greedy(checkpoint, dtype, backend, max_tokens, kv_cache_dtype) for backend in ("pallas", "xla"))
@@ -147,8 +147,8 @@ def _greedy_targets(rows: list[dict]) -> list[dict]:
         ours = [r for r in rows if r["dtype"] == dtype]
         targets.append(target(f"{dtype} greedy equal to xla's or parting at a near tie", sum(r["agree"] for r in ours),
                               f"every model ({len(ours)}; ties within {tie} nats)", all(r["agree"] for r in ours)))
-    default = next((r for r in rows if (r["model"], r["dtype"], r["kv_cache_dtype"]) == ("default model", "bfloat16",
-                                                                                           "auto")), None)
+    plain_bf16 = ("default model", "bfloat16", "auto")
+    default = next((r for r in rows if (r["model"], r["dtype"], r["kv_cache_dtype"]) == plain_bf16), None)
     if default:
         targets.insert(0, target("default model: bfloat16 greedy equal to xla's", default["equal"], "equal",
                                  default["equal"]))

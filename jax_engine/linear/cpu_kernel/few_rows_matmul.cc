@@ -915,12 +915,15 @@ struct WorkQueue {
     for (; n < end; ++n) features<T, 1>(problem, n);
   }
 
+  // int8 weights and GGUF blocks multiply x rounded to int16 per row (round_rows_to_int16).
+  bool rounds_x() const { return dtype == ffi::DataType::S8 || dtype == ffi::DataType::U8; }
+
   // Many rows (see many_rows_features): items are chunks of rows times kManyFeatures-aligned feature ranges.
   void prepare_many_rows() {
     Problem& p = problem;
     static std::atomic<uint64_t> calls{0};
     p.call = ++calls;
-    if (dtype == ffi::DataType::S8 || dtype == ffi::DataType::U8) {  // x rounded to int16 (held as float32)
+    if (rounds_x()) {  // x rounded to int16, held as float32
       x_rounded.resize(p.rows * p.in_features);
       x_step.resize(p.rows);
       round_rows_to_int16(p.x, p.rows, p.in_features, x_rounded.data(), x_step.data());
@@ -936,7 +939,7 @@ struct WorkQueue {
   void prepare_streamed(size_t row_bytes) {
     Problem& p = problem;
     const int64_t M = p.rows, K = p.in_features;
-    if (dtype == ffi::DataType::S8 || dtype == ffi::DataType::U8) {
+    if (rounds_x()) {
       x_int16.resize(M * K);
       x_step.resize(M);
       round_rows_to_int16(p.x, M, K, x_int16.data(), x_step.data());
