@@ -123,18 +123,18 @@ def compare_backends(name: str, load, dtype: str, max_tokens: int, kv_cache_dtyp
     Both backends round the keys and values to an 8-bit cache alike (kv_cache_dtype "fp8"): only the sums'
     order differs, as with the model's dtype."""
     label = engine_label(dtype, kv_cache_dtype)
+    key = {"model": name, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype}  # what the row is of
     try:
         checkpoint = load()
         pallas, xla = (_greedy(checkpoint, dtype, backend, max_tokens, kv_cache_dtype) for backend in ("pallas", "xla"))
     except Exception as error:  # noqa: BLE001 - one model failing is a row of the table, not the end of it
         print(f"{name:<14}{label:<10} ERROR {type(error).__name__}: {error}", flush=True)
-        return {"model": name, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype, "equal": False, "agree": False,
-                "error": f"{type(error).__name__}: {error}"[:500]}
+        return key | {"equal": False, "agree": False, "error": f"{type(error).__name__}: {error}"[:500]}
     partings = [parting(p, x) for p, x in zip(pallas, xla)]
     gap = max(abs(p.cumulative_logprob - x.cumulative_logprob) for p, x in zip(pallas, xla))
-    row = {"model": name, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype, "equal": partings == [None] * len(partings),
-           "agree": all(t is None or t["margin"] < NEAR_TIE[dtype] for t in partings), "partings": partings,
-           "tokens": sum(len(p.token_ids) for p in pallas), "max_cumulative_logprob_gap": gap}
+    row = key | {"equal": partings == [None] * len(partings),
+                 "agree": all(t is None or t["margin"] < NEAR_TIE[dtype] for t in partings), "partings": partings,
+                 "tokens": sum(len(p.token_ids) for p in pallas), "max_cumulative_logprob_gap": gap}
     verdict = "equal" if row["equal"] else "part at near ties" if row["agree"] else "DIFFER"
     print(f"{name:<14}{label:<10} {verdict} (partings {partings}; cumulative logprob gap {gap:.2e})", flush=True)
     return row
