@@ -107,7 +107,7 @@ class LLMEngine(LoRAEngineMethods):
             self.runner = multihost.DriverRunner(self.runner)
         self.async_scheduling = args.async_scheduling  # jax_engine/async_scheduling.py
         self._in_flight: StepInFlight | None = None
-        self._step_sampler = StepSampler(self.runner, self.grammar_compiler, cfg.vocab_size, self._failing_alone)
+        self._step_sampler = StepSampler(self.runner, self.grammar_compiler, cfg.vocab_size)
         logger.info("engine ready in %.1f s (attention backend %r%s)", time.perf_counter() - started,
                     self.attention_backend.name, ", async scheduling" if self.async_scheduling else "")
 
@@ -249,7 +249,8 @@ class LLMEngine(LoRAEngineMethods):
         self.output_processor.score_prompts(out, inputs.row_of, hidden, self.runner.token_logprobs, self._failing_alone)
         samplers = [(row, sampler) for seq, row in zip(inputs.sampling_seqs, inputs.sampling_rows)
                     for sampler in self._groups[seq.request_id].sampling_seqs(seq)]  # n > 1: the parent's row
-        return StepInFlight(out, self._step_sampler.sample(sampling_hidden, with_draft_positions(samplers)))
+        pending = self._step_sampler.sample(sampling_hidden, with_draft_positions(samplers), self._failing_alone)
+        return StepInFlight(out, pending)
 
     def _complete(self, step: StepInFlight) -> list[RequestOutput]:
         """Lockstep's end of a step: its tokens verified (speculative decoding), proposed (beams) or appended."""

@@ -35,15 +35,18 @@ class PendingTokens:
 
 
 class StepSampler:
-    def __init__(self, runner: "ModelRunner", grammar_compiler: GrammarCompiler, vocab_size: int,
-                 failing_alone: FailingAlone) -> None:
+    def __init__(self, runner: "ModelRunner", grammar_compiler: GrammarCompiler, vocab_size: int) -> None:
         self.runner = runner
         self.grammar_compiler = grammar_compiler
         self.vocab_size = vocab_size
-        self.failing_alone = failing_alone
 
-    def sample(self, sampling_hidden, samplers: list[tuple[int, Sequence]]) -> PendingTokens:
-        """A token for each (logits row, sequence) whose request has not failed; dispatched, read later."""
+    def sample(self, sampling_hidden, samplers: list[tuple[int, Sequence]],
+               failing_alone: FailingAlone) -> PendingTokens:
+        """A token for each (logits row, sequence) whose request has not failed; dispatched, read later.
+
+        failing_alone is given at each call, not kept: kept, the engine's bound method would make a cycle (engine,
+        step sampler, engine) that only the garbage collector frees, so a dropped LLM would hold its KV cache
+        until the next full collection."""
         samplers = [(row, seq) for row, seq in samplers if not seq.status.is_finished]
         rows, seqs = [row for row, _ in samplers], [seq for _, seq in samplers]
         # A drafted position's row (spec_decode's DraftPosition, which is no Sequence) is filled by its sequence's
@@ -51,24 +54,25 @@ class StepSampler:
         grammars = [seq.grammar if isinstance(seq, Sequence) else None for seq in seqs]
         drafts = [seq.spec_token_ids if grammar else [] for seq, grammar in zip(seqs, grammars)]
         bitmask = self.grammar_compiler.fill_bitmask(grammars, drafts) if any(grammars) else None
-        if self._fail_broken_grammars(seqs):
-            return self.sample(sampling_hidden, samplers)
+        if self._fail_broken_grammars(seqs, failing_alone):
+            return self.sample(sampling_hidden, samplers, failing_alone)
         try:
             batch = self.runner.sampling_batch(seqs, bitmask)
             return PendingTokens(seqs, self.runner.sample(sampling_hidden, rows, batch))
         except Exception:  # some sequence's values do not pack into the sampler's arrays: it fails alone
             for seq in seqs:
-                with self.failing_alone(seq):
+                with failing_alone(seq):
                     sampling_batch([seq], 1, self.vocab_size)
             if not any(seq.status.is_finished for seq in seqs):
                 raise  # not a packing fault: the step itself failed
-            return self.sample(sampling_hidden, samplers)
+            return self.sample(sampling_hidden, samplers, failing_alone)
 
-    def _fail_broken_grammars(self, seqs: list[Sequence]) -> bool:
+    @staticmethod
+    def _fail_broken_grammars(seqs: list[Sequence], failing_alone: FailingAlone) -> bool:
         """Fail the requests whose grammar matcher stopped (its mask passed the library's per-step budget):
         their masks allow nothing meaningful. True if any did."""
         broken = [seq for seq in seqs if seq.grammar is not None and seq.grammar.error is not None]
         for seq in broken:
-            with self.failing_alone(seq):
+            with failing_alone(seq):
                 raise RuntimeError(f"structured output stopped: {seq.grammar.error[:300]}")
         return bool(broken)
