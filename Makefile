@@ -41,7 +41,7 @@ $(CHROMIUM):
 	$(if $(filter 0,$(shell id -u)),,sudo) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null
 
 # Two workers, one test file each at a time: compiles and the Python host work are single-threaded, so two overlap
-# on CI's 2 cores (~35% less time). Each worker peaks at ~4 GB; more workers need more memory, not just cores.
+# on CI's 2 cores (~40% less time). Each worker peaks at ~5 GB; more workers need more memory, not just cores.
 # Files go out in collection order, the longest first (tests/conftest.py), not xdist's most-tests-first.
 # --max-worker-restart 0: a crashed worker fails the run at once instead of leaving it waiting.
 TEST_WORKERS ?= 2

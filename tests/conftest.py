@@ -1,6 +1,5 @@
 """Shared fixtures: Hypothesis profiles, the default model (loaded once), tiny random checkpoints."""
 
-import ctypes
 import gc
 import os
 import sys
@@ -8,6 +7,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+from tests.process_memory import release_freed_memory
 
 # `ci` keeps the suite inside its time budget and reproducible; `thorough` (make test-thorough) digs.
 settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True,
@@ -37,15 +38,8 @@ def pytest_runtest_teardown(item, nextitem):
     if (nextitem is None or nextitem.module is not item.module) and "jax" in sys.modules:
         gc.collect()  # the file's engines, before their programs
         sys.modules["jax"].clear_caches()
-        _return_free_heap_to_the_system()
+        release_freed_memory()
     return result
-
-
-def _return_free_heap_to_the_system() -> None:
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed pages for reuse; others keep theirs
-    except (OSError, AttributeError):
-        pass
 
 
 @pytest.fixture(scope="session")

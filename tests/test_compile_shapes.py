@@ -2,8 +2,6 @@
 loads the compiled programs from the executable store without tracing anything."""
 
 import contextlib
-import ctypes
-import gc
 import json
 import logging
 import os
@@ -27,6 +25,7 @@ from jax_engine.attention.cpu import kernel_unavailable_reason
 from jax_engine.runner import compile_shapes
 from jax_engine.runner.compile_shapes import startup_programs
 from jax_engine.runner.staged_sizes import StagedSizes
+from tests.process_memory import release_freed_memory
 
 pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu" or kernel_unavailable_reason() is not None,
                                 reason="start-up compiles the ragged layout of the CPU default backend")
@@ -326,8 +325,7 @@ def _process_footprint() -> tuple[int, int]:
     pages are handed back first (malloc_trim): without that, glibc kept 4-17 MB of freed memory resident after
     a second pass of the same requests depending on what ran before in the process (a CI failure), yet nothing
     grew on a third, fourth or fifth pass, so it was the allocator's cache and not memory the engine holds."""
-    gc.collect()
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    release_freed_memory()
     maps = len(Path("/proc/self/maps").read_text().splitlines())
     resident = int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     return maps, resident
