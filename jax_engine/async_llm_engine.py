@@ -43,6 +43,15 @@ class RequestFailedError(RuntimeError):
     """One request failed inside the engine (finish_reason "error"); the engine and the others go on."""
 
 
+class GrammarFailedError(RequestFailedError):
+    """One request's grammar stopped its output (a GrammarError in the engine: the grammar's doing, not the
+    engine's). `field` is the request field the grammar came from; the message says why, after that field."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+
+
 class RequestStream:
     """The outputs of one request as they arrive; iterate with `async for`.
 
@@ -50,9 +59,10 @@ class RequestStream:
     its KV blocks.
     """
 
-    def __init__(self, request_id: str, engine: "AsyncLLMEngine") -> None:
+    def __init__(self, request_id: str, engine: "AsyncLLMEngine", grammar_field: str | None = None) -> None:
         self.request_id = request_id
         self._engine = engine
+        self.grammar_field = grammar_field  # the field its grammar came from (errors about the grammar name it)
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self.finished = False
 
@@ -153,7 +163,8 @@ class AsyncLLMEngine:
         self.check_accepting(tenant)
         text, token_ids, params = self.engine.validate_request(prompt, params)  # the engine's copy: checked once
         self.start()
-        stream = self._streams[request_id] = RequestStream(request_id, self)
+        grammar = getattr(params, "compiled_grammar", None)
+        stream = self._streams[request_id] = RequestStream(request_id, self, grammar and grammar.field)
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         prompt = {"prompt": text, "prompt_token_ids": token_ids, "cache_salt": salt}
         self._new.push(tenant, request_id, (prompt, params, lora_request))
@@ -269,9 +280,18 @@ class AsyncLLMEngine:
                 continue  # aborted meanwhile
             failed = (output.finished and isinstance(output, RequestOutput)  # a pooled output cannot fail
                       and any(c.finish_reason == "error" for c in output.outputs))
-            stream.put(RequestFailedError(output.request_id) if failed else output)
+            stream.put(_failure(output, stream.grammar_field) if failed else output)
             if output.finished:
                 del self._streams[output.request_id]
+
+
+def _failure(output: RequestOutput, grammar_field: str | None) -> RequestFailedError:
+    """What a failed request raises: its grammar's error if the grammar stopped it (the engine puts the
+    GrammarError's message in that completion's stop_reason), else RequestFailedError."""
+    reasons = [c.stop_reason for c in output.outputs if c.finish_reason == "error" and isinstance(c.stop_reason, str)]
+    if reasons and grammar_field is not None:
+        return GrammarFailedError(grammar_field, reasons[0])
+    return RequestFailedError(output.request_id)
 
 
 def _num_sequences(params: SamplingParams | BeamSearchParams | PoolingParams) -> int:

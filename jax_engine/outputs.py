@@ -39,7 +39,9 @@ class CompletionOutput:
     cumulative_logprob: float | None
     logprobs: list[PositionLogprobs] | None
     finish_reason: str | None = None  # "stop", "length" or "abort"; None while running
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    # The stop token id or stop string that ended it; with finish_reason "error", why its grammar stopped it (a
+    # str: the grammar passed one of its parser's limits), if that was the error.
+    stop_reason: int | str | None = None
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.server_helpers import cli_flags, start_server_process, stop_server_process
-from tests.test_structured_output import PERSON, chained_refs, chained_rules
+from tests.test_structured_output import PAST_LIMITS_MID_OUTPUT, PERSON, chained_refs, chained_rules
 
 MODEL = "SmolLM2-135M-Instruct"
 ENGINE = {"num_gpu_blocks_override": 256, "block_size": 16, "max_model_len": 768, "max_num_seqs": 8,
@@ -196,6 +196,29 @@ def test_grammars_that_crashed_the_server_are_400s_naming_the_field(client):
             chat(client, **fields)
         assert refused.value.body["param"] == param, refused.value.body
     assert chat(client, max_tokens=5).choices[0].message.content  # still serving
+
+
+def test_a_grammar_past_its_parsers_limits_mid_output_is_a_400_naming_the_field(client):
+    """5,000 alternative objects compile and give a first mask, so they pass the check before admission; the
+    first "{" then opens them all at once, past the parser's row limit. That was a 500 ("failed inside the
+    engine"); the request's grammar did it, so it is a 400 naming the field, and in a stream an error event
+    with the same object. The request beside it gets the answer it gets alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    schema = PAST_LIMITS_MID_OUTPUT["token"][0]["json"]
+    fields = {"response_format": {"type": "json_schema", "json_schema": {"name": "wide", "schema": schema}}}
+    alone = chat(client, guided_json=PERSON).choices[0].message.content
+    with ThreadPoolExecutor(2) as pool:
+        beside = pool.submit(chat, client, guided_json=PERSON)
+        with pytest.raises(openai.BadRequestError) as refused:
+            chat(client, **fields)
+        assert beside.result().choices[0].message.content == alone
+    error = refused.value.body
+    assert error["param"] == "response_format.json_schema.schema" and error["code"] == "grammar_failed", error
+    assert "past one of its limits: Parser Error: Current row has 5000 items" in error["message"], error
+    with pytest.raises(openai.APIError) as streamed:  # the openai client raises a stream's error event
+        list(chat(client, stream=True, **fields))
+    assert streamed.value.body == error, streamed.value.body
 
 
 def test_a_grammar_that_runs_away_holds_up_no_one_else(client):

@@ -185,18 +185,29 @@ def test_a_grammar_that_crashes_or_runs_away_costs_its_request_alone(llm, fields
     assert texts(generate(llm, [PROMPT], max_tokens=4, temperature=0, structured_outputs={"regex": "[a-z]{3}"}))
 
 
-def test_a_matcher_past_its_per_step_budget_ends_its_request_alone(llm, caplog):
-    """(.{0,100}a){100} compiles in milliseconds and passes every limit, but each token widens its lexer's
-    state; after a dozen tokens the mask passes llguidance's per-step budget ("too many expressions
-    constructed"). That request ends with finish_reason "error" and the log says why; the request beside it
-    finishes as it would alone."""
+# A grammar that passes the check before admission (compile, first mask) and one of llguidance's limits later.
+PAST_LIMITS_MID_OUTPUT = {
+    # each token widens the lexer's state: after a dozen, a mask passes the per-step budget
+    "mask": ({"regex": "(.{0,100}a){100}"}, "structured output stopped: lexer error: too many expressions"),
+    # 5000 alternatives open at once after the first "{": a parser row of more than 2,000 items
+    "token": ({"json": {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}},
+                                   "required": [f"k{i}"]} for i in range(5000)]}},
+              r"the grammar's parser stopped at token \d+, past one of its limits: Parser Error: Current row has 5000"),
+}
+
+
+@pytest.mark.parametrize("where", PAST_LIMITS_MID_OUTPUT)
+def test_a_matcher_past_its_limits_ends_its_request_alone_and_says_why(llm, where):
+    """Such a request ends with finish_reason "error", its stop_reason says why (a server turns it into a 400
+    naming the field), and the request beside it finishes as it would alone. Where: the grammar's mask passes the
+    library's per-step budget, or consuming a token the mask allowed passes its parser's row limit."""
+    structured_outputs, reason = PAST_LIMITS_MID_OUTPUT[where]
     bystander = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     alone = llm.generate([PROMPT], bystander, use_tqdm=False)[0].outputs[0].token_ids
-    costly = SamplingParams(temperature=1.0, seed=0, max_tokens=100, structured_outputs={"regex": "(.{0,100}a){100}"})
-    with caplog.at_level("ERROR", logger="jax_engine"):
-        failed, beside = llm.generate([PROMPT, PROMPT], [costly, bystander], use_tqdm=False)
+    costly = SamplingParams(temperature=1.0, seed=0, max_tokens=100, structured_outputs=structured_outputs)
+    failed, beside = llm.generate([PROMPT, PROMPT], [costly, bystander], use_tqdm=False)
     assert failed.outputs[0].finish_reason == "error" and len(failed.outputs[0].token_ids) < 100
-    assert "structured output stopped: lexer error: too many expressions constructed" in caplog.text
+    assert re.match(reason, failed.outputs[0].stop_reason), failed.outputs[0].stop_reason
     assert beside.outputs[0].token_ids == alone
 
 
@@ -224,5 +235,6 @@ def test_a_token_its_grammar_rejects_ends_that_sequence_alone(llm, caplog):
         appended = scheduler.update_from_output(out, sampled)
     assert [seq for seq, _ in appended] == [constrained, bystander]
     assert constrained.status is RequestStatus.FINISHED_ERROR and "the grammar rejected token" in caplog.text
+    assert constrained.stop_reason is None  # the engine's fault, not the request's: no reason for the client
     assert bystander.status is RequestStatus.RUNNING and bystander.output_token_ids == [digit]
     assert scheduler.block_stats().num_free_blocks == 8 - 1  # the bystander's one block

@@ -19,6 +19,7 @@ from jax_engine.core.arrival_queue import ArrivalQueue
 from jax_engine.core.kv_cache_manager import CacheConfig, KVCacheManager
 from jax_engine.core.scheduler_output import BlockStats, Preemption, ScheduledSequence, SchedulerOutput
 from jax_engine.sequence import Sequence
+from jax_engine.structured_output.grammar import GrammarError
 from reference.request import RequestStatus
 from reference.scheduler import SchedulerConfig
 
@@ -140,6 +141,8 @@ class Scheduler:
             except RuntimeError as error:
                 logger.error("request %s failed: %s", seq.request_id, str(error)[:300])
                 status = RequestStatus.FINISHED_ERROR
+                if isinstance(error, GrammarError):  # the request's doing: its output says why
+                    seq.stop_reason = str(error)
         if status is not None:
             self._finish(seq, status)
         return True

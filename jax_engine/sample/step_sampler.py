@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from jax_engine.sample.sampler import SampledRows, SampledToken
 from jax_engine.sample.sampling_batch import sampling_batch
 from jax_engine.sequence import Sequence
-from jax_engine.structured_output.grammar import GrammarCompiler
+from jax_engine.structured_output.grammar import GrammarCompiler, GrammarError
 
 if TYPE_CHECKING:  # the runner imports the sampler; the step sampler only calls the runner it is given
     from jax_engine.runner.model_runner import ModelRunner
@@ -73,6 +73,7 @@ class StepSampler:
         their masks allow nothing meaningful. True if any did."""
         broken = [seq for seq in seqs if seq.grammar is not None and seq.grammar.error is not None]
         for seq in broken:
+            seq.stop_reason = f"structured output stopped: {seq.grammar.error[:500]}"  # its output says why
             with failing_alone(seq):
-                raise RuntimeError(f"structured output stopped: {seq.grammar.error[:300]}")
+                raise GrammarError(seq.stop_reason)
         return bool(broken)

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 from starlette.responses import Response
 
-from jax_engine.async_llm_engine import (AsyncLLMEngine, EngineDeadError, QueueFullError, RequestFailedError,
-                                         RequestStream)
+from jax_engine.async_llm_engine import (AsyncLLMEngine, EngineDeadError, GrammarFailedError, QueueFullError,
+                                         RequestFailedError, RequestStream)
 from jax_engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.server.errors import APIError, bad_request, error_body, internal_error, queue_full
@@ -30,6 +30,8 @@ def client_error(error: Exception) -> APIError:
         return queue_full(str(error))
     if isinstance(error, EngineDeadError):
         return APIError(503, str(error), code="engine_dead")
+    if isinstance(error, GrammarFailedError):  # the request's grammar passed its parser's limits mid-output
+        return APIError(400, str(error), error.field, code="grammar_failed")
     if isinstance(error, RequestFailedError):  # the engine logged the traceback under the request id
         return APIError(500, f"request {error} failed inside the engine; the server log has the details",
                         code="request_failed")

@@ -6,8 +6,8 @@ nesting are checked first (limits.py), then it is compiled and tried in a separa
 compiled here once more into a prototype matcher. Each sequence owns a copy of the prototype: the parser state
 after its output so far. Every step, the matchers of the rows being sampled write the bitmask of the tokens
 they allow next (32 tokens per int32 word, bit t % 32 of word t // 32); the jitted sampler sends every other
-token's logit to -inf. A matcher that passes the library's per-step budget (LIMITS) ends its sequence with an
-error; the others go on.
+token's logit to -inf. A matcher that passes one of the library's limits (LIMITS) mid-output ends its request with
+an error whose stop_reason says why (GrammarError: a 400 naming the field over HTTP); the others go on.
 
 The matcher lives on the host beside the sequence's tokens, so it survives preemption: recompute and swap
 rebuild the KV cache of tokens the matcher has already consumed, and sample nothing it has not seen.
@@ -27,6 +27,8 @@ from jax_engine.structured_output.worker import GrammarWorker, parser_limits
 
 # Bits of a row that no grammar constrains: every token allowed.
 ALL_ALLOWED = -1
+# How llguidance says that a token is not in the grammar (its other errors are its limits).
+REJECTED = "doesn't satisfy the grammar"
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -44,10 +46,18 @@ def tokenizer_json(hf_tokenizer) -> str:
 
 @dataclass(frozen=True)
 class CompiledGrammar:
-    """A request's grammar: its llguidance text, and a matcher at its start that sequences copy."""
+    """A request's grammar: its llguidance text, a matcher at its start that sequences copy, and the request field
+    it came from (errors about it name that field)."""
 
     text: str
     prototype: llguidance.LLMatcher
+    field: str = "structured_outputs"
+
+
+class GrammarError(RuntimeError):
+    """A sequence's grammar stopped its output: its parser passed one of the library's limits (LIMITS; a row of
+    more than 2,000 items, say) on a path that the check before admission could not reach. The request's grammar
+    caused it, not the engine: a server answers 400 naming the grammar's field."""
 
 
 class GrammarCompiler:
@@ -90,12 +100,13 @@ class GrammarCompiler:
             check_spec(params.kind, spec, field)
         except (json.JSONDecodeError, RecursionError) as error:  # JSON text that does not parse
             raise ValueError(f"{field} is invalid: {error}") from None
-        return self.from_text(self.worker.compile(params.kind, spec, params.disable_any_whitespace, field))
+        return self.from_text(self.worker.compile(params.kind, spec, params.disable_any_whitespace, field), field)
 
-    def from_text(self, text: str) -> CompiledGrammar:
+    def from_text(self, text: str, field: str = "structured_outputs") -> CompiledGrammar:
         """The grammar of llguidance `text` that compile() made and checked (in this process or another: the engine
         core process builds its matchers from the API server's grammars)."""
-        return CompiledGrammar(text, llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=parser_limits()))
+        return CompiledGrammar(text, llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=parser_limits()),
+                               field)
 
     def matcher(self, grammar: CompiledGrammar) -> "GrammarMatcher":
         """A matcher at the grammar's start: a copy of its prototype (~0.1 ms; compiling again could take long)."""
@@ -141,7 +152,7 @@ class GrammarMatcher:
     @property
     def error(self) -> str | None:
         """Why the matcher stopped working (a token it rejected, a per-step budget passed), or None."""
-        return self.state.get_error() if self.state.is_error() else None
+        return self.state.get_error().replace("<non-verbose/>", "").strip() if self.state.is_error() else None
 
     def valid_prefix(self, tokens: list[int]) -> list[int]:
         """The longest prefix of `tokens` (drafts) the grammar allows from here; the matcher does not move."""
@@ -153,4 +164,7 @@ class GrammarMatcher:
         if self.state.is_stopped():
             return
         if not self.state.consume_token(token):
-            raise RuntimeError(f"the grammar rejected token {token}: {self.state.get_error()}")
+            if REJECTED in self.error:  # the sampler took a token the mask forbade: the engine's fault
+                raise RuntimeError(f"the grammar rejected token {token}: {self.error}")
+            raise GrammarError(f"the grammar's parser stopped at token {token}, past one of its limits: "
+                               f"{self.error[:500]}")
