@@ -198,6 +198,44 @@ def test_a_stop_string_found_in_the_api_server_stops_the_request_in_the_core(cor
     assert client.stats()["num_steps"] - steps_before < 20  # the core took the stop within a few steps
 
 
+def test_a_grammar_is_built_off_the_cores_loop_and_an_abort_meanwhile_still_ends_it(core_client):
+    """A matcher does not pickle: the core builds each grammar again from its text, ~0.9 s for 3,000 optional
+    properties. On the core's loop that stopped every other request's steps for as long; now the running
+    request's outputs keep coming while two such grammars build, and the request aborted while its grammar was
+    building still ends with its last output, as any abort does."""
+    import time
+
+    client, prompt = core_client, {"prompt": None, "prompt_token_ids": [5, 6, 7]}
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}}
+    _, _, params = client.validate_request(prompt, SamplingParams(max_tokens=2, temperature=0,
+                                                                  structured_outputs={"json": wide}))
+    started = time.perf_counter()
+    client.grammar_compiler.from_text(params.compiled_grammar.text)  # what the core does again for each
+    build_seconds = time.perf_counter() - started
+    client.add_request("running", prompt, SamplingParams(max_tokens=4000, temperature=0, ignore_eos=True))
+    _outputs_until(client, lambda outputs: len(outputs) > 2)
+    client.add_request("grammar", prompt, params)
+    client.add_request("aborted", prompt, params)
+    client.abort_request(["aborted"])
+    arrivals, window_end = [], time.perf_counter() + 2.5 * build_seconds  # both builds, one after the other
+
+    def window_over(outputs):
+        arrivals.append(time.perf_counter())
+        return arrivals[-1] > window_end
+
+    outputs = _outputs_until(client, window_over)
+    client.abort_request(["running"])  # one running request at a time: the grammar's request runs after it
+    outputs += _outputs_until(client, lambda more: sum(o.finished for o in outputs + more) == 3)
+    finals = {o.request_id: o for o in outputs if o.finished}
+    worst_gap = max(b - a for a, b in zip(arrivals, arrivals[1:]))
+    print(f"builds of {build_seconds:.2f} s each; the running request's worst wait for an output {worst_gap:.3f} s")
+    assert worst_gap < build_seconds / 2
+    assert [c.finish_reason for c in finals["aborted"].outputs] == ["abort"]
+    assert finals["grammar"].outputs[0].token_ids  # it joined the engine and ran (its grammar may end it early:
+    # 3,000 optional keys open 12,007 alternatives after "{", past the parser's row limit)
+    assert not client.has_unfinished_requests()
+
+
 @pytest.mark.parametrize("flags, error", [
     ([], "model='{missing}' is neither a .gguf file nor a checkpoint directory"),
     (["--no-engine-core-process"], "model='{missing}' is neither a .gguf file nor a checkpoint directory"),

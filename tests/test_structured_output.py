@@ -193,6 +193,9 @@ PAST_LIMITS_MID_OUTPUT = {
     "token": ({"json": {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "integer"}},
                                    "required": [f"k{i}"]} for i in range(5000)]}},
               r"the grammar's parser stopped at token \d+, past one of its limits: Parser Error: Current row has 5000"),
+    # matching a long literal costs time and no fuel: ~80 ms a mask, where ordinary grammars take under 1 ms
+    "time": ({"json": {"const": "z" * 300_000}},
+             r"structured output stopped: a mask took \d+ ms of CPU, more than the limit of 20 ms"),
 }
 
 
@@ -200,7 +203,8 @@ PAST_LIMITS_MID_OUTPUT = {
 def test_a_matcher_past_its_limits_ends_its_request_alone_and_says_why(llm, where):
     """Such a request ends with finish_reason "error", its stop_reason says why (a server turns it into a 400
     naming the field), and the request beside it finishes as it would alone. Where: the grammar's mask passes the
-    library's per-step budget, or consuming a token the mask allowed passes its parser's row limit."""
+    library's per-step budget, consuming a token the mask allowed passes its parser's row limit, or a mask takes
+    longer than MASK_LIMIT_SECONDS."""
     structured_outputs, reason = PAST_LIMITS_MID_OUTPUT[where]
     bystander = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     alone = llm.generate([PROMPT], bystander, use_tqdm=False)[0].outputs[0].token_ids

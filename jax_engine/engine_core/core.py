@@ -7,8 +7,9 @@
     text, stop strings, streams            <----   the step's outputs (token ids, no text) and the engine's state
 
 The core steps for as long as it has work, without waiting for the API server to read what it sent: the
-server's HTTP and streaming work and the core's steps run at once, on different cores. When idle, the core
-blocks on its input sockets. It ends once every API server has sent "shutdown", when the process that started
+server's HTTP and streaming work and the core's steps run at once, on different cores. A request with a grammar
+joins the engine once a thread has built its matcher (grammar_builds.py), never holding up the steps. When idle,
+the core blocks on its input sockets. It ends once every API server has sent "shutdown", when the process that started
 it is gone, or on an error of its loop, which it reports ("dead", with the traceback) before it exits with status 1.
 An engine its flags or model cannot start is "refused", with the engine's own error, which `serve` prints as a
 bad flag's.
@@ -30,6 +31,7 @@ import zmq
 from jax_engine import gc_heap
 from jax_engine.config import EngineArgs
 from jax_engine.distributed.replica_devices import replica_devices
+from jax_engine.engine_core.grammar_builds import BUILD_POLL_MS, GrammarBuilds
 from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts, decode, encode
 from jax_engine.engine_core.output_deltas import DeltaEncoder
 from jax_engine.llm_engine import LLMEngine
@@ -53,6 +55,7 @@ class EngineCore:
         self._server_of: dict[str, int] = {}  # unfinished request id -> the API server that added it
         self._attached = set(range(len(inputs)))  # the API servers that have not said "shutdown"
         self._deltas = DeltaEncoder()
+        self._builds = GrammarBuilds(engine.grammar_compiler.from_text, engine.grammar_compiler.prepare)
 
     def run(self) -> None:
         parent = os.getppid()
@@ -61,7 +64,9 @@ class EngineCore:
                 logger.error("the process that started the engine core is gone: the engine core stops")
                 return
             idle = not self.engine.has_unfinished_requests()
-            if not self._take_inputs(wait_ms=PARENT_CHECK_MS if idle else 0) and idle:
+            wait_ms = (BUILD_POLL_MS if self._builds else PARENT_CHECK_MS) if idle else 0
+            took = self._take_inputs(wait_ms)
+            if not self._add_built() and not took and idle:
                 continue
             outputs = self.engine.step() if self.engine.has_unfinished_requests() else []
             self._send_outputs(outputs)
@@ -81,6 +86,7 @@ class EngineCore:
             self._add(server, body)
         elif kind == "abort":
             self.engine.abort_request(body)
+            self._builds.abort(body)
         elif kind == "stop":
             self.engine.stop_sequences(body)
         elif kind in ("add_lora", "remove_lora"):
@@ -103,10 +109,33 @@ class EngineCore:
             logger.error("%s failed: %s", kind, error)
 
     def _add(self, server: int, request: AddRequest) -> None:
+        if request.grammar_text is not None:  # it joins the engine once its grammar is built (grammar_builds.py)
+            self._builds.submit(server, request)
+        else:
+            self._add_to_engine(server, request)
+
+    def _add_built(self) -> bool:
+        """Add the requests whose grammar has been built; True if any build finished."""
+        built = self._builds.ready()
+        for server, request, build, aborted in built:
+            if server not in self._attached:  # its API server is gone
+                continue
+            try:
+                grammar = build.result()
+            except Exception as error:  # checked in the API server's grammar worker: not expected
+                logger.exception("the grammar of request %s could not be built", request.request_id)
+                self._adds_applied[server] += 1
+                self._outputs[server].send(encode("rejected", (request.request_id, ValueError(str(error)))))
+                continue
+            request.params._set("compiled_grammar", grammar)
+            self._add_to_engine(server, request)
+            if aborted:  # while its grammar was building: it ends as any abort does, with a last output
+                self.engine.abort_request([request.request_id])
+        return bool(built)
+
+    def _add_to_engine(self, server: int, request: AddRequest) -> None:
         self._adds_applied[server] += 1
         params = request.params
-        if request.grammar_text is not None:
-            params._set("compiled_grammar", self.engine.grammar_compiler.from_text(request.grammar_text))
         try:
             self.engine.add_request(request.request_id, request.prompt, params, lora_request=request.lora_request)
         except ValueError as error:  # checked in the API server: only a difference of state (or of two API

@@ -39,6 +39,7 @@ class ServerState:
         # Grammars compile on a thread of their own (waiting on the grammar worker process): a costly one never
         # holds up tokenization.
         self._grammar_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
+        self._grammar_thread.submit(engine.engine.grammar_compiler.prepare)
         self.adapters = ServedAdapters(engine, config.lora_modules, config.model_name)
 
     @property

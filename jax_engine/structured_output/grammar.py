@@ -14,6 +14,7 @@ rebuild the KV cache of tokens the matcher has already consumed, and sample noth
 """
 
 import copy
+import functools
 import json
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ import llguidance.numpy
 import numpy as np
 
 from jax_engine.structured_output.limits import check_spec
+from jax_engine.structured_output.mask_budget import MaskBudget
 from jax_engine.structured_output.params import StructuredOutputsParams
 from jax_engine.structured_output.worker import GrammarWorker, parser_limits
 
@@ -70,6 +72,7 @@ class GrammarCompiler:
         self._tokenizer: llguidance.LLTokenizer | None = None  # built on first use (~0.25 s for 49k tokens)
         self._worker: GrammarWorker | None = None
         self._executor = llguidance.LLExecutor()
+        self._masks = MaskBudget(self._executor)
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
@@ -78,14 +81,21 @@ class GrammarCompiler:
                                                      eos_token=list(self.eos_token_ids))
         return self._tokenizer
 
+    def prepare(self) -> None:
+        """Build the library's tokenizer and the worker's first message now: ~0.4 s that hold the GIL, which the
+        first request with a grammar would otherwise make every other request wait (a server calls this at start,
+        on its grammar thread). The worker process itself still starts on first use."""
+        if self._hf_tokenizer is not None:
+            _ = self.tokenizer, self.worker
+
     @property
     def worker(self) -> GrammarWorker:
         if self._worker is None:
             self._worker = GrammarWorker(self._tokenizer_json, self.vocab_size, list(self.eos_token_ids))
         return self._worker
 
-    @property
-    def _tokenizer_json(self) -> str:
+    @functools.cached_property
+    def _tokenizer_json(self) -> str:  # ~0.12 s, for the tokenizer and the worker's first message
         return tokenizer_json(self._hf_tokenizer)
 
     def compile(self, params: StructuredOutputsParams, field: str | None = None) -> CompiledGrammar:
@@ -105,8 +115,11 @@ class GrammarCompiler:
     def from_text(self, text: str, field: str = "structured_outputs") -> CompiledGrammar:
         """The grammar of llguidance `text` that compile() made and checked (in this process or another: the engine
         core process builds its matchers from the API server's grammars)."""
-        return CompiledGrammar(text, llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=parser_limits()),
-                               field)
+        prototype = llguidance.LLMatcher(self.tokenizer, text, log_level=0, limits=parser_limits())
+        # Its first mask, here: the lexer states it builds are shared with every copy, so that no step builds them
+        # (~0.8 s for a 500,000-character const).
+        prototype.compute_bitmask()
+        return CompiledGrammar(text, prototype, field)
 
     def matcher(self, grammar: CompiledGrammar) -> "GrammarMatcher":
         """A matcher at the grammar's start: a copy of its prototype (~0.1 ms; compiling again could take long)."""
@@ -119,10 +132,10 @@ class GrammarCompiler:
         what it allows after the drafts before that row; the matcher itself does not move."""
         bitmask = np.full((len(matchers), bitmask_width(self.vocab_size)), ALL_ALLOWED, np.int32)
         drafts = drafts or [[]] * len(matchers)
-        rows = [(m.state, i) for i, m in enumerate(matchers) if m is not None and not drafts[i]]
+        rows = [(m, i) for i, m in enumerate(matchers) if m is not None and not drafts[i]]
         drafted = [(m.state, i, drafts[i]) for i, m in enumerate(matchers) if m is not None and drafts[i]]
-        if rows:  # the rows in parallel, outside the GIL
-            llguidance.numpy.fill_next_token_bitmask_par(self._executor, rows, bitmask)
+        if rows:  # in parallel, each mask's time bounded (mask_budget.py)
+            self._masks.fill(rows, bitmask)
         if drafted:  # the matchers walk their drafts and back, in parallel too
             llguidance.numpy.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
         return bitmask
@@ -148,10 +161,13 @@ class GrammarMatcher:
 
     def __init__(self, state: llguidance.LLMatcher) -> None:
         self.state = state
+        self.over_budget: str | None = None  # why its masks cost too much time (mask_budget.py)
 
     @property
     def error(self) -> str | None:
         """Why the matcher stopped working (a token it rejected, a per-step budget passed), or None."""
+        if self.over_budget is not None:
+            return self.over_budget
         return self.state.get_error().replace("<non-verbose/>", "").strip() if self.state.is_error() else None
 
     def valid_prefix(self, tokens: list[int]) -> list[int]:
