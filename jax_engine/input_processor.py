@@ -4,6 +4,7 @@ Reads only the tokenizer and the configuration, so a server may call it while a 
 is a ValueError that names the field and its limit.
 """
 
+import functools
 from typing import NamedTuple
 
 from jax_engine.beam_search import BeamSearchParams
@@ -56,19 +57,33 @@ def check_template_kwargs(kwargs) -> dict:
     return kwargs
 
 
+def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
+              chat_template_kwargs: dict | None = None) -> str:
+    """A conversation through the tokenizer's chat template. `chat_template_kwargs` are extra template variables
+    (Qwen3's enable_thinking, say)."""
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                         **({"tools": tools} if tools else {}),
+                                         **check_template_kwargs(chat_template_kwargs))
+
+
 def chat_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
                 add_special_tokens: bool = False, tools: list[dict] | None = None,
                 chat_template_kwargs: dict | None = None) -> dict:
-    """A conversation through the tokenizer's chat template, tokenized once: vLLM's TokensPrompt with its text.
-    `chat_template_kwargs` are extra template variables (Qwen3's enable_thinking, say).
+    """A conversation through the chat template (chat_text), tokenized once: vLLM's TokensPrompt with its text.
 
     The template writes the special tokens it wants (a BOS among them), so the text is encoded without the
     tokenizer's own (vLLM's rule): encoding it as a plain prompt would give BOS-adding tokenizers two.
     """
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
-                                         **({"tools": tools} if tools else {}),
-                                         **check_template_kwargs(chat_template_kwargs))
+    text = chat_text(tokenizer, messages, add_generation_prompt, tools, chat_template_kwargs)
     return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=add_special_tokens)}
+
+
+def most_characters_that_fit(tokenizer, max_model_len: int) -> int:
+    """No text longer than this is max_model_len tokens or fewer: a token covers at most as many characters as the
+    longest entry of its vocabulary (a byte-level entry holds a character per byte), and twice that leaves room
+    for normalizers that join characters. Longer text is refused before the tokenizer spends time on it: 4 MB
+    took 1.9 s, on the thread that every request's tokenization waits for."""
+    return 2 * max_model_len * max(map(len, tokenizer.get_vocab()))
 
 
 def _check_needs_no_tokenizer(params: SamplingParams | BeamSearchParams) -> None:
@@ -94,13 +109,23 @@ class InputProcessor:
         self.max_model_len = scheduler_config.max_model_len
         self.max_num_seqs = scheduler_config.max_num_seqs
 
+    @functools.cached_property
+    def max_prompt_chars(self) -> int:
+        """The longest prompt text worth tokenizing (most_characters_that_fit)."""
+        return most_characters_that_fit(self.tokenizer, self.max_model_len)
+
+    def check_text_fits(self, text: str, field: str) -> None:
+        """A ValueError naming `field` if `text` is too long to fit max_model_len tokens, before tokenizing it."""
+        check(len(text) <= self.max_prompt_chars, field, f"text of at most {self.max_prompt_chars} characters (no "
+              f"longer text fits max_model_len={self.max_model_len} tokens)", len(text))
+
     def process(self, prompt: Prompt, params: RequestParams) -> ProcessedRequest:
         """Tokenize and check a request; returns its prompt text (or None), token ids and the engine's params."""
         cache_salt(prompt)
-        text, token_ids = self._prompt_token_ids(prompt)
+        keep = getattr(params, "truncate_prompt_tokens", None)
+        text, token_ids = self._prompt_token_ids(prompt, truncating=keep is not None)
         if not token_ids:
             raise ValueError("prompt must not be empty")
-        keep = getattr(params, "truncate_prompt_tokens", None)
         if keep is not None:  # vLLM's left truncation: the prompt's last tokens (-1: as many as fit)
             token_ids = token_ids[-(self.max_model_len - 1 if keep == -1 else keep):]
         bad = [t for t in token_ids if not 0 <= t < self.vocab_size]
@@ -124,7 +149,11 @@ class InputProcessor:
             _check_needs_no_tokenizer(params)
         return ProcessedRequest(text, token_ids, self._engine_params(params))
 
-    def _prompt_token_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+    def _prompt_token_ids(self, prompt: Prompt, truncating: bool = False) -> tuple[str | None, list[int]]:
+        """The prompt's text (None if only ids were given) and ids. `truncating` (truncate_prompt_tokens): text too
+        long to fit is cut to its last max_prompt_chars characters before it is tokenized, which leaves more tokens
+        than are kept; those are the whole text's unless merges would run differently across the cut (a run of one
+        repeated character spanning it)."""
         if isinstance(prompt, dict):  # vLLM's TextPrompt / TokensPrompt (which may carry its text too)
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), self._prompt_token_ids(prompt["prompt_token_ids"])[1]
@@ -134,7 +163,9 @@ class InputProcessor:
             if self.tokenizer is None:
                 raise ValueError("prompt must be token ids with skip_tokenizer_init=True (no tokenizer is loaded): a "
                                  "list of ints, or {'prompt_token_ids': [...]}")
-            return prompt, self.tokenizer.encode(prompt)
+            if not truncating:
+                self.check_text_fits(prompt, "prompt")
+            return prompt, self.tokenizer.encode(prompt[-self.max_prompt_chars:])
         if isinstance(prompt, (list, tuple)) and all(is_int(t) for t in prompt):
             return None, [int(t) for t in prompt]
         raise ValueError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")

@@ -160,6 +160,22 @@ def test_bad_prompts_and_beam_params_are_refused(engine):
         BeamSearchParams(beam_width=2, max_tokens=4, length_penalty=10**400)
 
 
+def test_text_too_long_to_fit_is_refused_by_its_length_and_truncation_keeps_the_whole_texts_tokens(engine):
+    """The tiny byte-level tokenizer's longest entry is 12 characters, so no text of more than 2 x 48 x 12
+    characters fits max_model_len=48: it is refused before it is tokenized, naming the limit. With
+    truncate_prompt_tokens such text is cut to that many last characters first, and the tokens kept are the ones
+    the whole text gives."""
+    processor, tokenizer = engine.input_processor, engine.tokenizer
+    assert processor.max_prompt_chars == 2 * 48 * max(map(len, tokenizer.get_vocab())) == 1152
+    text = "a few words, then more; " * 1000  # 24,000 characters
+    with pytest.raises(ValueError, match=r"^prompt must be text of at most 1152 characters \(no longer text fits "
+                                         r"max_model_len=48 tokens\), got 24000$"):
+        engine.add_request("long", text, NORMAL)
+    truncated = dataclasses.replace(NORMAL, truncate_prompt_tokens=40)
+    _, token_ids, _ = processor.process(text, truncated)
+    assert token_ids == tokenizer.encode(text)[-40:]
+
+
 def test_tiny_positive_temperatures_are_raised_to_vllms_minimum():
     assert SamplingParams(temperature=1e-300).temperature == 0.01
     assert SamplingParams(temperature=0).greedy

@@ -67,16 +67,33 @@ def test_a_50_mb_body_is_refused_without_delaying_health(server):
         assert max(latencies) < 0.1, f"/health took {max(latencies) * 1000:.0f} ms"
 
 
-def test_a_long_prompt_is_tokenized_off_the_event_loop(server):
-    """A prompt just under the body limit takes the tokenizer about a second; /health does not wait for it."""
-    prompt = "hello there " * (MAX_BODY // 12 - 10)
-    answers = []
-    latencies = _health_latencies(server, lambda: answers.append(
-        httpx.post(f"{server}/v1/completions", json={"prompt": prompt}, timeout=60)))
-    assert answers[0].status_code == 400 and answers[0].json()["error"]["param"] == "prompt"  # over max_model_len
-    # On the loop, /health would wait the tokenizer's ~1 s; 0.5 s leaves room for a loaded 2-core machine
-    # (165 ms was seen once in the full suite) and still catches that.
-    assert len(latencies) > 3 and max(latencies) < 0.5, f"/health took {max(latencies) * 1000:.0f} ms"
+def test_prompts_too_long_to_fit_are_refused_before_the_tokenizer_reads_them(server):
+    """Prompts just under the body limit each took the tokenizer ~0.4 s, on the one thread every request's
+    tokenization waits for: a bystander's request waited for all of them (11 s beside six 4 MB prompts). Text
+    longer than any prompt that fits max_model_len is refused first, by its length: the bystander does not wait.
+    Four of them leave the bystander one of the server's six connections."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    long_text = "hello there " * (MAX_BODY // 12 - 10)
+    bodies = [("/v1/completions", {"prompt": long_text}), ("/tokenize", {"prompt": long_text}),
+              ("/v1/chat/completions", {"messages": [{"role": "user", "content": long_text}]})]
+    bystander = {"prompt": "hello", "max_tokens": 2}
+    with httpx.Client(base_url=server, timeout=60) as client:
+        started = time.perf_counter()
+        assert client.post("/v1/completions", json=bystander).status_code == 200
+        alone = time.perf_counter() - started
+        with ThreadPoolExecutor(4) as pool:
+            refused = [pool.submit(client.post, path, json=body) for path, body in [*bodies, bodies[0]]]
+            time.sleep(0.2)  # their bodies are arriving
+            started = time.perf_counter()
+            assert client.post("/v1/completions", json=bystander).status_code == 200
+            beside = time.perf_counter() - started
+    print(f"a request alone {alone:.2f} s, beside four 1 MiB prompts {beside:.2f} s")
+    assert beside < alone + 0.5
+    for answer in (f.result() for f in refused):
+        error = answer.json()["error"]
+        assert answer.status_code == 400 and error["param"] in ("prompt", "messages"), error
+        assert "characters (no longer text fits max_model_len=128 tokens)" in error["message"], error
 
 
 def test_slow_or_silent_clients_are_cut_off_and_cannot_hold_the_connections(server):

@@ -137,6 +137,7 @@ def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:
                 # vLLM's chat tokenize request: the template's special tokens only (add_special_tokens=False)
                 return render_chat_prompt(state, conversation(body.messages),
                                           body.add_generation_prompt)["prompt_token_ids"]
+            state.check_text_fits(body.prompt, "prompt")
             return state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
 
         tokens = await state.off_loop(encode)

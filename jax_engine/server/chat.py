@@ -5,7 +5,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from jax_engine.input_processor import chat_prompt, check_template_kwargs
+from jax_engine.input_processor import chat_text, check_template_kwargs
 from jax_engine.outputs import Logprob
 from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import ChatCompletionRequest
@@ -35,7 +35,7 @@ def _logprobs(delta: Delta, num_top: int) -> dict | None:
 def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_prompt: bool,
                        add_special_tokens: bool = False, tools: list[dict] | None = None,
                        template_kwargs: dict | None = None) -> dict:
-    """The conversation through the model's chat template, tokenized once (input_processor.chat_prompt), with
+    """The conversation through the model's chat template, tokenized once (as input_processor.chat_prompt), with
     the tools shown to the model (server/tools.py); a template error is the client's (400)."""
     renders_tools = "tools" in (state.tokenizer.chat_template or "")
     if tools:
@@ -45,10 +45,12 @@ def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_
     except ValueError as error:
         raise APIError(400, str(error), "chat_template_kwargs") from None
     try:
-        return chat_prompt(state.tokenizer, messages, add_generation_prompt, add_special_tokens,
-                           tools if tools and renders_tools else None, template_kwargs)
+        text = chat_text(state.tokenizer, messages, add_generation_prompt, tools if tools and renders_tools else None,
+                         template_kwargs)
     except Exception as error:  # jinja's TemplateError, or the template's own raise_exception
         raise APIError(400, f"messages could not be rendered with the chat template: {error}", "messages") from None
+    state.check_text_fits(text, "messages")
+    return {"prompt": text, "prompt_token_ids": state.tokenizer.encode(text, add_special_tokens=add_special_tokens)}
 
 
 @dataclass

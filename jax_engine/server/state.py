@@ -140,6 +140,14 @@ class ServerState:
             raise APIError(400, f"{field}: {what} needs the model's tokenizer, and this server was started with "
                            "--skip-tokenizer-init: send token ids (return_token_ids gives them back)", field)
 
+    def check_text_fits(self, text: str, field: str) -> None:
+        """A 400 naming `field` if `text` is too long to fit max_model_len tokens, before it is tokenized (4 MB of
+        text kept the tokenizer's thread, which every request waits for, 1.9 s)."""
+        try:
+            self.engine.engine.input_processor.check_text_fits(text, field)
+        except ValueError as error:
+            raise APIError(400, str(error), field) from None
+
     def check_n(self, n: int) -> None:
         if n > self.config.max_n:
             raise APIError(400, f"n must be <= {self.config.max_n}, got {n}", "n")
