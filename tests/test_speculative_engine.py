@@ -6,6 +6,7 @@ logprobs, stop strings, penalties, n > 1, preemption and chunked prefill, while 
 """
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -144,6 +145,18 @@ def test_a_grammar_drafts_only_what_it_allows_and_masks_each_drafted_position(ti
     tokens = llm.get_tokenizer().encode("abcxabc", add_special_tokens=False)
     assert matcher.valid_prefix(tokens) == tokens[:3]  # "x" and all after it cut
     assert matcher.valid_prefix(tokens[:3]) == tokens[:3] and matcher.error is None  # the matcher did not move
+
+
+def test_a_grammar_whose_masks_cost_too_much_is_stopped_on_drafted_rows_too(tiny_checkpoint):
+    """A 300,000-character const costs ~60 ms a mask and no fuel (structured_output/mask_budget.py: the limit is
+    20 ms). After its first token the prompt's own "zzz" is drafted at every step, and the library walks a drafted
+    row's masks on its own threads: the row is timed there too, and stopped."""
+    llm = make(tiny_checkpoint, speculative_config=NGRAM)
+    params = SamplingParams(temperature=0, max_tokens=24, structured_outputs={"json": {"const": "z" * 300_000}})
+    [output] = llm.generate(['"zzzzzzzzzzzz'], params, use_tqdm=False)
+    assert output.outputs[0].finish_reason == "error", output.outputs[0]
+    assert re.match(r"structured output stopped: a mask took \d+ ms of CPU, more than the limit of 20 ms",
+                    output.outputs[0].stop_reason)
 
 
 def test_drafting_stops_at_disable_by_batch_size(tiny_checkpoint):

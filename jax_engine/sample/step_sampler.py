@@ -71,7 +71,8 @@ class StepSampler:
     def _fail_broken_grammars(seqs: list[Sequence], failing_alone: FailingAlone) -> bool:
         """Fail the requests whose grammar matcher stopped (its mask passed the library's per-step budget):
         their masks allow nothing meaningful. True if any did."""
-        broken = [seq for seq in seqs if seq.grammar is not None and seq.grammar.error is not None]
+        broken = [seq for seq in seqs if isinstance(seq, Sequence)  # not again for each of its drafted positions
+                  and seq.grammar is not None and seq.grammar.error is not None]
         for seq in broken:
             seq.stop_reason = f"structured output stopped: {seq.grammar.error[:500]}"  # its output says why
             with failing_alone(seq):

@@ -19,7 +19,6 @@ import json
 from dataclasses import dataclass
 
 import llguidance
-import llguidance.numpy
 import numpy as np
 
 from jax_engine.structured_output.limits import check_spec
@@ -133,11 +132,8 @@ class GrammarCompiler:
         bitmask = np.full((len(matchers), bitmask_width(self.vocab_size)), ALL_ALLOWED, np.int32)
         drafts = drafts or [[]] * len(matchers)
         rows = [(m, i) for i, m in enumerate(matchers) if m is not None and not drafts[i]]
-        drafted = [(m.state, i, drafts[i]) for i, m in enumerate(matchers) if m is not None and drafts[i]]
-        if rows:  # in parallel, each mask's time bounded (mask_budget.py)
-            self._masks.fill(rows, bitmask)
-        if drafted:  # the matchers walk their drafts and back, in parallel too
-            llguidance.numpy.fill_next_token_bitmask_par_with_draft_tokens(self._executor, drafted, bitmask)
+        drafted = [(m, i, drafts[i]) for i, m in enumerate(matchers) if m is not None and drafts[i]]
+        self._masks.fill(rows, drafted, bitmask)  # in parallel, each mask's time bounded (mask_budget.py)
         return bitmask
 
     def close(self) -> None:
