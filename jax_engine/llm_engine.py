@@ -43,7 +43,7 @@ from jax_engine.sequence_group import SequenceFactory, SequenceGroup, beam_updat
 from jax_engine.sample.step_sampler import StepSampler
 from jax_engine.spec_decode.speculator import Speculator
 from jax_engine.spec_decode.verification import with_draft_positions
-from jax_engine.structured_output.grammar import GrammarCompiler
+from jax_engine.structured_output.grammar import GrammarCompiler, GrammarError
 from jax_engine.worker import compile_or_warm_up_model, init_devices, load_model
 from reference.request import RequestStatus
 
@@ -277,14 +277,13 @@ class LLMEngine(LoRAEngineMethods):
     def _failing_alone(self, seq: Sequence) -> Iterator[None]:
         """Host work for one sequence: if it raises, its request fails alone and the step goes on.
 
-        The request finishes with finish_reason "error" and its blocks are freed; the traceback goes to the
-        log. A fault of the step itself (scheduling, the model, the sampler's device call) still raises.
-        """
+        It finishes with finish_reason "error", its blocks freed, its traceback logged (not for a GrammarError: the
+        request's doing). A fault of the step itself (scheduling, the model, the sampler's device call) raises."""
         try:
             yield
-        except Exception:
-            logger.exception("request %s failed; it ends with finish_reason 'error', the others go on",
-                             seq.request_id)
+        except Exception as error:
+            logger.error("request %s failed; it ends with finish_reason 'error', the others go on: %s",
+                         seq.request_id, error, exc_info=not isinstance(error, GrammarError))
             self._finish_group(self._groups[seq.request_id], RequestStatus.FINISHED_ERROR)
 
     def _finish_group(self, group: SequenceGroup, status: RequestStatus) -> None:

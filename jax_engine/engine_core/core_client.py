@@ -102,7 +102,8 @@ class EngineCoreClient:
         self.speculator = _CoreSpeculator(self) if facts.speculative else None
         self.pooler, _ = Pooler.for_engine(self.args)
         self.runner = types.SimpleNamespace(lora=facts.lora_checker)  # what the server asks of runner.lora: check
-        self.grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        self.grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids,
+                                                builds_matchers=False)  # the core builds them (grammar_builds.py)
         self.input_processor = InputProcessor(self.tokenizer, self.model_config, self.scheduler_config,
                                               self.grammar_compiler)
 

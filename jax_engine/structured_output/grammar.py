@@ -47,11 +47,11 @@ def tokenizer_json(hf_tokenizer) -> str:
 
 @dataclass(frozen=True)
 class CompiledGrammar:
-    """A request's grammar: its llguidance text, a matcher at its start that sequences copy, and the request field
-    it came from (errors about it name that field)."""
+    """A request's grammar: its llguidance text, a matcher at its start that sequences copy (None in an API server
+    whose engine core builds its own from the text), and the request field it came from (errors name it)."""
 
     text: str
-    prototype: llguidance.LLMatcher
+    prototype: llguidance.LLMatcher | None
     field: str = "structured_outputs"
 
 
@@ -64,28 +64,28 @@ class GrammarError(RuntimeError):
 class GrammarCompiler:
     """Turns StructuredOutputsParams into llguidance grammars and matchers for one model's tokenizer."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 builds_matchers: bool = True) -> None:
+        """`builds_matchers`=False: compile() checks grammars and gives their text only (an API server whose engine
+        core builds the matchers: building them here too would cost as much again, for nothing)."""
         self._hf_tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
-        self._tokenizer: llguidance.LLTokenizer | None = None  # built on first use (~0.25 s for 49k tokens)
+        self.builds_matchers = builds_matchers
         self._worker: GrammarWorker | None = None
         self._executor = llguidance.LLExecutor()
         self._masks = MaskBudget(self._executor)
 
-    @property
-    def tokenizer(self) -> llguidance.LLTokenizer:
-        if self._tokenizer is None:
-            self._tokenizer = llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size,
-                                                     eos_token=list(self.eos_token_ids))
-        return self._tokenizer
+    @functools.cached_property
+    def tokenizer(self) -> llguidance.LLTokenizer:  # built on first use (~0.25 s for 49k tokens)
+        return llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size, eos_token=list(self.eos_token_ids))
 
     def prepare(self) -> None:
         """Build the library's tokenizer and the worker's first message now: ~0.4 s that hold the GIL, which the
         first request with a grammar would otherwise make every other request wait (a server calls this at start,
         on its grammar thread). The worker process itself still starts on first use."""
         if self._hf_tokenizer is not None:
-            _ = self.tokenizer, self.worker
+            _ = self.worker, self.builds_matchers and self.tokenizer
 
     @property
     def worker(self) -> GrammarWorker:
@@ -109,7 +109,8 @@ class GrammarCompiler:
             check_spec(params.kind, spec, field)
         except (json.JSONDecodeError, RecursionError) as error:  # JSON text that does not parse
             raise ValueError(f"{field} is invalid: {error}") from None
-        return self.from_text(self.worker.compile(params.kind, spec, params.disable_any_whitespace, field), field)
+        text = self.worker.compile(params.kind, spec, params.disable_any_whitespace, field)
+        return self.from_text(text, field) if self.builds_matchers else CompiledGrammar(text, None, field)
 
     def from_text(self, text: str, field: str = "structured_outputs") -> CompiledGrammar:
         """The grammar of llguidance `text` that compile() made and checked (in this process or another: the engine

@@ -26,7 +26,7 @@ MASK_LIMIT_SECONDS = 0.02
 
 
 class MaskBudget:
-    """Fills the bitmask rows of matchers (without drafts), and stops the matchers whose masks cost too much."""
+    """Fills the bitmask rows of matchers, and stops the matchers whose masks cost too much."""
 
     def __init__(self, executor: llguidance.LLExecutor) -> None:
         self._executor = executor
