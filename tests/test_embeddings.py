@@ -151,8 +151,10 @@ def test_bad_embedding_requests_get_a_400_naming_the_field(embedding_server):
     client = openai.OpenAI(base_url=f"{embedding_server}/v1", api_key="none", max_retries=0)
     cases = [
         (dict(input=[[5] * 100] * 4), "input", "more than this server's limit of 300 tokens"),  # --max-request-tokens
-        (dict(input=[[5] * 129]), "prompt", "at most max_model_len=128 tokens"),
+        (dict(input=[[5] * 129]), "input", "input must be at most max_model_len=128 tokens"),
         (dict(input=[]), "input", "input must not be empty"),
+        (dict(input=""), "input", "input must not be empty"),
+        (dict(input=[[70000]]), "input", r"input token ids must be in \[0, vocab_size="),
         (dict(input="hi", dimensions=65), "dimensions", "at most the model's hidden size"),
         (dict(input="hi", extra_body={"pooling": "CLS"}), "pooling", "not supported"),
     ]

@@ -130,7 +130,8 @@ def test_every_bad_input_is_a_400_naming_the_field(server):
         _assert_openai_error(response, 400, None)
     chat_cases = [({"messages": []}, "messages"), ({"messages": CHAT, "top_logprobs": 21, "logprobs": True},
                                                    "top_logprobs"),
-                  ({"messages": CHAT, "max_completion_tokens": 0}, "max_completion_tokens")]
+                  ({"messages": CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
+                  ({"messages": [{"role": "user", "content": "word " * 300}]}, "messages")]
     for body, param in chat_cases:
         _assert_openai_error(httpx.post(f"{server}/v1/chat/completions", json=body, headers=AUTH), 400, param)
     _assert_openai_error(httpx.post(f"{server}/detokenize", json={"tokens": [10**9]}, headers=AUTH), 400, "tokens")

@@ -107,7 +107,7 @@ class ChatCompletions:
                                                                  body.add_special_tokens, shown_tools,
                                                                  body.chat_template_kwargs))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await add_streams(state, request_id, [prompt], params, cache_salt, tenant, body.model)
+        streams = await add_streams(state, request_id, [prompt], params, cache_salt, tenant, body.model, "messages")
         if body.stream:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), num_top)
         [final] = await collect(streams)

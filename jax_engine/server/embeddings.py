@@ -43,7 +43,8 @@ class Embeddings:
         if any(isinstance(i, str) for i in inputs):
             state.require_tokenizer("input", "text")
         request_id = f"embd-{uuid.uuid4().hex}"
-        finals = await collect(await add_streams(state, request_id, inputs, params, cache_salt, tenant, body.model))
+        streams = await add_streams(state, request_id, inputs, params, cache_salt, tenant, body.model, "input")
+        finals = await collect(streams)
         data = [{"object": "embedding", "index": i, "embedding": encoded(o.outputs.data, body.encoding_format)}
                 for i, o in enumerate(finals)]
         tokens = sum(len(o.prompt_token_ids) for o in finals)

@@ -48,10 +48,11 @@ def refuse_if_busy(engine: AsyncLLMEngine, tenant: str | None = None) -> None:
 
 async def add_streams(state: ServerState, request_id: str, prompts: list, params: SamplingParams,
                       cache_salt: str | None = None, tenant: str | None = None,
-                      model: str | None = None) -> list[RequestStream]:
+                      model: str | None = None, field: str = "prompt") -> list[RequestStream]:
     """Queue one engine request per prompt, in `tenant`'s turn (its API key's; see fair_queue.py); all or none
     (a bad prompt, or a request that would cost more than the server allows one, queues none). `model` may name
-    one of the server's LoRA adapters, which the prompts then run with.
+    one of the server's LoRA adapters, which the prompts then run with; `field` is the request field the prompts
+    came from, which errors about them name.
 
     The prompts are tokenized and checked on the server's tokenizer thread: a long prompt never holds up
     the event loop, and so never delays other clients or /health.
@@ -59,12 +60,12 @@ async def add_streams(state: ServerState, request_id: str, prompts: list, params
     engine = state.engine
     limits = [n for n in (engine.max_waiting_requests, engine.max_waiting_per_tenant) if n is not None]
     if limits and len(prompts) > min(limits):  # could never be queued: the client's error, not overload
-        raise APIError(400, f"prompt: at most {min(limits)} prompts per request, got {len(prompts)}", "prompt")
+        raise APIError(400, f"{field}: at most {min(limits)} prompts per request, got {len(prompts)}", field)
     refuse_if_busy(engine, tenant)
     try:
         checked = await state.off_loop(lambda: [engine.engine.validate_request(p, params) for p in prompts])
     except ValueError as error:
-        raise bad_request(error) from None
+        raise bad_request(error, field) from None
     state.check_cost(params, [len(c.prompt_token_ids) for c in checked])
     streams = []
     try:
