@@ -2,6 +2,7 @@
 pass with them equal to HF transformers + PEFT; bad adapters refused at load time, naming the field."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -120,6 +121,30 @@ def test_bad_adapters_are_refused_at_load_naming_the_field(base, tmp_path):
     (renamed / "adapter_config.json").write_text(json.dumps({**config, "modules_to_save": ["lm_head"]}))
     with pytest.raises(ValueError, match="modules_to_save"):
         load_lora_adapter(str(renamed), weights)
+
+
+def test_adapters_with_values_not_finite_in_the_slots_dtype_are_refused(base, tmp_path):
+    """A diverged fine-tune's NaN, or a value past the slots' dtype once scaled, is refused at load, naming the
+    tensor (in a batch it would reach the other requests' rows); the same file fits float32's range."""
+    from transformers import AutoModelForCausalLM
+
+    write_adapter(AutoModelForCausalLM.from_pretrained(base), tmp_path / "a", seed=7)  # r=4, lora_alpha=8
+    weights = module_shapes(load_checkpoint(str(base)).weights)
+    path = tmp_path / "a" / "adapter_model.safetensors"
+    tensors = load_file(path)
+    a_name = "base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight"
+    b_name = a_name.replace("lora_A", "lora_B")
+    for name, value, dtype, message in [
+            (a_name, np.nan, "float32", "largest magnitude nan"),
+            (b_name, np.inf, "float32", "largest magnitude inf"),
+            (b_name, 2e38, "float32", r"largest magnitude 4e\+38 after lora_alpha scaling x2"),
+            (b_name, 4e4, "float16", "largest magnitude 80000 after lora_alpha scaling x2, the most float16 holds is "
+                                     "65504")]:
+        save_file({**tensors, name: np.full_like(tensors[name], value)}, path)
+        with pytest.raises(ValueError, match=f"tensor '{re.escape(name)}' holds values that are not finite in "
+                                             f"{dtype} \\({message}"):
+            load_lora_adapter(str(tmp_path / "a"), weights, dtype=dtype)
+    load_lora_adapter(str(tmp_path / "a"), weights)  # 4e4 x 2 is finite in float32
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -228,6 +228,30 @@ def test_bad_adapters_are_refused_at_add_request_beside_a_running_request(llm, a
         plain.generate([PROMPTS[0]], GREEDY, lora_request=requests[0], use_tqdm=False)
 
 
+def test_an_adapter_of_huge_values_reaches_no_other_row(llm, adapters, tmp_path):
+    """An adapter whose A is finite but huge (every shrink against its slot overflows to inf) beside the base
+    model and another adapter, in steps of more than KERNEL_ROWS rows (XLA's masked form, every row against
+    every slot): the other two get their tokens alone. When the mask was multiplied in, 0 x inf made them NaN."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    from jax_engine.linear.lora_bgmv import KERNEL_ROWS
+
+    _, requests = adapters
+    shutil.copytree(requests[0].lora_path, tmp_path / "huge")
+    path = tmp_path / "huge" / "adapter_model.safetensors"
+    save_file({name: np.full_like(t, 3e38) if "lora_A" in name else t for name, t in load_file(path).items()}, path)
+    huge = LoRARequest("huge", 7, str(tmp_path / "huge"))
+    prompt = list(range(5, 5 + KERNEL_ROWS + 16))
+    expected = alone(llm, [prompt] * 2, [None, requests[1]])  # first: NaN keys and values would be prefix-cached
+    try:
+        outputs = llm.generate([prompt] * 3, GREEDY, use_tqdm=False, lora_request=[None, huge, requests[1]])
+        assert [outputs[0].outputs[0].token_ids, outputs[2].outputs[0].token_ids] == expected
+    finally:
+        llm.llm_engine.remove_lora(huge.lora_int_id)
+
+
 def test_adapters_are_added_and_removed_at_run_time(llm, adapters):
     _, requests = adapters
     engine = llm.llm_engine

@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Mapping
 
+import ml_dtypes
 import numpy as np
 
 from jax_engine.loader.safetensors_file import SafetensorsWeights
@@ -50,12 +51,14 @@ def module_shapes(weights: Mapping[str, np.ndarray]) -> dict[str, tuple[int, int
 
 
 def load_lora_adapter(path: str, base_shapes: Mapping[str, tuple[int, int]], name: str | None = None,
-                      max_lora_rank: int | None = None) -> LoRAAdapter:
+                      max_lora_rank: int | None = None, dtype: str = "float32") -> LoRAAdapter:
     """The adapter in the PEFT directory `path`, checked against `base_shapes`: (out, in) of each module an adapter
     may change in the base model, by full HF module name (module_shapes, or the engine's LoRALayout.module_shapes).
 
     Raises ValueError naming the field: a missing file, rank above max_lora_rank, a module the base model does not
-    have, or shapes that do not match the base weights (an adapter trained for another model).
+    have, shapes that do not match the base weights (an adapter trained for another model), or a value that is
+    not finite in `dtype`, the engine's slots' (a fine-tune that diverged: in a batch, such a value would turn
+    other requests' rows into NaN; jax_engine/models/lora.py).
     """
     config = _config(path)
     rank = int(config["r"])
@@ -81,6 +84,10 @@ def load_lora_adapter(path: str, base_shapes: Mapping[str, tuple[int, int]], nam
     lora_b = {module: tensors[name] for module, name in names_b.items()}
     alpha = float(config["lora_alpha"])
     scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+    largest = float(ml_dtypes.finfo(dtype).max)
+    for module in names_a:
+        _check_finite(path, names_a[module], lora_a[module], 1.0, largest, dtype)
+        _check_finite(path, names_b[module], lora_b[module], scaling, largest, dtype)  # slots hold B x scaling
     return LoRAAdapter(name or os.path.basename(os.path.normpath(path)), rank, scaling, lora_a, lora_b)
 
 
@@ -95,3 +102,11 @@ def _check_shapes(path: str, module: str, a: tuple[int, ...], b: tuple[int, ...]
         raise ValueError(f"LoRA adapter {path!r}: {module} has lora_A {a} and lora_B {b}, but the base "
                          f"model's {module} is [{out_features}, {in_features}] at rank r={rank}: an adapter for "
                          "another model?")
+
+
+def _check_finite(path: str, name: str, tensor: np.ndarray, scale: float, largest: float, dtype: str) -> None:
+    peak = float(np.abs(tensor).max(initial=0.0)) * scale  # NaN if the tensor holds one
+    if not peak <= largest:
+        raise ValueError(f"LoRA adapter {path!r}: tensor {name!r} holds values that are not finite in {dtype} "
+                         f"(largest magnitude {peak:g}{f' after lora_alpha scaling x{scale:g}' if scale != 1 else ''}"
+                         f", the most {dtype} holds is {largest:g}): a fine-tune that diverged?")

@@ -32,10 +32,11 @@ class AdapterChecker:
 
     module_shapes: dict[str, tuple[int, int]]
     max_rank: int
+    dtype: str  # the device slots': an adapter's values must be finite in it
 
     def check(self, request: LoRARequest) -> LoRAAdapter:
         """The adapter of `request` read from its directory; ValueError naming the field if it does not fit."""
-        return load_lora_adapter(request.lora_path, self.module_shapes, request.lora_name, self.max_rank)
+        return load_lora_adapter(request.lora_path, self.module_shapes, request.lora_name, self.max_rank, self.dtype)
 
 
 class LoRAManager:
@@ -45,7 +46,6 @@ class LoRAManager:
         self.model = model
         self.layout: LoRALayout = model.lora_layout
         self.max_cpu_loras = max_cpu_loras
-        self.checker = AdapterChecker(self.layout.module_shapes(), self.layout.max_rank)
         self.requests: dict[int, LoRARequest] = {}  # every adapter added and not removed, by id
         self._host: collections.OrderedDict[int, LoRAAdapter] = collections.OrderedDict()  # by id, LRU first
         self.slots: list[int | None] = [None] * self.layout.max_loras  # the adapter id in each device slot
@@ -55,6 +55,7 @@ class LoRAManager:
         # (split over the devices under tensor parallelism). A scatter on the device would be a program to
         # compile per stack shape.
         self._dtype = model.lora[next(iter(model.lora.keys()))][...].dtype
+        self.checker = AdapterChecker(self.layout.module_shapes(), self.layout.max_rank, self._dtype.name)
         self._stacks = {name: np.zeros(shape, self._dtype) for name, shape in self.layout.stack_shapes().items()}
 
     def load(self, request: LoRARequest) -> LoRAAdapter:

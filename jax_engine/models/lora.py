@@ -3,13 +3,13 @@
 Punica's BGMV kernel gathers each row's A and B on a GPU without copying them. In XLA a gather copies them, row
 by row ([T, out, r] for B: more bytes than the weights themselves at a decode batch of 32), so XLA's form here
 is a mask: every row is shrunk against every slot's A at once (S x r numbers a row), the numbers of the slots
-that are not the row's own are zeroed, and the expand contracts over slots and rank together. Two plain
+that are not the row's own are set to zero, and the expand contracts over slots and rank together. Two plain
 matmuls a piece, each slot's weights read once a step, and a row without an adapter (an all-zero mask) gets
 exactly zero; but every row pays for every slot. Steps of up to KERNEL_ROWS rows on a CPU take a C++ kernel
 instead (jax_engine/linear/lora_bgmv.py), which does what BGMV does: each row reads its own slot's A and B in
 place, so a batch over four adapters does a quarter of the masked work, and batch 1 reads one adapter, not S.
 
-    xa[t, s, p, :] = x[t] @ A[s, p].T * (slot[t] == s)          shrink, all pieces p of a fused projection
+    xa[t, s, p, :] = x[t] @ A[s, p].T if slot[t] == s else 0     shrink, all pieces p of a fused projection
     y[t, rows_p]  += sum over s of xa[t, s, p, :] @ B[s, :, rows_p]  expand, each piece into its own rows
 
 A is stored [S, pieces, r, in] (a row of A per rank, like the base weights' [out, in]) and B [S, r, out] (a
@@ -56,7 +56,9 @@ class LoRABatch:
         """x [T, in], a [S, pieces, r, in], b [S, r, out] (one layer's) -> [T, out]."""
         S, P, r, width = a.shape
         xa = x @ a.reshape(S * P * r, width).T  # shrink: every slot and piece at once
-        xa = xa.reshape(-1, S, P, r) * self.slot_mask[:, :, None, None]  # own slot only
+        # own slot only: selected, not multiplied by the mask, since another slot's numbers may be inf or NaN here
+        # (a large A), and 0 x inf is NaN: one adapter must never reach the rows of another, or of none
+        xa = jnp.where(self.slot_mask[:, :, None, None] != 0, xa.reshape(-1, S, P, r), 0)
         pieces = [xa[:, :, p].reshape(-1, S * r) @ b[:, :, first:end].reshape(S * r, -1)
                   for p, (first, end) in enumerate(self.rows[name])]  # expand
         return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=-1)
