@@ -66,6 +66,9 @@ def online_softmax_step(q, k, v, visible, carry, scale, bias=None, soft_cap: flo
     m_next = jnp.maximum(m_prev, logits.max(axis=-1))
     correction = jnp.exp(m_prev - m_next)
     p = jnp.where(visible, jnp.exp(logits - m_next[:, None]), 0.0)
+    # Keys no row sees (past the context: what the block's last owner left, perhaps NaN) are zeroed, for their
+    # weight of 0 times NaN would be NaN: a row must not read another request's values.
+    v = jnp.where(visible.astype(jnp.float32).max(axis=0)[:, None] > 0, v, 0)  # (Triton lowers no reduce_or)
     acc = acc * correction[:, None] + plgpu.dot(p.astype(v.dtype), v)
     return acc, m_next, l_prev * correction + p.sum(axis=-1)
 

@@ -37,8 +37,9 @@ def _ragged_kernel(layer_ref, starts_ref, lens_ref, tables_ref, slopes_ref, q_re
     def _():
         rows = pl.ds(start + first_row, block_q)
         q = q_ref[rows, head, :, :].astype(jnp.float32).reshape(block_q * group, padded_dim)
-        # Query i of the chunk sits at position seq_len - q_len + i; rows repeat it once per query head.
-        q_pos = seq_len - q_len + first_row + jnp.arange(block_q * group) // group
+        # Query i of the chunk sits at position seq_len - q_len + i; rows repeat it once per query head. Rows past
+        # the chunk (never stored) take its last position: one past it would see keys beyond the context.
+        q_pos = jnp.minimum(seq_len - q_len + first_row + jnp.arange(block_q * group) // group, seq_len - 1)
         last_key = seq_len - q_len + jnp.minimum(first_row + block_q, q_len)  # exclusive
         first_key = window_start(seq_len - q_len + first_row + 1, sliding_window)  # of the first query's window
         slopes = slopes_ref[...] if alibi else None

@@ -46,6 +46,13 @@ def _masked_scores(scores: jax.Array, query_pos: jax.Array, key_pos: jax.Array, 
     return jnp.where(visible, scores, _MASKED)
 
 
+def _visible_values(v: jax.Array, last_pos: jax.Array) -> jax.Array:
+    """v [B, T, K, D] with every key past its row's last query position (last_pos [B]) set to zero. Those slots
+    hold what the block's last owner left there (or belong to no block: padding), perhaps NaN from another
+    request, and a softmax weight of 0 times NaN is NaN: a row must not read anything it may not see."""
+    return jnp.where((jnp.arange(v.shape[1]) <= last_pos[:, None])[:, :, None, None], v, 0)
+
+
 def _softmax_attend(scores: jax.Array, v: jax.Array, spec: str) -> jax.Array:
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     return jnp.einsum(spec, probs, v)
@@ -58,15 +65,15 @@ def _decode(q, k_cache, v_cache, layer, tables, seq_lens, block_size, scale, var
     scores = jnp.einsum("bkgd,btkd->bkgt", q, k) * scale
     query_pos = (seq_lens - 1)[:, None]  # [Bd, 1]; padding rows (seq_len 0) see nothing
     scores = _masked_scores(scores[..., None, :], query_pos, jnp.arange(k.shape[1]), *variant)
-    return _softmax_attend(scores[..., 0, :], v, "bkgt,btkd->bkgd")
+    return _softmax_attend(scores[..., 0, :], _visible_values(v, seq_lens - 1), "bkgt,btkd->bkgd")
 
 
-def _prefill(q, positions, k_cache, v_cache, layer, tables, block_size, scale, variant):
+def _prefill(q, positions, k_cache, v_cache, layer, tables, seq_lens, block_size, scale, variant):
     """q [Bp, Qp, K, G, D], positions [Bp, Qp] -> [Bp, Qp, K, G, D], causal over the context."""
     k, v = (_gather_context(cache, layer, tables, block_size, q.dtype) for cache in (k_cache, v_cache))
     scores = jnp.einsum("bqkgd,btkd->bkgqt", q, k) * scale
     scores = _masked_scores(scores, positions, jnp.arange(k.shape[1]), *variant)
-    return _softmax_attend(scores, v, "bkgqt,btkd->bqkgd")
+    return _softmax_attend(scores, _visible_values(v, seq_lens - 1), "bkgqt,btkd->bqkgd")
 
 
 def to_cache_dtype(x: jax.Array, dtype) -> jax.Array:
@@ -134,7 +141,7 @@ def paged_attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array
         rows = metadata.prefill_token_index  # [Bp, Qp]
         qp = jnp.take(grouped, rows, axis=0, mode="fill", fill_value=0)
         positions = jnp.take(metadata.positions, rows, axis=0, mode="fill", fill_value=0)
-        o = _prefill(qp, positions, k_cache, v_cache, layer, metadata.block_tables[num_decode:], block_size, scale,
-                     variant)
+        o = _prefill(qp, positions, k_cache, v_cache, layer, metadata.block_tables[num_decode:],
+                     metadata.seq_lens[num_decode:], block_size, scale, variant)
         out = out.at[rows].set(o, mode="drop")
     return out.reshape(num_tokens, num_heads, head_dim), k_cache, v_cache
