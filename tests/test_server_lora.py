@@ -2,11 +2,14 @@
 the adapter, /v1/models listing them, and vLLM's run-time load / unload routes behind its environment switch, through
 the official openai client."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
@@ -73,6 +76,43 @@ def test_adapters_are_loaded_and_unloaded_at_run_time(server, adapters, tmp_path
         complete(client, "a2")
     gone = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "a2"})
     assert gone.status_code == 404 and gone.json()["error"]["param"] == "lora_name"
+
+
+def _strict_json(text: str):
+    """JSON as the spec has it: Python's json reads NaN and Infinity, which other clients refuse."""
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_an_adapter_whose_rows_are_nan_is_answered_in_json(server, adapters, tmp_path):  # noqa: F811
+    """An adapter of huge (finite) weights makes its own rows' logits NaN: their logprobs are reported as an
+    impossible token's are (-9999.0), in JSON, streamed or not; a NaN made a 500 (json.dumps refuses it)."""
+    from safetensors.numpy import load_file, save_file
+
+    url, _, _ = server
+    _, requests = adapters
+    shutil.copytree(requests[0].lora_path, tmp_path / "huge")
+    path = tmp_path / "huge" / "adapter_model.safetensors"
+    save_file({name: np.full_like(t, 3e38) if "lora_A" in name else t for name, t in load_file(path).items()}, path)
+    assert httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "huge", "lora_path": str(tmp_path / "huge")}
+                      ).status_code == 200
+    try:
+        bodies = [("/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "logprobs": 2, "echo": True}),
+                  ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                                            "logprobs": True, "top_logprobs": 2, "prompt_logprobs": 1})]
+        for route, body in bodies:
+            answer = httpx.post(f"{url}{route}", json={"model": "huge", **body}, timeout=60)
+            assert answer.status_code == 200, answer.text
+            choice = _strict_json(answer.text)["choices"][0]
+            logprobs = (choice["logprobs"]["token_logprobs"][1:] if "text" in choice
+                        else [entry["logprob"] for entry in choice["logprobs"]["content"]])
+            assert logprobs and set(logprobs) == {-9999.0}
+            with httpx.stream("POST", f"{url}{route}", json={"model": "huge", "stream": True, **body}) as stream:
+                events = [line.removeprefix("data: ") for line in stream.iter_lines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]" and all("error" not in _strict_json(e) for e in events[:-1])
+    finally:
+        assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "huge"}).status_code == 200
 
 
 def test_lora_modules_need_enable_lora(adapters):  # noqa: F811

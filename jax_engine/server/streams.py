@@ -3,6 +3,7 @@ and stop work for clients that went away."""
 
 import asyncio
 import json
+import math
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 
@@ -183,8 +184,9 @@ def prompt_logprobs(output: RequestOutput) -> list[dict | None] | None:
 
 
 def finite(logprob: float) -> float:
-    """JSON has no -inf: report impossible tokens as vLLM does, with a very negative number."""
-    return max(logprob, -9999.0)
+    """JSON has no -inf: report impossible tokens as vLLM does, with a very negative number; nor NaN, which a row
+    whose logits are not numbers has (an adapter of huge weights): reported the same way, not a 500."""
+    return -9999.0 if math.isnan(logprob) else max(logprob, -9999.0)
 
 
 @dataclass
