@@ -56,9 +56,10 @@ class LoRABatch:
         """x [T, in], a [S, pieces, r, in], b [S, r, out] (one layer's) -> [T, out]."""
         S, P, r, width = a.shape
         xa = x @ a.reshape(S * P * r, width).T  # shrink: every slot and piece at once
-        # own slot only: selected, not multiplied by the mask, since another slot's numbers may be inf or NaN here
-        # (a large A), and 0 x inf is NaN: one adapter must never reach the rows of another, or of none
-        xa = jnp.where(self.slot_mask[:, :, None, None] != 0, xa.reshape(-1, S, P, r), 0)
+        # own slot only, selected: another slot's numbers may be inf (a large A),
+        # and a mask multiplied in would make 0 x inf = NaN in every row
+        own = self.slot_mask[:, :, None, None] != 0
+        xa = jnp.where(own, xa.reshape(-1, S, P, r), 0)
         pieces = [xa[:, :, p].reshape(-1, S * r) @ b[:, :, first:end].reshape(S * r, -1)
                   for p, (first, end) in enumerate(self.rows[name])]  # expand
         return pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=-1)
