@@ -33,6 +33,17 @@ def write_adapter(model, directory, seed: int, **lora_config):
     return peft_model.eval()
 
 
+def write_huge_copy(adapter_dir, directory) -> str:
+    """A copy of the adapter with every A value 3e38: finite, so it loads, but any row shrunk by it overflows to
+    inf (and its logits to NaN). Returns the copy's directory."""
+    import shutil
+
+    shutil.copytree(adapter_dir, directory)
+    path = f"{directory}/adapter_model.safetensors"
+    save_file({name: np.full_like(t, 3e38) if "lora_A" in name else t for name, t in load_file(path).items()}, path)
+    return str(directory)
+
+
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     directory = tmp_path_factory.mktemp("lora-base")

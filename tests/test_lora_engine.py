@@ -14,7 +14,7 @@ from jax_engine.loader import load_checkpoint
 from jax_engine.lora.layout import LoRALayout
 from jax_engine.structured_output.params import StructuredOutputsParams
 from tests.engine_helpers import engine_logits
-from tests.test_lora import write_adapter
+from tests.test_lora import write_adapter, write_huge_copy
 from tests.test_llama_vs_hf import hf_logits
 from tests.tiny_checkpoints import make_tiny_checkpoint
 
@@ -232,17 +232,10 @@ def test_an_adapter_of_huge_values_reaches_no_other_row(llm, adapters, tmp_path)
     """An adapter whose A is finite but huge (every shrink against its slot overflows to inf) beside the base
     model and another adapter, in steps of more than KERNEL_ROWS rows (XLA's masked form, every row against
     every slot): the other two get their tokens alone. When the mask was multiplied in, 0 x inf made them NaN."""
-    import shutil
-
-    from safetensors.numpy import load_file, save_file
-
     from jax_engine.linear.lora_bgmv import KERNEL_ROWS
 
     _, requests = adapters
-    shutil.copytree(requests[0].lora_path, tmp_path / "huge")
-    path = tmp_path / "huge" / "adapter_model.safetensors"
-    save_file({name: np.full_like(t, 3e38) if "lora_A" in name else t for name, t in load_file(path).items()}, path)
-    huge = LoRARequest("huge", 7, str(tmp_path / "huge"))
+    huge = LoRARequest("huge", 7, write_huge_copy(requests[0].lora_path, tmp_path / "huge"))
     prompt = list(range(5, 5 + KERNEL_ROWS + 16))
     expected = alone(llm, [prompt] * 2, [None, requests[1]])  # first: NaN keys and values would be prefix-cached
     try:

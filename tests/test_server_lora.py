@@ -4,18 +4,17 @@ the official openai client."""
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import httpx
-import numpy as np
 import openai
 import pytest
 
 from jax_engine.engine_core.launch import CORE_MODULE
 from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, start_server_process,
                                   stop_server_process, wait_for_api_servers)
+from tests.test_lora import write_huge_copy
 from tests.test_lora_engine import adapters  # noqa: F401 (the fixture)
 
 LORA_FLAGS = cli_flags(**TINY_ENGINE_ARGS, enable_lora=True, max_loras=2, max_lora_rank=8)
@@ -88,15 +87,10 @@ def _strict_json(text: str):
 def test_an_adapter_whose_rows_are_nan_is_answered_in_json(server, adapters, tmp_path):  # noqa: F811
     """An adapter of huge (finite) weights makes its own rows' logits NaN: their logprobs are reported as an
     impossible token's are (-9999.0), in JSON, streamed or not; a NaN made a 500 (json.dumps refuses it)."""
-    from safetensors.numpy import load_file, save_file
-
     url, _, _ = server
     _, requests = adapters
-    shutil.copytree(requests[0].lora_path, tmp_path / "huge")
-    path = tmp_path / "huge" / "adapter_model.safetensors"
-    save_file({name: np.full_like(t, 3e38) if "lora_A" in name else t for name, t in load_file(path).items()}, path)
-    assert httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "huge", "lora_path": str(tmp_path / "huge")}
-                      ).status_code == 200
+    huge = write_huge_copy(requests[0].lora_path, tmp_path / "huge")
+    assert httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "huge", "lora_path": huge}).status_code == 200
     try:
         bodies = [("/v1/completions", {"prompt": PROMPT, "max_tokens": 3, "logprobs": 2, "echo": True}),
                   ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
