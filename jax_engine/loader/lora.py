@@ -105,8 +105,10 @@ def _check_shapes(path: str, module: str, a: tuple[int, ...], b: tuple[int, ...]
 
 
 def _check_finite(path: str, name: str, tensor: np.ndarray, scale: float, largest: float, dtype: str) -> None:
+    """ValueError unless every value of `tensor` times `scale` is at most `largest` in magnitude (NaN is not)."""
     peak = float(np.abs(tensor).max(initial=0.0)) * scale  # NaN if the tensor holds one
     if not peak <= largest:
+        scaled = f" after lora_alpha scaling x{scale:g}" if scale != 1 else ""
         raise ValueError(f"LoRA adapter {path!r}: tensor {name!r} holds values that are not finite in {dtype} "
-                         f"(largest magnitude {peak:g}{f' after lora_alpha scaling x{scale:g}' if scale != 1 else ''}"
-                         f", the most {dtype} holds is {largest:g}): a fine-tune that diverged?")
+                         f"(largest magnitude {peak:g}{scaled}, the most {dtype} holds is {largest:g}): a "
+                         "fine-tune that diverged?")
