@@ -21,7 +21,7 @@ from jax_engine.kv_cache_plan import plan_kv_cache, resolve_block_size, resolve_
 from jax_engine.loader import Checkpoint
 from jax_engine.lora.layout import LoRALayout
 from jax_engine.runner.attention_self_test import AttentionShapes, checked_backend
-from jax_engine.runner.device_programs import DRAFT_PROGRAMS
+from jax_engine.runner.device_programs import DRAFT_PROGRAMS, POOLING_PROGRAMS, TARGET_PROGRAMS
 from jax_engine.runner.model_runner import ModelRunner
 from jax_engine.models import CausalLM
 from jax_engine.spec_decode.draft_model import load_draft_model
@@ -81,7 +81,8 @@ def load_model(args: EngineArgs, checkpoint: Checkpoint, mesh: Mesh | None,
         num_blocks, num_host_blocks = multihost.agree((num_blocks, num_host_blocks))
     runner = ModelRunner(model, num_blocks, block_size, num_host_blocks, scheduler_config.max_model_len,
                          scheduler_config.max_num_seqs, backend, cache_dtype, max_sampled_rows(args, scheduler_config),
-                         max_cpu_loras=args.max_cpu_loras or args.max_loras)
+                         max_cpu_loras=args.max_cpu_loras or args.max_loras,
+                         device_programs=POOLING_PROGRAMS if args.task == "embed" else TARGET_PROGRAMS)
     draft_runner = None if draft is None else ModelRunner(
         draft, num_blocks, block_size, 0, scheduler_config.max_model_len, scheduler_config.max_num_seqs, backend,
         cache_dtype, device_programs=DRAFT_PROGRAMS)

@@ -264,5 +264,9 @@ DEVICE_PROGRAMS = (STEP, LOGITS, SAMPLE, GREEDY, TOKEN_LOGPROBS, ALL_LOGITS, COP
 # only steps and takes its argmax (its own cache is never copied or swapped: spec_decode/draft_model.py).
 TARGET_PROGRAMS = tuple(program for program in DEVICE_PROGRAMS if program is not GREEDY)
 DRAFT_PROGRAMS = (STEP, GREEDY)
+# And for an embedding engine (task="embed"), which only steps: it pools the step's hidden states on the host
+# (pooler.py), samples nothing, never forks (n=1), and is never preempted (a pooling request gets its whole
+# prompt's blocks when admitted).
+POOLING_PROGRAMS = (STEP,)
 # The runner methods that run these programs: multi-host wiring repeats each such call on every host.
 DEVICE_CALLS = frozenset(program.caller for program in DEVICE_PROGRAMS)
