@@ -77,13 +77,15 @@ def test_prompts_wait_for_room_in_a_small_cache_and_give_it_back(tiny_llama):
 
 def test_an_embedding_engine_compiles_its_step_alone_and_nothing_after_start_up(tiny_llama):
     """It samples nothing: start-up compiles the step at each token bucket, not the logits and sampler programs
-    (most of a generating engine's cold start), and pooling prompts of several lengths compiles nothing more."""
+    (most of a generating engine's cold start), and pooling prompts of several lengths, one of them from the
+    prefix cache, compiles nothing more."""
     directory, hf_model = tiny_llama
     llm = LLM(directory, task="embed", compilation_cache_dir="", **{**SMALL_STEPS, "enforce_eager": False})
     programs = llm.llm_engine.runner.programs
     assert programs.startup and {key[0] for key in programs.startup} == {"step"}
     outputs = llm.encode([PROMPTS[3], PROMPTS[2], [5, 6]], use_tqdm=False)
-    assert programs.num_late_compiles == 0
+    llm.encode(PROMPTS[3][:-2], use_tqdm=False)  # its blocks from the prefix cache
+    assert llm.llm_engine.stats()["prefix_cache_hits"] > 0 and programs.num_late_compiles == 0
     assert np.abs(outputs[1].outputs.data - hf_vector(hf_model, PROMPTS[2], "LAST")).max() < 1e-5
 
 
