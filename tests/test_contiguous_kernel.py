@@ -47,6 +47,8 @@ def test_contiguous_kernel_matches_the_reference(case, num_partitions):
     rng = np.random.default_rng(seed)
     shape = (2, len(seq_lens), max_len, num_kv_heads, head_dim)  # two layers: the kernel reads layer 1
     k, v = rng.standard_normal(shape, np.float32), rng.standard_normal(shape, np.float32)
+    for b, seq_len in enumerate(seq_lens):  # past each context: NaN, as a reused cache may hold (kernel_cases.py)
+        k[1, b, seq_len:] = v[1, b, seq_len:] = np.nan
     q = rng.standard_normal((len(seq_lens), num_kv_heads * group, head_dim), np.float32)
     lens = np.array(seq_lens, np.int32)
     out = contiguous_decode_attention(jnp.array(q), jnp.array(k), jnp.array(v), jnp.array(lens), 1,
