@@ -44,6 +44,9 @@ def test_reasoning_content_is_split_from_the_answer(client):
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert "".join(d.model_extra.get("reasoning_content") or "" for d in deltas) == "abc de"
     assert "".join(d.content or "" for d in deltas) == "the answer"
+    held = [c for c in chunks[1:] if not (c.choices[0].delta.content or c.choices[0].finish_reason
+                                           or c.choices[0].delta.model_extra.get("reasoning_content"))]
+    assert not held  # while a tag might be beginning, nothing is sent (an empty delta a token, before)
     plain = forced_chat(client, "no thinking here").choices[0].message  # qwen3: no <think>, all content
     assert plain.content == "no thinking here" and plain.model_extra["reasoning_content"] is None
 
