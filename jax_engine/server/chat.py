@@ -143,8 +143,9 @@ class ChatCompletions:
                     delta |= {"content": content} if content else {}
                     delta |= {"tool_calls": calls} if calls else {}
                     reason = finish_reason(d.finish_reason, calls, body.effective_tool_choice)
-                    if not delta and reason is None and d.logprobs is None:  # text held back (a tag that may
-                        continue  # begin): nothing to send yet, as vLLM sends nothing
+                    # Text held back (a tag that may be beginning): nothing to send yet, as vLLM sends nothing.
+                    if not delta and reason is None and d.logprobs is None:
+                        continue
                     yield sse({**head, "choices": [{"index": d.index, "delta": delta, "logprobs": _logprobs(d, num_top),
                                                     "finish_reason": reason, "stop_reason": d.stop_reason}]})
             if body.include_usage:
