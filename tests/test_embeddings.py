@@ -5,22 +5,14 @@ with the official openai client."""
 import numpy as np
 import openai
 import pytest
-import torch
 
 from jax_engine import LLM, EngineArgs, PoolingParams, SamplingParams
 from tests.server_helpers import TINY_ENGINE_ARGS, cli_flags, start_server_process, stop_server_process
-from tests.tiny_checkpoints import make_tiny_checkpoint
+from tests.tiny_checkpoints import hf_vector, make_tiny_checkpoint
 
 # Long enough for several blocks of 4 and, at 16 tokens a step, for prompts computed over several steps.
 PROMPTS = [list(range(3, 43)), list(range(60, 71)), [7, 8, 9], list(range(100, 150))]
 SMALL_STEPS = {"block_size": 4, "max_num_batched_tokens": 16, "max_num_seqs": 4, "enforce_eager": True}
-
-
-def hf_vector(model, token_ids: list[int], pooling: str, normalize: bool = True) -> np.ndarray:
-    with torch.no_grad():
-        rows = model(torch.tensor([token_ids]), output_hidden_states=True).hidden_states[-1][0].double().numpy()
-    vector = rows[-1] if pooling == "LAST" else rows.mean(axis=0)
-    return vector / np.linalg.norm(vector) if normalize else vector
 
 
 @pytest.mark.parametrize("architecture", ["llama", "gpt2", "bloom"])

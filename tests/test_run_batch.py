@@ -5,7 +5,10 @@ import json
 import subprocess
 import sys
 
+import numpy as np
+
 from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
+from tests.tiny_checkpoints import hf_vector
 
 ENGINE = ["--num-gpu-blocks-override", "64", "--block-size", "8", "--max-model-len", "128", "--max-num-seqs", "4",
           "--enforce-eager"]
@@ -13,6 +16,16 @@ ENGINE = ["--num-gpu-blocks-override", "64", "--block-size", "8", "--max-model-l
 
 def line(custom_id: str, url: str, body) -> str:
     return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def run_batch_file(checkpoint_dir: str, lines: list[str], tmp_path, *flags: str) -> tuple[str, list[dict]]:
+    """`jax-engine run-batch` on the lines, as a user runs it: its printed summary and the results it wrote."""
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n\n")  # a blank line is skipped
+    run = subprocess.run([sys.executable, "-m", "jax_engine", "run-batch", checkpoint_dir, "-i",
+                          str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--served-model-name", "tiny",
+                          *ENGINE, *flags], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout, [json.loads(text) for text in (tmp_path / "out.jsonl").read_text().splitlines()]
 
 
 def test_a_batch_file_runs_line_by_line(tiny_checkpoint_dir, tiny_checkpoint, tmp_path):
@@ -23,17 +36,14 @@ def test_a_batch_file_runs_line_by_line(tiny_checkpoint_dir, tiny_checkpoint, tm
              line("completion", "/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": 6,
                                                     "temperature": 0, "ignore_eos": True}),
              line("bad-value", "/v1/completions", {"prompt": "x", "temperature": -1}),
-             line("bad-url", "/v1/embeddings", {"input": "x"}),
+             line("text-engine", "/v1/embeddings", {"input": "x"}),
+             line("bad-url", "/v1/rerank", {"query": "x"}),
              line("streamed", "/v1/completions", {"prompt": "x", "stream": True}),
              "{not json"]
-    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n\n")  # a blank line is skipped
-    run = subprocess.run([sys.executable, "-m", "jax_engine", "run-batch", tiny_checkpoint_dir, "-i",
-                          str(tmp_path / "in.jsonl"), "-o", str(tmp_path / "out.jsonl"), "--served-model-name", "tiny",
-                          *ENGINE], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "6 requests, 4 failed" in run.stdout
-    results = [json.loads(text) for text in (tmp_path / "out.jsonl").read_text().splitlines()]
-    assert [r["custom_id"] for r in results] == ["chat", "completion", "bad-value", "bad-url", "streamed", None]
+    stdout, results = run_batch_file(tiny_checkpoint_dir, lines, tmp_path)
+    assert "7 requests, 5 failed" in stdout
+    ids = ["chat", "completion", "bad-value", "text-engine", "bad-url", "streamed", None]
+    assert [r["custom_id"] for r in results] == ids
     chat, completion = (r["response"]["body"]["choices"][0] for r in results[:2])
     assert chat["message"]["content"] == "hello there" and results[0]["error"] is None
     expected = LLM.from_engine(LLMEngine(EngineArgs(num_gpu_blocks_override=64, block_size=8, max_model_len=128,
@@ -41,6 +51,25 @@ def test_a_batch_file_runs_line_by_line(tiny_checkpoint_dir, tiny_checkpoint, tm
     [output] = expected.generate([prompt], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
                                  use_tqdm=False)
     assert completion["text"] == output.outputs[0].text
-    for result, param in zip(results[2:], ["temperature", "url", "stream", None]):
+    for result, param in zip(results[2:], ["temperature", "task", "url", "stream", None]):
         assert result["response"]["status_code"] == 400 and result["response"]["body"] is None
         assert result["error"]["param"] == param and result["error"]["type"] == "invalid_request_error"
+
+
+def test_an_embedding_engine_runs_a_batch_of_embeddings(tiny_checkpoint_dir, tmp_path):
+    """vLLM's run-batch takes /v1/embeddings lines too; the vectors are HF's, and a chat line gets the 400."""
+    from transformers import AutoModelForCausalLM
+
+    prompts = [[5, 17, 42, 99, 3], list(range(20, 60))]
+    lines = [line("first", "/v1/embeddings", {"model": "tiny", "input": prompts[0], "encoding_format": "float"}),
+             line("second", "/v1/embeddings", {"input": prompts[1], "dimensions": 8, "encoding_format": "float"}),
+             line("chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})]
+    stdout, results = run_batch_file(tiny_checkpoint_dir, lines, tmp_path, "--task", "embed")
+    assert "3 requests, 1 failed" in stdout
+    hf_model = AutoModelForCausalLM.from_pretrained(tiny_checkpoint_dir)
+    for result, prompt, size in zip(results, prompts, [None, 8]):
+        [data] = result["response"]["body"]["data"]
+        vector = hf_vector(hf_model, prompt, "LAST", normalize=False)[:size]
+        assert np.abs(np.asarray(data["embedding"]) - vector / np.linalg.norm(vector)).max() < 1e-5
+        assert result["response"]["body"]["usage"]["prompt_tokens"] == len(prompt)
+    assert results[2]["response"]["status_code"] == 400 and results[2]["error"]["param"] == "task"

@@ -64,7 +64,9 @@ def test_a_50_mb_body_is_refused_without_delaying_health(server):
         latencies = _health_latencies(server, lambda: upload(content))
         answer = answers.pop()
         assert answer.status_code == 413 and str(MAX_BODY) in answer.json()["error"]["message"]
-        assert max(latencies) < 0.1, f"/health took {max(latencies) * 1000:.0f} ms"
+        # A server that read the body whole would hold its loop at least while parsing it (pydantic: 0.36 s
+        # here); a healthy answer has taken 109 ms on CI, its 2 cores shared with the other test worker.
+        assert max(latencies) < 0.25, f"/health took {max(latencies) * 1000:.0f} ms"
 
 
 def test_prompts_too_long_to_fit_are_refused_before_the_tokenizer_reads_them(server):

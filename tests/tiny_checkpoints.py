@@ -115,3 +115,14 @@ def make_tiny_checkpoint(directory: pathlib.Path, architecture: str, seed: int =
     model.save_pretrained(directory, state_dict=state, max_shard_size=max_shard_size or "5GB")
     byte_level_tokenizer(adds_bos).save_pretrained(directory)
     return model
+
+
+def hf_vector(model, token_ids: list[int], pooling: str, normalize: bool = True):
+    """HF's embedding of a prompt: its final hidden states (after the final norm) at the last token or averaged."""
+    import numpy as np
+    import torch
+
+    with torch.no_grad():
+        rows = model(torch.tensor([token_ids]), output_hidden_states=True).hidden_states[-1][0].double().numpy()
+    vector = rows[-1] if pooling == "LAST" else rows.mean(axis=0)
+    return vector / np.linalg.norm(vector) if normalize else vector

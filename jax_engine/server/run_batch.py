@@ -1,11 +1,11 @@
 """`jax-engine run-batch -i requests.jsonl -o results.jsonl [MODEL]`: vLLM's run-batch, OpenAI's batch file format
 run offline through the server's own handlers, no HTTP.
 
-Each input line is {"custom_id", "method": "POST", "url": "/v1/chat/completions" or "/v1/completions", "body"};
-each output line, in the input's order, {"id", "custom_id", "response": {"status_code", "request_id", "body"},
-"error"}. A line that fails (a bad body, a bad value, an unsupported url) gets its status code and OpenAI's
-error object and the others run on, as vLLM does. The requests are queued together, so continuous batching
-runs them as it runs a server's.
+Each input line is {"custom_id", "method": "POST", "url", "body"}, the url "/v1/chat/completions",
+"/v1/completions" or (with --task embed) "/v1/embeddings"; each output line, in the input's order, {"id",
+"custom_id", "response": {"status_code", "request_id", "body"}, "error"}. A line that fails (a bad body, a bad
+value, an unsupported url) gets its status code and OpenAI's error object and the others run on, as vLLM does.
+The requests are queued together, so continuous batching runs them as it runs a server's.
 """
 
 import argparse
@@ -19,14 +19,16 @@ from tqdm import tqdm
 
 from jax_engine.server.chat import ChatCompletions
 from jax_engine.server.completions import Completions
+from jax_engine.server.embeddings import Embeddings
 from jax_engine.server.errors import APIError, error_body, validation_message
-from jax_engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from jax_engine.server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from jax_engine.server.server_config import ServerConfig
 from jax_engine.server.state import ServerState
 from jax_engine.server.streams import client_error
 
 ENDPOINTS = {"/v1/chat/completions": (ChatCompletionRequest, ChatCompletions),
-             "/v1/completions": (CompletionRequest, Completions)}
+             "/v1/completions": (CompletionRequest, Completions),
+             "/v1/embeddings": (EmbeddingRequest, Embeddings)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +70,7 @@ class BatchRunner:
                            "url")
         body_type, handler = self.handlers[url]
         body = body_type.model_validate_json(json.dumps(request.get("body")))  # as the server reads a body
-        if body.stream:
+        if getattr(body, "stream", False):  # embeddings have no stream field
             raise APIError(400, "stream: a batch line's answer is written whole; leave stream false", "stream")
         async with self.slots:
             return await handler.create(body)
