@@ -31,7 +31,7 @@ def unsplit_texts(make_llm):
 def test_two_hosts_serve_one_split_model(tmp_path, unsplit_texts, devices_per_host, api_servers):
     tp = 2 * devices_per_host  # every device of both hosts
     flags = cli_flags(tensor_parallel_size=tp, nnodes=2, master_port=free_port(), **ENGINE)
-    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_host}"}
+    env = {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices_per_host}"}
     worker_log = tmp_path / "worker.log"
     worker = subprocess.Popen([sys.executable, "-m", "jax_engine", "serve", "--headless", "--node-rank", "1", *flags],
                               stdout=open(worker_log, "w"), stderr=subprocess.STDOUT,
