@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from tests.process_memory import release_freed_memory
+from tests.quick_compiles import QUICK_COMPILES
 
 # `ci` keeps the suite inside its time budget and reproducible; `thorough` (make test-thorough) digs.
 settings.register_profile("ci", max_examples=100, deadline=None, derandomize=True,
@@ -19,13 +20,7 @@ settings.register_profile("thorough", max_examples=500, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may reach a hub at run time
-# The suite compiles far more than it runs (CI starts with an empty compilation cache), so XLA compiles its CPU
-# programs the quick way: LLVM at -O0 and the older fusion emitters. The default model's start-up at small sizes
-# takes 5.7 s instead of 14.2 s, its steps run ~25% slower, and its logprobs differ by at most 2.1e-5 (-O0
-# rounds some sums differently; the older emitters alone give the same bits). Set before JAX starts; processes
-# the tests start inherit it. Benchmarks, users, and the tests `make gpu-check` runs (with jax's CUDA plugin)
-# compile with XLA's defaults.
-QUICK_COMPILES = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
+# Quick XLA compiles, set before JAX starts: tests/quick_compiles.py says why and where tests do otherwise.
 if importlib.util.find_spec("jax_cuda12_plugin") is None:
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {QUICK_COMPILES}".strip()
 
