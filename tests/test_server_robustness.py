@@ -305,8 +305,11 @@ def test_one_api_key_cannot_fill_the_queue_or_hold_others_back(tiny_checkpoint):
     with ThreadedServer(engine, config) as server:
         burst = [threading.Thread(target=lambda i=i: statuses.append(send("key-a", f"a{i}", 100))) for i in range(8)]
         statuses: list[int] = []
-        for thread in burst:  # 4 enter the engine, 3 wait for their turn, the 8th is refused
+        running = engine.engine.scheduler.running
+        for i, thread in enumerate(burst):  # 4 enter the engine, 3 wait for their turn, the 8th is refused
             thread.start()
+            if i < 4:  # on a loaded host 0.1 s was not always enough to start running: more waited, more were refused
+                wait_for(lambda: len(running) == i + 1, 30, f"request a{i} to run")
             time.sleep(0.1)
         wait_for(lambda: 503 in statuses, 30, "the request past key a's own queue to be refused")
         assert send("key-b", "b", 5) == 200
