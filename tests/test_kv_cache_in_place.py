@@ -11,7 +11,7 @@ import pytest
 
 from jax_engine import EngineArgs, LLMEngine, SamplingParams
 from jax_engine.runner.device_programs import STEP
-from tests.quick_compiles import USERS_COMPILE
+from tests.quick_compiles import users_compiled_text
 from tests.tiny_checkpoints import make_tiny_checkpoint
 
 
@@ -22,7 +22,7 @@ def cache_copies(engine: LLMEngine) -> int:
     inputs = runner.prepare(engine.scheduler.schedule())
     args = (runner.model, runner.k_cache, runner.v_cache, inputs.token_ids, inputs.lora_slots, inputs.metadata,
             inputs.logits_indices)
-    text = STEP.fn.lower(*args, *STEP.static(runner)).compile(compiler_options=USERS_COMPILE).as_text()
+    text = users_compiled_text(STEP.fn.lower(*args, *STEP.static(runner)))
     outputs = [re.search(r"= \w+\[([\d,]+)\]", line) for line in text.splitlines()
                if re.search(r" (copy|convert|bitcast-convert)\(", line)]
     return sum(1 for out in outputs if out and math.prod(map(int, out[1].split(","))) == runner.k_cache.size)

@@ -14,7 +14,7 @@ from jax_engine.kv_cache_plan import resolve_block_size
 from jax_engine.linear.matmul import MANY_ROWS_KERNEL
 from reference import LlamaModel, ReferenceEngine
 from reference import SamplingParams as ReferenceSamplingParams
-from tests.quick_compiles import USERS_COMPILE
+from tests.quick_compiles import users_compiled_text
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a little robot"]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -333,9 +333,9 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     monkeypatch.setattr(runner, "execute", lambda inputs: seen.append(inputs) or execute(inputs))
     llm.generate(PROMPTS[0], SamplingParams(max_tokens=1), use_tqdm=False)
     inputs = seen[0]
-    step = STEP.fn.lower(runner.model, runner.k_cache, runner.v_cache, inputs.token_ids, inputs.lora_slots,
-                         inputs.metadata, inputs.logits_indices, runner.backend.attend)
-    step = step.compile(compiler_options=USERS_COMPILE).as_text()
+    step = users_compiled_text(STEP.fn.lower(runner.model, runner.k_cache, runner.v_cache, inputs.token_ids,
+                                             inputs.lora_slots, inputs.metadata, inputs.logits_indices,
+                                             runner.backend.attend))
     sliced = re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} dynamic-slice\(", step)
     matrices = [shape for shape in sliced if sum(int(d) > 1 for d in shape.split(",")) > 1]
     assert "ENTRY" in step and "jax_engine_few_rows_matmul" in step and sliced and not matrices
@@ -352,8 +352,7 @@ def test_a_large_step_reads_every_layers_weights_in_place(llm, make_llm, quantiz
     runner = (make_llm(quantization=quantization) if quantization else llm).llm_engine.runner
     stored = {None: jnp.float32, "bf16": jnp.bfloat16, "int8": jnp.int8}[quantization]
     assert runner.model.layers["w_qkv"].value.dtype == stored
-    step = STEP.fn.lower(*step_example(runner, 128).args, runner.backend.attend)
-    step = step.compile(compiler_options=USERS_COMPILE).as_text()
+    step = users_compiled_text(STEP.fn.lower(*step_example(runner, 128).args, runner.backend.attend))
     sliced = re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} dynamic-slice\(", step)
     matrices = [shape for shape in sliced if sum(int(d) > 1 for d in shape.split(",")) > 1]
     assert "jax_engine_few_rows_matmul" in step and sliced and not matrices
@@ -369,8 +368,7 @@ def test_a_step_updates_the_kv_cache_in_place(llm, num_tokens):
     runner = llm.llm_engine.runner
     cache = runner.k_cache
     flat = f"f32[{cache.shape[0]},{cache.shape[1] * cache.shape[2]},{cache.shape[3]},{cache.shape[4]}]"
-    step = STEP.fn.lower(*step_example(runner, num_tokens).args, runner.backend.attend)
-    step = step.compile(compiler_options=USERS_COMPILE).as_text()
+    step = users_compiled_text(STEP.fn.lower(*step_example(runner, num_tokens).args, runner.backend.attend))
     whole_cache = re.compile(re.escape(flat) + r"\{[0-9,]*\} (copy|dynamic-update-slice)\(")
     assert "ENTRY" in step and not whole_cache.search(step)
 
