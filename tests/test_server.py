@@ -14,6 +14,9 @@ API_KEY = "sk-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL = "SmolLM2-135M-Instruct"
 PROMPT = "The capital of France is"
+# httpx waits 5 s by default; this server compiles on first use (enforce_eager), and a new step shape compiled on
+# CI's 2 busy cores took longer than that (a ReadTimeout of the metrics test's 256-token step).
+GENERATION_TIMEOUT = 120
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -204,8 +207,9 @@ def test_tokenize_detokenize_and_the_demo_endpoint(server):
     chat_tokens = httpx.post(f"{server}/tokenize", json={"messages": CHAT}, headers=AUTH).json()
     assert chat_tokens["count"] > tokens["count"]
     body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0}
-    text = httpx.post(f"{server}/generate", json=body, headers=AUTH).json()["text"]
-    with httpx.stream("POST", f"{server}/generate", json={**body, "stream": True}, headers=AUTH) as response:
+    text = httpx.post(f"{server}/generate", json=body, headers=AUTH, timeout=GENERATION_TIMEOUT).json()["text"]
+    with httpx.stream("POST", f"{server}/generate", json={**body, "stream": True}, headers=AUTH,
+                      timeout=GENERATION_TIMEOUT) as response:
         pieces = [json.loads(p) for p in response.read().split(b"\0") if p]
     assert pieces[-1]["text"] == text and text[0].startswith(PROMPT) and len(pieces) == 6
     _assert_openai_error(httpx.post(f"{server}/generate", json={**body, "temperature": -1}, headers=AUTH), 400,
@@ -221,7 +225,7 @@ def test_metrics_count_what_was_served(server):
     # the first of which reports it with no token yet.
     prompts = [f"{PROMPT} {' '.join([word] * 200)}" for word in ("red", "blue")]
     body = {"prompt": prompts, "max_tokens": 5, "temperature": 0, "ignore_eos": True}
-    usage = httpx.post(f"{server}/v1/completions", json=body, headers=AUTH).json()["usage"]
+    usage = httpx.post(f"{server}/v1/completions", json=body, headers=AUTH, timeout=GENERATION_TIMEOUT).json()["usage"]
     assert usage["prompt_tokens"] > 400
     assert metric(server, "vllm:prompt_tokens_total", AUTH) - before["vllm:prompt_tokens_total"] == usage[
         "prompt_tokens"]
