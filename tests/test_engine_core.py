@@ -9,17 +9,22 @@ import asyncio
 import contextlib
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
 import pytest
+import zmq
 
 from jax_engine import LLM, EngineArgs, SamplingParams
+from jax_engine.engine_core.core import LAST_WORD_MS
 from jax_engine.engine_core.core_client import EngineCoreClient
 from jax_engine.engine_core.launch import CORE_MODULE
+from jax_engine.engine_core.messages import decode
 from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, data_lines, events_after, metric,
                                   start_server_process, stop_server_process, wait_for)
 
@@ -203,7 +208,6 @@ def test_a_grammar_is_built_off_the_cores_loop_and_an_abort_meanwhile_still_ends
     properties. On the core's loop that stopped every other request's steps for as long; now the running
     request's outputs keep coming while two such grammars build, and the request aborted while its grammar was
     building still ends with its last output, as any abort does."""
-    import time
 
     client, prompt = core_client, {"prompt": None, "prompt_token_ids": [5, 6, 7]}
     wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(3000)}}
@@ -254,3 +258,31 @@ def test_an_engine_its_flags_cannot_start_ends_serve_with_the_error_in_a_line(ti
     assert result.returncode == 1, result.stderr[-3000:]
     assert f"jax-engine: error: {error.format(**values)}" in result.stderr
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+def test_a_core_that_cannot_start_waits_for_an_api_server_still_importing(tmp_path):
+    """The API servers beside a core (--api-server-count) bind their sockets only after their imports, seconds on a
+    busy machine: a core that refuses its model must still be heard then, not drop its word after LAST_WORD_MS
+    (serve then printed the supervisor's "exited with status 1" instead of the engine's error)."""
+    inputs, outputs = f"ipc://{tmp_path}/inputs", f"ipc://{tmp_path}/outputs"
+    core = subprocess.Popen([sys.executable, "-m", CORE_MODULE], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    core.stdin.buffer.write(pickle.dumps((EngineArgs(model=str(tmp_path / "missing.gguf")), [(inputs, outputs)],
+                                          "INFO")))
+    core.stdin.close()
+    context = zmq.Context()
+    try:
+        while "the engine core cannot start" not in core.stderr.readline():  # it has refused, and sent its word
+            assert core.poll() is None, "the core exited without saying why it cannot start"
+        time.sleep(LAST_WORD_MS / 1000 + 1)  # an API server slower than the old linger
+        late = context.socket(zmq.PULL)
+        late.bind(outputs)
+        assert late.poll(30_000), "the core's word never came"
+        kind, body = decode(late.recv())
+        assert kind == "refused" and "is neither a .gguf file nor a checkpoint directory" in body
+        assert core.wait(30) == 1
+    finally:
+        context.destroy(linger=0)
+        core.kill()
+        core.wait()
+        core.stderr.close()

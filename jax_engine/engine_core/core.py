@@ -39,6 +39,10 @@ from jax_engine.llm_engine import LLMEngine
 logger = logging.getLogger(__name__)
 PARENT_CHECK_MS = 1000  # how often an idle core checks that the API server is still there
 LAST_WORD_MS = 5000  # how long a stopping core waits for its last message (outputs, or why it died) to go out
+# ... and one that cannot start: the API servers started beside it (api_servers.py), or the `jax-engine serve` that
+# started it early (launch.py), bind their sockets only after their imports, which take seconds, more on a busy
+# machine; it exits as soon as they have its word.
+START_LAST_WORD_MS = 60_000
 
 
 class EngineCore:
@@ -184,10 +188,10 @@ def run_engine_core(args: EngineArgs, addresses: list[tuple[str, str]], log_leve
         engine = LLMEngine(args, devices=devices, detokenize=False, background_loads=True)
     except (ValueError, FileNotFoundError) as error:  # the flags or the model's path: the server says so in a line
         logger.error("the engine core cannot start: %s", error)
-        _last_word(context, outputs, "refused", str(error))
+        _last_word(context, outputs, "refused", str(error), START_LAST_WORD_MS)
     except BaseException:
         logger.exception("the engine core died while starting")
-        _last_word(context, outputs, "dead", traceback.format_exc())
+        _last_word(context, outputs, "dead", traceback.format_exc(), START_LAST_WORD_MS)
     try:
         for socket in outputs:
             socket.send(encode("ready", engine_facts(engine)))
@@ -199,11 +203,12 @@ def run_engine_core(args: EngineArgs, addresses: list[tuple[str, str]], log_leve
     context.destroy(linger=LAST_WORD_MS)
 
 
-def _last_word(context: zmq.Context, outputs: list[zmq.Socket], kind: str, body: str) -> None:
-    """Tell every API server why this core stops (waiting up to LAST_WORD_MS for it to go out), and exit 1."""
+def _last_word(context: zmq.Context, outputs: list[zmq.Socket], kind: str, body: str,
+               linger_ms: int = LAST_WORD_MS) -> None:
+    """Tell every API server why this core stops (waiting up to `linger_ms` for it to go out), and exit 1."""
     for socket in outputs:
         socket.send(encode(kind, body))
-    context.destroy(linger=LAST_WORD_MS)
+    context.destroy(linger=linger_ms)
     sys.exit(1)
 
 

@@ -122,7 +122,10 @@ def _watch(cores: list[subprocess.Popen], servers: list[subprocess.Popen], addre
             logger.error("the engine core process exited with status %d: stopping the API servers", dead[0][1])
             _tell_core_died([a for r, _ in dead for a in addresses[r]],
                             f"the engine core process exited with status {dead[0][1]}")
-            _terminate(servers)  # an idle API server reads nothing from the core until a request comes
+            # Serving, an idle API server reads nothing from the core until a request comes. Still starting, each
+            # waits for its cores and prints why one could not start: SIGTERM could end it before it does.
+            if barrier.released:
+                _terminate(servers)
             _stop(*servers)
             return 1
         if failed := [(i, status) for i, status in enumerate(statuses) if status not in (None, 0)]:
