@@ -15,6 +15,7 @@ import numpy as np
 
 from jax_engine.sample.greedy_argmax import greedy_tokens
 from jax_engine.sample.sampling_batch import STAGES, SamplingBatch
+from jax_engine.sample.top_k_top_p import top_k_top_p_threshold
 from jax_engine.sampling_params import MAX_LOGPROBS
 
 _NEG_INF = -jnp.inf
@@ -84,17 +85,7 @@ def _apply_penalties(logits, penalty_ids, num_prompt_tokens, presence, frequency
 
 def _top_k_top_p_mask(logits, top_k, top_p):
     """Mask (to -inf) what top-k and top-p remove. top_k 0 keeps all; ties with the k-th value stay."""
-    vocab = logits.shape[-1]
-    ordered = jnp.sort(logits, axis=-1)[:, ::-1]  # descending
-    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
-    kth = jnp.take_along_axis(ordered, (k - 1)[:, None], axis=-1)
-    ordered = jnp.where(ordered >= kth, ordered, _NEG_INF)
-    probs = jax.nn.softmax(ordered, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs  # of strictly more likely tokens
-    # The most likely token always stays, even for a top_p that float32 rounds to 0.
-    keep = (mass_before < top_p[:, None]) | (jnp.arange(vocab) == 0)
-    threshold = jnp.min(jnp.where(keep, ordered, jnp.inf), axis=-1, keepdims=True)
-    return jnp.where(logits >= jnp.maximum(threshold, kth), logits, _NEG_INF)
+    return jnp.where(logits >= top_k_top_p_threshold(logits, top_k, top_p)[:, None], logits, _NEG_INF)
 
 
 _CDF_BLOCK = 256
