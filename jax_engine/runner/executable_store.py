@@ -50,12 +50,12 @@ def environment_key() -> str:
     """What a program's code depends on besides its arguments: versions, device, kernels, flags."""
     from jax_engine.attention import cpu as attention_kernel
     from jax_engine.linear import lora_bgmv, matmul
-    from jax_engine.sample import greedy_argmax
+    from jax_engine.sample import greedy_argmax, top_k_top_p
 
     device = jax.devices()[0]
     # Asking registers each kernel, which a stored program that calls it needs before it loads.
     kernels = tuple(module.kernel_unavailable_reason() is None
-                    for module in (attention_kernel, matmul, greedy_argmax, lora_bgmv))
+                    for module in (attention_kernel, matmul, greedy_argmax, top_k_top_p, lora_bgmv))
     parts = (source_digest(), jax.__version__, jaxlib.__version__, flax.__version__, device.platform, device.device_kind,
              jax.device_count(), jax.process_index(), jax.process_count(), platform.machine(), native.cpu_signature(), kernels, os.environ.get("XLA_FLAGS"),
              jax.config.jax_enable_x64, jax.config.jax_default_matmul_precision)
