@@ -32,8 +32,10 @@ def hf_model_from_checkpoint(checkpoint: Checkpoint):
     return model
 
 
-def run_static_batches(model, requests: list[tuple[list[int], int]], batch_size: int, pad_token_id: int = 0) -> float:
-    """Seconds to serve `requests` in fixed batches of `batch_size` with `model.generate` (sampling, T=1)."""
+def run_static_batches(model, requests: list[tuple[list[int], int]], batch_size: int, pad_token_id: int = 0,
+                       top_p: float = 1.0, top_k: int = 0) -> float:
+    """Seconds to serve `requests` in fixed batches of `batch_size` with `model.generate` (sampling, T=1, with
+    top_p and top_k: 1.0 and 0 are off)."""
     import torch
 
     started = time.perf_counter()
@@ -47,11 +49,12 @@ def run_static_batches(model, requests: list[tuple[list[int], int]], batch_size:
             mask[row, width - len(prompt) :] = 1
         with torch.no_grad():
             model.generate(ids, attention_mask=mask, max_new_tokens=max(o for _, o in batch), min_new_tokens=max(o for _, o in batch),
-                           do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=pad_token_id)
+                           do_sample=True, temperature=1.0, top_p=top_p, top_k=top_k, pad_token_id=pad_token_id)
     return time.perf_counter() - started
 
 
-def run_continuous_batching(model, requests: list[tuple[list[int], int]]) -> tuple[float, int]:
+def run_continuous_batching(model, requests: list[tuple[list[int], int]], top_p: float = 1.0,
+                            top_k: int = 0) -> tuple[float, int]:
     """(seconds, generated tokens) with transformers' `generate_batch`.
 
     It takes one max_new_tokens for all requests, so every request generates the longest output length;
@@ -59,8 +62,8 @@ def run_continuous_batching(model, requests: list[tuple[list[int], int]]) -> tup
     """
     from transformers import GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=max(o for _, o in requests), do_sample=True, temperature=1.0, top_p=1.0,
-                              top_k=0, eos_token_id=-1, pad_token_id=0)
+    config = GenerationConfig(max_new_tokens=max(o for _, o in requests), do_sample=True, temperature=1.0,
+                              top_p=top_p, top_k=top_k, eos_token_id=-1, pad_token_id=0)
     started = time.perf_counter()
     results = model.generate_batch([p for p, _ in requests], generation_config=config, progress_bar=False)
     seconds = time.perf_counter() - started
