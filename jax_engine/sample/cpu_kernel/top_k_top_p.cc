@@ -63,8 +63,17 @@ std::vector<float> bucket_values(const float* row, int64_t vocab, float max, int
   return values;
 }
 
-// The k-th largest logit (k < the row's non-NaN count), from the counts of each bucket.
-float kth_largest(const float* row, int64_t vocab, float max, const std::vector<int64_t>& counts, int64_t k) {
+// The k-th largest logit, from the counts of each bucket; -inf (keep all) when k reaches the row's non-NaN count.
+float kth_largest(const float* row, int64_t vocab, float max, int64_t k) {
+  std::vector<int64_t> counts(kBuckets, 0);
+  int64_t present = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    if (!is_nan(row[i])) {
+      ++counts[bucket_of(max, row[i])];
+      ++present;
+    }
+  }
+  if (k >= present) return -std::numeric_limits<float>::infinity();
   int64_t bucket = 0, before = 0;
   while (before + counts[bucket] < k) before += counts[bucket++];
   const auto values = bucket_values(row, vocab, max, bucket, -std::numeric_limits<float>::infinity());
@@ -78,15 +87,7 @@ float row_threshold(const float* row, int64_t vocab, int32_t top_k, float top_p)
     if (!is_nan(row[i])) max = std::max(max, row[i]);  // NaNs never count
   }
   if (is_infinite(max)) return max;  // all masked out (-inf), or an infinite logit (+inf): it alone stays
-  std::vector<int64_t> counts(kBuckets, 0);
-  int64_t present = 0;  // logits that are not NaN
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (!is_nan(row[i])) {
-      ++counts[bucket_of(max, row[i])];
-      ++present;
-    }
-  }
-  const float kth = top_k > 0 && top_k < present ? kth_largest(row, vocab, max, counts, top_k) : lowest;
+  const float kth = top_k > 0 ? kth_largest(row, vocab, max, top_k) : lowest;  // top_p alone: no count pass
   if (top_p >= 1.0f) return kth;
   std::vector<double> mass(kBuckets, 0.0);
   std::vector<int64_t> kept(kBuckets, 0);  // logits >= kth in each bucket
