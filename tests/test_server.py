@@ -260,3 +260,32 @@ def test_bench_serve_measures_every_request(server, capsys):
           "2", "--length-mode", "fixed", "--input-len", "8", "--output-len", "4"])
     printed = capsys.readouterr().out
     assert "Successful requests:" in printed and "Mean TTFT (ms):" in printed and "Failed requests:  " in printed
+
+
+def test_bench_serve_names_every_filter_in_every_request(server, capsys):
+    """Each request carries top_k, top_p and min_p even when off, so a peer's own defaults (llama-server's top_k 40,
+    top_p 0.95, min_p 0.05) cannot give it less work than ours; the filters are checked before anything is sent."""
+    import argparse
+
+    from jax_engine.bench.serve_workload import client_for, make_workload
+    from jax_engine.cli import main
+
+    ns = argparse.Namespace(num_prompts=3, length_mode="fixed", input_len=4, output_len=2, seed=0, top_k=0,
+                            top_p=1.0, min_p=0.0)
+
+    async def bodies(**filters):
+        async with client_for(server, API_KEY) as client:
+            return (await make_workload(client, argparse.Namespace(**{**vars(ns), **filters}), 1.0)).bodies
+
+    off, on = asyncio.run(bodies()), asyncio.run(bodies(top_k=40, top_p=0.95, min_p=0.05))
+    assert all((b["top_k"], b["top_p"], b["min_p"]) == (0, 1.0, 0.0) for b in off)
+    assert all((b["top_k"], b["top_p"], b["min_p"]) == (40, 0.95, 0.05) for b in on)
+    main(["bench", "serve", "--base-url", server, "--api-key", API_KEY, "--num-prompts", "4", "--length-mode", "fixed",
+          "--input-len", "8", "--output-len", "4", "--top-k", "40", "--top-p", "0.95", "--min-p", "0.05", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["successful_requests"] == 4 and report["failed_requests"] == 0
+    assert report["sampling"] == {"temperature": 1.0, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+    for flag, value, limit in [("--top-p", "0", "in (0, 1]"), ("--top-k", "-1", ">= 0"), ("--min-p", "2", "in [0, 1]")]:
+        with pytest.raises(SystemExit) as exit_info:
+            main(["bench", "serve", "--base-url", "http://127.0.0.1:9", flag, value])
+        assert f"{flag} must be {limit}" in str(exit_info.value.code)

@@ -85,6 +85,17 @@ def client_for(base_url: str, api_key: str | None = None) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=None, limits=limits)
 
 
+def sampling(ns: argparse.Namespace) -> dict:
+    """Every request's sampling fields, each named even when off: a server's defaults differ (llama-server filters
+    by top_k 40, top_p 0.95 and min_p 0.05 unless told otherwise), and both servers must do the same work."""
+    checks = {"top_k": (ns.top_k >= 0, ">= 0 (0: off)"), "top_p": (0 < ns.top_p <= 1, "in (0, 1] (1: off)"),
+              "min_p": (0 <= ns.min_p <= 1, "in [0, 1] (0: off)")}
+    for name, (ok, limit) in checks.items():
+        if not ok:
+            raise ValueError(f"--{name.replace('_', '-')} must be {limit}, got {getattr(ns, name)}")
+    return {"temperature": 1.0, "top_k": ns.top_k, "top_p": ns.top_p, "min_p": ns.min_p}
+
+
 async def make_workload(client: httpx.AsyncClient, ns: argparse.Namespace, request_rate: float) -> Workload:
     """--num-prompts requests of --length-mode lengths from --seed, prompts drawn from the server's tokens."""
     model, max_model_len = await _model_info(client)
@@ -92,7 +103,7 @@ async def make_workload(client: httpx.AsyncClient, ns: argparse.Namespace, reque
     inputs, outputs, rng = request_lengths(ns.num_prompts, ns.length_mode, max_model_len, ns.input_len,
                                            ns.output_len, ns.seed)
     bodies = [{"model": model, "prompt": rng.choice(pool, n).tolist(), "max_tokens": int(o), "ignore_eos": True,
-               "temperature": 1.0, "seed": i, "stream": True, "stream_options": {"include_usage": True}}
+               **sampling(ns), "seed": i, "stream": True, "stream_options": {"include_usage": True}}
               for i, (n, o) in enumerate(zip(inputs, outputs))]
     gaps = rng.exponential(1.0 / request_rate, len(bodies)) if np.isfinite(request_rate) else np.zeros(len(bodies))
     return Workload(bodies, gaps)
