@@ -86,3 +86,17 @@ def test_rows_without_a_finite_logit_keep_what_they_have():
     logits = np.array([[-inf, -inf, -inf], [0.0, inf, 1.0], [nan, 2.0, 1.0]], np.float32)
     thresholds = np.asarray(kernel(logits, np.int32([0, 0, 1]), np.float32([0.5, 0.5, 1.0])))
     assert thresholds.tolist() == [-inf, inf, 2.0]  # all masked stays masked; +inf alone; NaN never counts
+
+
+def test_rows_of_the_default_models_vocabulary_in_any_order():
+    """SmolLM2's 49152 tokens: top_k's rising bar over rows in random, ascending (every logit raises it) and
+    descending order, and top_p's narrowing over a flat row (a nucleus of thousands) and a peaked one."""
+    rng = np.random.default_rng(1)
+    flat, peaked = 2.5 * rng.standard_normal(49152), 6.0 * rng.standard_normal(49152)
+    logits = np.stack([flat, np.sort(flat), np.sort(flat)[::-1], peaked]).astype(np.float32)
+    for top_k, top_p in ((40, 1.0), (1000, 0.9), (0, 0.95), (0, 0.5), (50, 0.95)):
+        thresholds = np.asarray(kernel(logits, np.int32([top_k] * 4), np.float32([top_p] * 4)))
+        for row, threshold in zip(logits, thresholds):
+            expected = kept_by_the_reference(row, top_k, top_p)
+            if not np.array_equal(kept(row, threshold), expected):
+                assert distance_to_a_tie(row, top_k, top_p) < 1e-12
