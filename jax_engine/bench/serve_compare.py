@@ -140,7 +140,8 @@ def main(ns: argparse.Namespace) -> dict:
         ns.model = default_model_path()
     logs = pathlib.Path(ns.log_dir or tempfile.mkdtemp(prefix="bench-serve-compare-"))
     logs.mkdir(parents=True, exist_ok=True)
-    filters = ", ".join(f"{name} {value:g}" for name, value in serve_workload.sampling(ns).items())
+    sampling = serve_workload.sampling(ns)
+    filters = ", ".join(f"{name} {value:g}" for name, value in sampling.items())
     print(f"{ns.num_prompts} {ns.length_mode} requests a run ({filters}), on {ns.model}; server logs in {logs}")
     _print_header()
     rows, workloads, ours = [], None, []
@@ -162,8 +163,7 @@ def main(ns: argparse.Namespace) -> dict:
     with server_process(_llama_server(binary, ns.model, best, ns.max_model_len), logs / "llama-server.log") as server:
         chosen = _measure(f"llama-server, {best} slots", server, workloads, [r for r in ns.rates if r != math.inf])
     rows += [row | {"chosen": True} for row in chosen]
-    report = {"rows": rows, "summary": _summary(rows, ours), "best_slots": best,
-              "sampling": serve_workload.sampling(ns)}
+    report = {"rows": rows, "summary": _summary(rows, ours), "best_slots": best, "sampling": sampling}
     print("\n".join(report["summary"]))
     if ns.json_out:
         from jax_engine.bench.kernels import record_run

@@ -102,8 +102,9 @@ async def make_workload(client: httpx.AsyncClient, ns: argparse.Namespace, reque
     pool = await _token_pool(client)
     inputs, outputs, rng = request_lengths(ns.num_prompts, ns.length_mode, max_model_len, ns.input_len,
                                            ns.output_len, ns.seed)
+    filters = sampling(ns)
     bodies = [{"model": model, "prompt": rng.choice(pool, n).tolist(), "max_tokens": int(o), "ignore_eos": True,
-               **sampling(ns), "seed": i, "stream": True, "stream_options": {"include_usage": True}}
+               **filters, "seed": i, "stream": True, "stream_options": {"include_usage": True}}
               for i, (n, o) in enumerate(zip(inputs, outputs))]
     gaps = rng.exponential(1.0 / request_rate, len(bodies)) if np.isfinite(request_rate) else np.zeros(len(bodies))
     return Workload(bodies, gaps)

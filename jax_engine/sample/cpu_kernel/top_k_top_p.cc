@@ -38,7 +38,7 @@ constexpr int64_t kLanes = 16;  // a vector of floats (AVX-512; two on AVX2)
 constexpr int64_t kBlock = 4 * kLanes;  // logits tested at once before any is copied
 constexpr int32_t kSplit = 256;  // buckets a round of top_p's selection splits its logits into
 constexpr int kRounds = 4;       // rounds at most, then a sort of what is left
-constexpr size_t kSorted = 64;   // as few logits are sorted at once
+constexpr size_t kSorted = 64;   // narrowing stops at this many logits, which are sorted
 constexpr float kLowest = -std::numeric_limits<float>::infinity();
 
 // The kernels compile with -ffast-math, under which the compiler may assume no NaN or infinity: such values
