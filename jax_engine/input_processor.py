@@ -37,47 +37,6 @@ def cache_salt(prompt: Prompt) -> str | None:
     return salt
 
 
-# apply_chat_template's own arguments: chat_template_kwargs may not change how the template is chosen, what it is
-# given or how the text is tokenized, only set variables the template reads (enable_thinking, say).
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
-    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-    "return_assistant_tokens_mask", "tokenizer_kwargs"})
-
-
-def check_template_kwargs(kwargs) -> dict:
-    """chat_template_kwargs as given (None: {}), or a ValueError naming the field and the key it may not set."""
-    kwargs = {} if kwargs is None else kwargs
-    check(isinstance(kwargs, dict) and all(isinstance(k, str) for k in kwargs), "chat_template_kwargs",
-          "a dict with string keys", type(kwargs).__name__)
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys())
-    if reserved:
-        raise ValueError(f"chat_template_kwargs may not set {reserved[0]!r}: it is an argument of the chat "
-                         "template's rendering, not a template variable")
-    return kwargs
-
-
-def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
-              chat_template_kwargs: dict | None = None) -> str:
-    """A conversation through the tokenizer's chat template. `chat_template_kwargs` are extra template variables
-    (Qwen3's enable_thinking, say)."""
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
-                                         **({"tools": tools} if tools else {}),
-                                         **check_template_kwargs(chat_template_kwargs))
-
-
-def chat_prompt(tokenizer, messages: list[dict], add_generation_prompt: bool = True,
-                add_special_tokens: bool = False, tools: list[dict] | None = None,
-                chat_template_kwargs: dict | None = None) -> dict:
-    """A conversation through the chat template (chat_text), tokenized once: vLLM's TokensPrompt with its text.
-
-    The template writes the special tokens it wants (a BOS among them), so the text is encoded without the
-    tokenizer's own (vLLM's rule): encoding it as a plain prompt would give BOS-adding tokenizers two.
-    """
-    text = chat_text(tokenizer, messages, add_generation_prompt, tools, chat_template_kwargs)
-    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=add_special_tokens)}
-
-
 def most_characters_that_fit(tokenizer, max_model_len: int) -> int:
     """No text longer than this is max_model_len tokens or fewer: a token covers at most as many characters as the
     longest entry of its vocabulary (a byte-level entry holds a character per byte), and twice that leaves room

@@ -91,6 +91,19 @@ def bare_checkpoint_dir(tiny_checkpoint_dir, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def templateless_checkpoint_dir(tiny_checkpoint_dir, tmp_path_factory) -> str:
+    """The tiny checkpoint without a chat template (as a base model's files come): no chat_template.jinja."""
+    import shutil
+
+    directory = tmp_path_factory.mktemp("no-chat-template")
+    for path in Path(tiny_checkpoint_dir).iterdir():
+        if path.suffix != ".jinja":
+            shutil.copy(path, directory / path.name)
+    assert "chat_template" not in (directory / "tokenizer_config.json").read_text()
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tiny_checkpoint_dir):
     """The tiny checkpoint, loaded once per session."""
     from jax_engine.loader import load_checkpoint

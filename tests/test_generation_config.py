@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from jax_engine import LLM, SamplingParams
-from jax_engine.input_processor import chat_prompt
+from jax_engine.chat_template import chat_prompt
 from jax_engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tests.server_helpers import TINY_ENGINE_ARGS, ThreadedServer
 from tests.tiny_checkpoints import make_tiny_checkpoint

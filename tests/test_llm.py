@@ -1,5 +1,6 @@
 """LLM().generate on the real default model: the oracle, HF, invariance, and vLLM's API surface."""
 
+import copy
 import re
 
 import jax
@@ -15,6 +16,7 @@ from jax_engine.linear.matmul import MANY_ROWS_KERNEL
 from reference import LlamaModel, ReferenceEngine
 from reference import SamplingParams as ReferenceSamplingParams
 from tests.quick_compiles import users_compiled_text
+from tests.tiny_checkpoints import CHAT_TEMPLATE
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a little robot"]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -38,7 +40,7 @@ def test_chat_knows_the_capital_of_france(llm):
 def test_chat_template_kwargs_are_template_variables(llm, tiny_checkpoint):
     """Qwen3's enable_thinking switch (the tiny template has it) through chat_prompt, which LLM.chat and the server
     call; apply_chat_template's own arguments are refused naming the field, before anything runs."""
-    from jax_engine.input_processor import chat_prompt
+    from jax_engine.chat_template import chat_prompt
 
     conversation = [{"role": "user", "content": "Hi"}]
     default, off = (chat_prompt(tiny_checkpoint.tokenizer, conversation, chat_template_kwargs=kwargs)["prompt"]
@@ -49,6 +51,30 @@ def test_chat_template_kwargs_are_template_variables(llm, tiny_checkpoint):
             llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_kwargs=kwargs)
     [output] = llm.chat(conversation, GREEDY, use_tqdm=False, chat_template_kwargs={"enable_thinking": False})
     assert output.prompt.endswith("<|im_start|>assistant\n")  # SmolLM2's template reads no such variable
+
+
+def test_chat_takes_a_template_and_continues_a_final_message(llm, tiny_checkpoint):
+    """vLLM's LLM.chat arguments: chat_template renders instead of the model's own (which a base model may lack:
+    then a clear error says how to give one); continue_final_message leaves the last message open for the model
+    to finish, and cannot go with add_generation_prompt."""
+    from jax_engine.chat_template import chat_prompt
+
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    template = "{% for m in messages %}Q: {{ m['content'] }}\n{% endfor %}A:"
+    [custom] = llm.chat(question, GREEDY, use_tqdm=False, chat_template=template)
+    assert custom.prompt == "Q: What is the capital of France?\nA:"
+    started = [*question, {"role": "assistant", "content": "The capital of France is"}]
+    [continued] = llm.chat(started, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False,
+                           add_generation_prompt=False, continue_final_message=True)
+    assert continued.prompt.endswith("<|im_start|>assistant\nThe capital of France is")  # no <|im_end|>
+    assert "Paris" in continued.outputs[0].text
+    with pytest.raises(ValueError, match="continue_final_message and add_generation_prompt cannot both be true"):
+        llm.chat(started, GREEDY, use_tqdm=False, continue_final_message=True)
+    base = copy.copy(tiny_checkpoint.tokenizer)
+    base.chat_template = None
+    with pytest.raises(ValueError, match="no chat template.*chat_template"):
+        chat_prompt(base, question)
+    assert chat_prompt(base, question, chat_template=CHAT_TEMPLATE) == chat_prompt(tiny_checkpoint.tokenizer, question)
 
 
 def test_sampling_params_clone_is_deep():

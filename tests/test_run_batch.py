@@ -73,3 +73,23 @@ def test_an_embedding_engine_runs_a_batch_of_embeddings(tiny_checkpoint_dir, tmp
         assert np.abs(np.asarray(data["embedding"]) - vector / np.linalg.norm(vector)).max() < 1e-5
         assert result["response"]["body"]["usage"]["prompt_tokens"] == len(prompt)
     assert results[2]["response"]["status_code"] == 400 and results[2]["error"]["param"] == "task"
+
+
+def test_a_model_without_a_chat_template_chats_with_the_one_given(templateless_checkpoint_dir, tmp_path):
+    """A base model's files hold no chat template: its chat lines get a 400 that says how to give one, and with
+    --chat-template (here the template itself, vLLM's other form of the flag) they run; completions run either
+    way."""
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5,
+            "structured_outputs": {"regex": "hello"}}
+    lines = [line("chat", "/v1/chat/completions", chat),
+             line("completion", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})]
+    stdout, results = run_batch_file(templateless_checkpoint_dir, lines, tmp_path)
+    assert "2 requests, 1 failed" in stdout and results[1]["error"] is None
+    error = results[0]["error"]
+    assert results[0]["response"]["status_code"] == 400 and error["param"] == "messages"
+    assert "no chat template" in error["message"] and "--chat-template" in error["message"]
+    stdout, results = run_batch_file(templateless_checkpoint_dir, lines, tmp_path, "--chat-template",
+                                     "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert "2 requests, 0 failed" in stdout
+    body = results[0]["response"]["body"]
+    assert body["choices"][0]["message"]["content"] == "hello" and body["usage"]["prompt_tokens"] == len("Hi")

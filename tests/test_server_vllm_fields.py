@@ -1,11 +1,16 @@
 """vLLM's answer fields and switches over HTTP, with the official openai client, on a tiny random model whose output
 a regex (structured_outputs) makes known: chat_template_kwargs, --reasoning-parser's reasoning_content (streamed
-and not), stop_reason, usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details), /version."""
+and not), stop_reason, usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details), /version,
+--chat-template and continue_final_message."""
+
+import subprocess
+import sys
 
 import httpx
 import openai
 import pytest
 
+from jax_engine.chat_template import load_chat_template
 from tests.server_helpers import cli_flags, start_server_process, stop_server_process
 
 ENGINE = {"num_gpu_blocks_override": 64, "block_size": 8, "max_model_len": 128, "max_num_seqs": 4,
@@ -119,3 +124,52 @@ def test_a_server_started_for_text_refuses_embeddings_naming_the_task(client):
     with pytest.raises(openai.BadRequestError, match="--task embed") as error:
         client.embeddings.create(model="tiny", input="Hello")
     assert error.value.body["param"] == "task"
+
+
+ROLE_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def test_chat_template_flag_serves_a_model_without_one(templateless_checkpoint_dir, tiny_checkpoint, tmp_path):
+    """vLLM's --chat-template (a file here) renders the chat requests of a checkpoint that has no template; with
+    continue_final_message the model goes on writing the last message, which add_generation_prompt excludes
+    (a 400 naming the field). /tokenize renders with the same template."""
+    (tmp_path / "template.jinja").write_text(ROLE_TEMPLATE)
+    process, url = start_server_process(templateless_checkpoint_dir, *cli_flags(**ENGINE), "--served-model-name",
+                                        "tiny", "--chat-template", str(tmp_path / "template.jinja"),
+                                        log_path=str(tmp_path / "server.log"))
+    encode = tiny_checkpoint.tokenizer.encode
+    try:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        answer = forced_chat(client, "hello there")
+        assert answer.choices[0].message.content == "hello there"
+        assert answer.usage.prompt_tokens == len(encode("user: Hello\nassistant:"))
+        started = [*HELLO, {"role": "assistant", "content": "Hi th"}]
+        continued = {"messages": started, "add_generation_prompt": False, "continue_final_message": True}
+        assert httpx.post(f"{url}/tokenize", json=continued).json()["tokens"] == encode("user: Hello\nassistant: Hi th")
+        answer = client.chat.completions.create(model="tiny", messages=started, max_tokens=3, extra_body={
+            "add_generation_prompt": False, "continue_final_message": True, "structured_outputs": {"regex": "ere"}})
+        assert answer.choices[0].message.content == "ere"
+        with pytest.raises(openai.BadRequestError, match="cannot both be true") as error:
+            client.chat.completions.create(model="tiny", messages=started, extra_body={"continue_final_message": True})
+        assert error.value.body["param"] == "continue_final_message"
+    finally:
+        stop_server_process(process)
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+def test_chat_template_flag_takes_a_file_or_the_template_and_checks_it_before_the_start(tmp_path):
+    """vLLM's rule: a value that names no readable file is the template itself if it holds a brace or a newline
+    (its backslash escapes read as in a Python string); otherwise it is a missing file. A syntax error is refused
+    when the server starts, not at each chat request."""
+    (tmp_path / "t.jinja").write_text(ROLE_TEMPLATE)
+    assert load_chat_template(str(tmp_path / "t.jinja")) == ROLE_TEMPLATE
+    assert load_chat_template("{{ messages[0]['content'] }}\\n« » 你") == "{{ messages[0]['content'] }}\n« » 你"
+    assert load_chat_template(None) is None
+    with pytest.raises(ValueError, match="looks like a file's path, but it cannot be read"):
+        load_chat_template(str(tmp_path / "missing.jinja"))
+    with pytest.raises(ValueError, match="not a valid Jinja template"):
+        load_chat_template("{% for m in messages %}")
+    run = subprocess.run([sys.executable, "-m", "jax_engine", "serve", "--chat-template", "{% if %}"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "--chat-template is not a valid Jinja template" in run.stderr

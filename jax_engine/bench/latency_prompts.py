@@ -61,7 +61,7 @@ def rotations(tokenizer, batch_size: int, input_len: int, first: int = 0) -> lis
 
 def chat_requests(workload: str, tokenizer, batch_size: int, first: int = 0) -> list[list[int]]:
     """batch_size different chat prompts (token ids through the chat template) of the chat or copy workload."""
-    from jax_engine.input_processor import chat_prompt
+    from jax_engine.chat_template import chat_prompt
 
     if workload == "chat":
         contents = QUESTIONS

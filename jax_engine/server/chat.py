@@ -5,7 +5,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from jax_engine.input_processor import chat_text, check_template_kwargs
+from jax_engine.chat_template import NO_TEMPLATE, chat_text, check_continuation, check_template_kwargs
 from jax_engine.outputs import Logprob
 from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import ChatCompletionRequest
@@ -34,19 +34,26 @@ def _logprobs(delta: Delta, num_top: int) -> dict | None:
 
 def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_prompt: bool,
                        add_special_tokens: bool = False, tools: list[dict] | None = None,
-                       template_kwargs: dict | None = None) -> dict:
-    """The conversation through the model's chat template, tokenized once (as input_processor.chat_prompt), with
-    the tools shown to the model (server/tools.py); a template error is the client's (400)."""
-    renders_tools = "tools" in (state.tokenizer.chat_template or "")
+                       template_kwargs: dict | None = None, continue_final_message: bool = False) -> dict:
+    """The conversation through the chat template (--chat-template's, else the model's), tokenized once (as
+    chat_template.chat_prompt), with the tools shown to the model (server/tools.py); a template error is the
+    client's (400)."""
+    template = state.config.chat_template
+    renders_tools = "tools" in (template or state.tokenizer.chat_template or "")
     if tools:
         messages = with_tools(messages, tools, renders_tools)
-    try:
-        template_kwargs = check_template_kwargs(template_kwargs)
-    except ValueError as error:
-        raise APIError(400, str(error), "chat_template_kwargs") from None
+    for field, checked in (("chat_template_kwargs", lambda: check_template_kwargs(template_kwargs)),
+                           ("continue_final_message",
+                            lambda: check_continuation(add_generation_prompt, continue_final_message))):
+        try:
+            checked()
+        except ValueError as error:
+            raise APIError(400, str(error), field) from None
+    if template is None and not state.tokenizer.chat_template:
+        raise APIError(400, NO_TEMPLATE, "messages")
     try:
         text = chat_text(state.tokenizer, messages, add_generation_prompt, tools if tools and renders_tools else None,
-                         template_kwargs)
+                         template_kwargs, chat_template=template, continue_final_message=continue_final_message)
     except Exception as error:  # jinja's TemplateError, or the template's own raise_exception
         raise APIError(400, f"messages could not be rendered with the chat template: {error}", "messages") from None
     state.check_text_fits(text, "messages")
@@ -105,7 +112,8 @@ class ChatCompletions:
         shown_tools = tools if tool_choice != "none" else None
         prompt = await state.off_loop(lambda: render_chat_prompt(state, body.conversation(), body.add_generation_prompt,
                                                                  body.add_special_tokens, shown_tools,
-                                                                 body.chat_template_kwargs))
+                                                                 body.chat_template_kwargs,
+                                                                 body.continue_final_message))
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await add_streams(state, request_id, [prompt], params, cache_salt, tenant, body.model, "messages")
         if body.stream:

@@ -42,6 +42,8 @@ _DEFAULTS = {name: getattr(SamplingParams(), name) for name in
 # vLLM's older spelling of structured_outputs: one top-level field per kind.
 GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
                  "guided_grammar": "grammar"}
+CONTINUE_FINAL_MESSAGE = ("vLLM's: the model goes on writing the last message (no end of turn after it); needs "
+                          "add_generation_prompt false")
 # Names vLLM takes for its grammar backends; this server has one (llguidance) and accepts the names that mean it.
 GRAMMAR_BACKENDS = ("auto", "guidance", "llguidance")
 
@@ -176,6 +178,7 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
+    continue_final_message: bool = Field(False, description=CONTINUE_FINAL_MESSAGE)
     add_special_tokens: bool = Field(False, description="vLLM's: also add the tokenizer's own special tokens "
                                      "(a BOS) to the rendered template, which usually writes its own")
     tools: list[Tool] | None = Field(None, max_length=128)
@@ -226,6 +229,7 @@ class TokenizeRequest(RequestBody):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = Field(False, description=CONTINUE_FINAL_MESSAGE)
     model: str | None = None
 
 

@@ -17,12 +17,13 @@ import uuid
 from pydantic import ValidationError
 from tqdm import tqdm
 
+from jax_engine.chat_template import load_chat_template
 from jax_engine.server.chat import ChatCompletions
 from jax_engine.server.completions import Completions
 from jax_engine.server.embeddings import Embeddings
 from jax_engine.server.errors import APIError, error_body, validation_message
 from jax_engine.server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
-from jax_engine.server.server_config import ServerConfig
+from jax_engine.server.server_config import ServerConfig, add_chat_template_argument
 from jax_engine.server.state import ServerState
 from jax_engine.server.streams import client_error
 
@@ -37,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-i", "--input-file", required=True, help="the requests, one JSON object a line")
     parser.add_argument("-o", "--output-file", required=True, help="where the results are written, a line each")
     parser.add_argument("--served-model-name", default=None, help="the model name bodies may give")
+    add_chat_template_argument(parser)
 
 
 class BatchRunner:
@@ -112,7 +114,8 @@ def main(ns: argparse.Namespace) -> None:
     with open(ns.input_file) as f:
         lines = [line for line in f if line.strip()]
     args = EngineArgs.from_cli_args(ns, model=ns.model_tag or ns.model)
-    config = ServerConfig(ns.served_model_name or args.model or DEFAULT_MODEL_NAME)
+    config = ServerConfig(ns.served_model_name or args.model or DEFAULT_MODEL_NAME,
+                          chat_template=load_chat_template(ns.chat_template))
     results = asyncio.run(run_batch(AsyncLLMEngine.from_engine_args(args), config, lines))
     with open(ns.output_file, "w") as f:
         for result in results:

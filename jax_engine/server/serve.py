@@ -18,11 +18,12 @@ import signal
 import sys
 import threading
 
+from jax_engine.chat_template import load_chat_template
 from jax_engine.engine_core.launch import (MULTIPROCESSING_ENV, discard_early, multiprocessing_by_default,
                                            start_engine_core)
 from jax_engine.server.lora_adapters import parse_lora_module
 from jax_engine.server.reasoning import REASONING_PARSERS
-from jax_engine.server.server_config import PREFIX_CACHE_ISOLATION, ServerConfig
+from jax_engine.server.server_config import PREFIX_CACHE_ISOLATION, ServerConfig, add_chat_template_argument
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # What make_server imports (this module imports none of it, so that `serve` parses its flags quickly).
@@ -92,10 +93,12 @@ def _add_process_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_answer_arguments(parser: argparse.ArgumentParser) -> None:
-    """What the server serves and says beyond the base model's text: adapters, cached tokens, reasoning."""
+    """What the server serves and says beyond the base model's text: adapters, chat template, cached tokens,
+    reasoning."""
     parser.add_argument("--lora-modules", nargs="+", type=_lora_module_arg, default=[], metavar="NAME=PATH",
                         help="LoRA adapters served under their own model names (name=path, or JSON with name and "
                              "path); needs --enable-lora")
+    add_chat_template_argument(parser)
     parser.add_argument("--enable-prompt-tokens-details", action="store_true",
                         help="answers' usage also gives prompt_tokens_details.cached_tokens: the prompt tokens "
                              "found in the prefix cache")
@@ -111,10 +114,11 @@ def _lora_module_arg(text: str) -> tuple[str, str]:
 
 
 def server_config(ns: argparse.Namespace, model_name: str) -> ServerConfig:
-    """ServerConfig from the flags: every field has the flag of its name."""
+    """ServerConfig from the flags: every field has the flag of its name (--chat-template's file is read)."""
     fields = {f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(ns, f.name)}
     return ServerConfig(**{**fields, "model_name": model_name, "api_keys": tuple(ns.api_key),
-                           "lora_modules": tuple(ns.lora_modules)})
+                           "lora_modules": tuple(ns.lora_modules),
+                           "chat_template": load_chat_template(ns.chat_template)})
 
 
 def make_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info"):

@@ -1,6 +1,7 @@
 """The server's own settings (the engine's are EngineArgs), apart from what serves with them: `jax-engine serve`
 parses its flags with these before it imports the server, so that its engine core gets its arguments early."""
 
+import argparse
 from dataclasses import dataclass
 
 from jax_engine.server.reasoning import REASONING_PARSERS
@@ -43,6 +44,8 @@ class ServerConfig:
             (prompt_tokens_details.cached_tokens), as vLLM's flag of that name.
         reasoning_parser: "deepseek_r1" or "qwen3": chat answers give a thinking model's <think> part as
             reasoning_content (server/reasoning.py); None: all of the text is content.
+        chat_template: the chat template's text (--chat-template: a file, or the template itself), used instead
+            of the model's own; None: the model's.
     """
 
     model_name: str
@@ -64,6 +67,7 @@ class ServerConfig:
     lora_modules: tuple[tuple[str, str], ...] = ()
     enable_prompt_tokens_details: bool = False
     reasoning_parser: str | None = None
+    chat_template: str | None = None
 
     def __post_init__(self) -> None:
         if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
@@ -74,3 +78,10 @@ class ServerConfig:
                              f"{self.reasoning_parser!r}")
         if self.prefix_cache_isolation == "api-key" and not self.api_keys:
             raise ValueError("prefix_cache_isolation 'api-key' needs at least one API key")
+
+
+def add_chat_template_argument(parser: argparse.ArgumentParser) -> None:
+    """--chat-template, for serve and run-batch (read by chat_template.load_chat_template)."""
+    parser.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
+                        help="the chat template to render chat requests with, instead of the model's own (a base "
+                             "model may have none): a Jinja file, or the template itself")
