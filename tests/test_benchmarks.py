@@ -62,7 +62,7 @@ def test_throughput_benchmark_compares_with_hf_and_runs_the_workload_again(tiny_
                "--max-model-len", "64", "--block-size", "4", "--runs", "2", "--compare", "hf",
                "--max-num-seqs", "4", "--max-num-batched-tokens", "64",  # start-up compiles for these only
                "--hf-batch-size", "2", "--hf-num-requests", "2", "--hf-modes", "static", "--top-p", "0.9",
-               "--top-k", "5", "--json"]
+               "--top-k", "5", "--min-p", "0.05", "--json"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
@@ -82,7 +82,7 @@ def test_throughput_benchmark_compares_with_hf_and_runs_the_workload_again(tiny_
         assert row["total_tokens_per_s"] == pytest.approx(3 * row["output_tokens_per_s"])  # (8 + 4) / 4 per request
         assert f"finished {row['backend']}: " in result.stderr  # reported as it finished, before the table
     assert report["workload"] == dict(length_mode="fixed", num_requests=3, mean_input_len=8.0, mean_output_len=4.0,
-                                      sampling=dict(temperature=1.0, top_p=0.9, top_k=5))
+                                      sampling=dict(temperature=1.0, top_p=0.9, top_k=5, min_p=0.05))
     assert report["roofline"]["compute_bound_tokens_per_s"] > 0
 
 

@@ -32,10 +32,17 @@ def hf_model_from_checkpoint(checkpoint: Checkpoint):
     return model
 
 
+def hf_sampling(sampling: dict | None) -> dict:
+    """generate's sampling arguments for the benchmarks' fields (sampling_filters.sampling): temperature 1, and
+    the filters that are on (transformers adds a min_p warper even for min_p 0)."""
+    sampling = {"temperature": 1.0, **(sampling or {})}
+    return {"do_sample": True, **sampling, "min_p": sampling.get("min_p") or None}
+
+
 def run_static_batches(model, requests: list[tuple[list[int], int]], batch_size: int, pad_token_id: int = 0,
-                       top_p: float = 1.0, top_k: int = 0) -> float:
-    """Seconds to serve `requests` in fixed batches of `batch_size` with `model.generate` (sampling, T=1, with
-    top_p and top_k: 1.0 and 0 are off)."""
+                       sampling: dict | None = None) -> float:
+    """Seconds to serve `requests` in fixed batches of `batch_size` with `model.generate` (sampling as
+    hf_sampling says)."""
     import torch
 
     started = time.perf_counter()
@@ -49,12 +56,12 @@ def run_static_batches(model, requests: list[tuple[list[int], int]], batch_size:
             mask[row, width - len(prompt) :] = 1
         with torch.no_grad():
             model.generate(ids, attention_mask=mask, max_new_tokens=max(o for _, o in batch), min_new_tokens=max(o for _, o in batch),
-                           do_sample=True, temperature=1.0, top_p=top_p, top_k=top_k, pad_token_id=pad_token_id)
+                           pad_token_id=pad_token_id, **hf_sampling(sampling))
     return time.perf_counter() - started
 
 
-def run_continuous_batching(model, requests: list[tuple[list[int], int]], top_p: float = 1.0,
-                            top_k: int = 0) -> tuple[float, int]:
+def run_continuous_batching(model, requests: list[tuple[list[int], int]],
+                            sampling: dict | None = None) -> tuple[float, int]:
     """(seconds, generated tokens) with transformers' `generate_batch`.
 
     It takes one max_new_tokens for all requests, so every request generates the longest output length;
@@ -62,8 +69,8 @@ def run_continuous_batching(model, requests: list[tuple[list[int], int]], top_p:
     """
     from transformers import GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=max(o for _, o in requests), do_sample=True, temperature=1.0,
-                              top_p=top_p, top_k=top_k, eos_token_id=-1, pad_token_id=0)
+    config = GenerationConfig(max_new_tokens=max(o for _, o in requests), eos_token_id=-1, pad_token_id=0,
+                              **hf_sampling(sampling))
     started = time.perf_counter()
     results = model.generate_batch([p for p, _ in requests], generation_config=config, progress_bar=False)
     seconds = time.perf_counter() - started

@@ -13,8 +13,9 @@ import argparse
 import asyncio
 import json
 
-from jax_engine.bench import serve_compare
-from jax_engine.bench.serve_workload import RequestResult, client_for, make_workload, sampling, send_workload, summarize
+from jax_engine.bench import sampling_filters, serve_compare
+from jax_engine.bench.sampling_filters import sampling
+from jax_engine.bench.serve_workload import RequestResult, client_for, make_workload, send_workload, summarize
 from jax_engine.bench.workloads import LENGTH_MODES
 
 
@@ -57,9 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input-len", type=int, default=None)
     parser.add_argument("--output-len", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--top-k", type=int, default=0, help="every request's top_k (0: off)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (1.0: off)")
-    parser.add_argument("--min-p", type=float, default=0.0, help="every request's min_p (0.0: off)")
+    sampling_filters.add_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--json-out", default=None, help="also append the report to this JSON file")
     serve_compare.add_arguments(parser)

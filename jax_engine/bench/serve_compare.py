@@ -24,7 +24,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from jax_engine.bench import serve_workload
+from jax_engine.bench import sampling_filters, serve_workload
 from jax_engine.bench.server_process import RunningServer, server_process
 
 PEERS = ("llama-server",)
@@ -140,7 +140,7 @@ def main(ns: argparse.Namespace) -> dict:
         ns.model = default_model_path()
     logs = pathlib.Path(ns.log_dir or tempfile.mkdtemp(prefix="bench-serve-compare-"))
     logs.mkdir(parents=True, exist_ok=True)
-    sampling = serve_workload.sampling(ns)
+    sampling = sampling_filters.sampling(ns)
     filters = ", ".join(f"{name} {value:g}" for name, value in sampling.items())
     print(f"{ns.num_prompts} {ns.length_mode} requests a run ({filters}), on {ns.model}; server logs in {logs}")
     _print_header()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
+from jax_engine.bench.sampling_filters import sampling
 from jax_engine.bench.workloads import request_lengths
 
 # Text whose tokens make up the random prompts (the server tokenizes it once, so ids are valid for its model).
@@ -83,17 +84,6 @@ def client_for(base_url: str, api_key: str | None = None) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     return httpx.AsyncClient(base_url=base_url, headers=headers, timeout=None, limits=limits)
-
-
-def sampling(ns: argparse.Namespace) -> dict:
-    """Every request's sampling fields, each named even when off: a server's defaults differ (llama-server filters
-    by top_k 40, top_p 0.95 and min_p 0.05 unless told otherwise), and both servers must do the same work."""
-    checks = {"top_k": (ns.top_k >= 0, ">= 0 (0: off)"), "top_p": (0 < ns.top_p <= 1, "in (0, 1] (1: off)"),
-              "min_p": (0 <= ns.min_p <= 1, "in [0, 1] (0: off)")}
-    for name, (ok, limit) in checks.items():
-        if not ok:
-            raise ValueError(f"--{name.replace('_', '-')} must be {limit}, got {getattr(ns, name)}")
-    return {"temperature": 1.0, "top_k": ns.top_k, "top_p": ns.top_p, "min_p": ns.min_p}
 
 
 async def make_workload(client: httpx.AsyncClient, ns: argparse.Namespace, request_rate: float) -> Workload:

@@ -3,7 +3,7 @@
     jax-engine bench throughput --length-mode sharegpt-like --num-requests 256 --compare hf
 
 Every request samples (temperature 1) exactly its output length (EOS ignored), as vLLM's benchmark does; with
---top-p / --top-k, through those filters too (on both sides of --compare hf).
+--top-k / --top-p / --min-p, through those filters too (on both sides of --compare hf).
 Throughput counts the requested prompt and output tokens; compile time is reported apart from run time.
 """
 
@@ -14,14 +14,15 @@ import time
 
 import numpy as np
 
-from jax_engine.bench import roofline
+from jax_engine.bench import roofline, sampling_filters
 from jax_engine.bench.workloads import LENGTH_MODES, make_requests
 from jax_engine.config import EngineArgs
 from jax_engine.loader import load_checkpoint
 
 
-def run_engine(checkpoint, requests, engine_args: EngineArgs, runs: int = 1, top_p: float = 1.0, top_k: int = 0):
-    """Yield the result of each run of the workload, all in one engine started once.
+def run_engine(checkpoint, requests, engine_args: EngineArgs, runs: int = 1, sampling: dict | None = None):
+    """Yield the result of each run of the workload, all in one engine started once, every request sampled with
+    `sampling` (sampling_filters.sampling: temperature 1 and the filters; default: temperature 1 alone).
 
     Between runs the prefix cache is reset, so a later run computes the same prompts again as the first did;
     what differs is only what the first run met for the first time (compiles, first calls of programs).
@@ -31,8 +32,8 @@ def run_engine(checkpoint, requests, engine_args: EngineArgs, runs: int = 1, top
 
     engine = LLMEngine(engine_args, checkpoint=checkpoint)
     llm = LLM.from_engine(engine)
-    params = [SamplingParams(temperature=1.0, top_p=top_p, top_k=top_k, seed=i, max_tokens=o, ignore_eos=True)
-              for i, (_, o) in enumerate(requests)]
+    sampling = sampling or {"temperature": 1.0}
+    params = [SamplingParams(**sampling, seed=i, max_tokens=o, ignore_eos=True) for i, (_, o) in enumerate(requests)]
     for run in range(1, runs + 1):
         before = engine.stats()
         started = time.perf_counter()
@@ -53,8 +54,8 @@ def run_engine(checkpoint, requests, engine_args: EngineArgs, runs: int = 1, top
 HF_MODES = ("static", "continuous")
 
 
-def run_hf(checkpoint, requests, batch_size: int, modes=HF_MODES, top_p: float = 1.0, top_k: int = 0):
-    """Yield each HF way of running the workload's result as it finishes."""
+def run_hf(checkpoint, requests, batch_size: int, modes=HF_MODES, sampling: dict | None = None):
+    """Yield each HF way of running the workload's result as it finishes (sampling as run_engine's)."""
     import torch
 
     from jax_engine.bench.hf_baseline import hf_model_from_checkpoint, run_continuous_batching, run_static_batches
@@ -62,10 +63,10 @@ def run_hf(checkpoint, requests, batch_size: int, modes=HF_MODES, top_p: float =
     torch.set_num_threads(torch.get_num_threads())
     model = hf_model_from_checkpoint(checkpoint)
     if "static" in modes:
-        static = run_static_batches(model, requests, batch_size, top_p=top_p, top_k=top_k)
+        static = run_static_batches(model, requests, batch_size, sampling=sampling)
         yield dict(backend=f"hf generate (static batches of {batch_size})", elapsed_s=static, run_s=static)
     if "continuous" in modes:
-        continuous, generated = run_continuous_batching(model, requests, top_p, top_k)
+        continuous, generated = run_continuous_batching(model, requests, sampling)
         yield dict(backend="hf generate_batch (continuous)", elapsed_s=continuous, run_s=continuous,
                    generated_tokens=generated)
 
@@ -94,16 +95,16 @@ def main(ns: argparse.Namespace) -> dict:
         tok = checkpoint.tokenizer
         requests = [(tok.encode(tok.decode(p)), o) for p, o in requests]
         requests = [(p[: ns.max_model_len - o], o) for p, o in requests]
-    results, sampling = [], dict(temperature=1.0, top_p=ns.top_p, top_k=ns.top_k)
+    results, sampling = [], sampling_filters.sampling(ns)
     probe_before = roofline.measure(checkpoint.config.num_params)
     if ns.backend == "jax_engine" or ns.compare == "hf":
-        for result in run_engine(checkpoint, requests, EngineArgs.from_cli_args(ns), ns.runs, ns.top_p, ns.top_k):
+        for result in run_engine(checkpoint, requests, EngineArgs.from_cli_args(ns), ns.runs, sampling):
             results.append(_finished(_rates(result, requests)))
     if ns.backend == "hf" or ns.compare == "hf":
         # HF may run a prefix of the same trace: its rate per token is what is compared, and on a long trace
         # its padded static batches would take hours.
         hf_requests = requests[: ns.hf_num_requests or len(requests)]
-        for result in run_hf(checkpoint, hf_requests, ns.hf_batch_size, ns.hf_modes, ns.top_p, ns.top_k):
+        for result in run_hf(checkpoint, hf_requests, ns.hf_batch_size, ns.hf_modes, sampling):
             results.append(_finished(_rates(result, hf_requests)))
     bounds = roofline.best(probe_before, roofline.measure(checkpoint.config.num_params))
     report = dict(workload=dict(length_mode=ns.length_mode, num_requests=len(requests),
@@ -153,8 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-kind", default="ids", choices=["ids", "text"])
     parser.add_argument("--backend", default="jax_engine", choices=["jax_engine", "hf"])
     parser.add_argument("--compare", default=None, choices=["hf"])
-    parser.add_argument("--top-p", type=float, default=1.0, help="every request's top_p (1.0: off)")
-    parser.add_argument("--top-k", type=int, default=0, help="every request's top_k (0: off)")
+    sampling_filters.add_arguments(parser)
     parser.add_argument("--runs", type=int, default=1,
                         help="run the workload this many times in one engine (the prefix cache reset between "
                              "runs): the first run against later ones shows what it paid for meeting things first")
