@@ -55,14 +55,18 @@ def test_chat_template_kwargs_are_template_variables(llm, tiny_checkpoint):
 
 def test_chat_takes_a_template_and_continues_a_final_message(llm, tiny_checkpoint):
     """vLLM's LLM.chat arguments: chat_template renders instead of the model's own (which a base model may lack:
-    then a clear error says how to give one); continue_final_message leaves the last message open for the model
-    to finish, and cannot go with add_generation_prompt."""
+    then a clear error says how to give one), tools reach it; continue_final_message leaves the last message open
+    for the model to finish, and cannot go with add_generation_prompt."""
     from jax_engine.chat_template import chat_prompt
 
     question = [{"role": "user", "content": "What is the capital of France?"}]
     template = "{% for m in messages %}Q: {{ m['content'] }}\n{% endfor %}A:"
     [custom] = llm.chat(question, GREEDY, use_tqdm=False, chat_template=template)
     assert custom.prompt == "Q: What is the capital of France?\nA:"
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    [shown] = llm.chat(question, SamplingParams(max_tokens=1), use_tqdm=False, tools=[tool],
+                       chat_template="{% for t in tools %}{{ t['function']['name'] }};{% endfor %}")
+    assert shown.prompt == "get_weather;"  # tools reach the template, as vLLM passes them
     started = [*question, {"role": "assistant", "content": "The capital of France is"}]
     [continued] = llm.chat(started, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False,
                            add_generation_prompt=False, continue_final_message=True)
