@@ -85,6 +85,9 @@ class EngineArgs:
         max_lora_rank: the highest adapter rank r accepted; slots are this wide, so it sets their memory.
         max_cpu_loras: adapters kept in host memory, ready for a slot; None means max_loras.
         skip_tokenizer_init: load no tokenizer: prompts and outputs are token ids (the outputs' text is empty).
+        tokenizer: a local HF tokenizer directory to use instead of the model's own (vLLM's flag: for a GGUF
+            file, vLLM's advice is its base model's tokenizer; or a checkpoint shipped without tokenizer files);
+            its vocabulary must fit the model's, and its chat template is the one used.
         async_scheduling: plan each step while the device runs the one before (vLLM's flag), on one host,
             without speculative decoding; what needs a step's tokens first steps in lockstep (async_scheduling.py).
         task: "generate" (text) or "embed" (one vector per prompt: LLM.embed, /v1/embeddings; jax_engine/pooler.py).
@@ -125,6 +128,7 @@ class EngineArgs:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
     skip_tokenizer_init: bool = False
+    tokenizer: str | None = None
     async_scheduling: bool = False
     task: str = "generate"
     pooler_config: dict | None = None
@@ -157,6 +161,8 @@ class EngineArgs:
         check(isinstance(self.node_rank, int) and 0 <= self.node_rank < self.nnodes, "node_rank", "in [0, nnodes)")
         check(self.quantization is None or self.quantization in QUANTIZATIONS, "quantization",
               f"None or one of {list(QUANTIZATIONS)}")
+        check(not (self.tokenizer and self.skip_tokenizer_init), "tokenizer",
+              "None with skip_tokenizer_init=True, which loads no tokenizer")
         check(isinstance(self.max_loras, int) and self.max_loras >= 1, "max_loras", ">= 1")
         check(isinstance(self.max_lora_rank, int) and 1 <= self.max_lora_rank <= 512, "max_lora_rank", "in [1, 512]")
         check(self.max_cpu_loras is None or (isinstance(self.max_cpu_loras, int) and self.max_cpu_loras >= self.max_loras),

@@ -1,5 +1,6 @@
-"""skip_tokenizer_init (vLLM's): token ids in and token ids out, for a checkpoint without tokenizer files; and
-without the flag, such a checkpoint is refused when it loads, naming the flag."""
+"""The tokenizer a model runs with, vLLM's two switches: skip_tokenizer_init (token ids in and token ids out, for a
+checkpoint without tokenizer files, which is otherwise refused when it loads, naming the flag), and tokenizer
+(another directory's tokenizer instead of the model's own)."""
 
 import pytest
 
@@ -36,3 +37,29 @@ def test_token_ids_in_and_out(bare_checkpoint_dir, tiny_checkpoint):
     with pytest.raises(ValueError, match="chat needs the model's chat template"):
         bare.chat([{"role": "user", "content": "Hi"}], use_tqdm=False)
     assert bare.llm_engine.scheduler.kv.usage == 0  # nothing refused kept a block
+
+
+def test_another_directorys_tokenizer_runs_the_model(bare_checkpoint_dir, tiny_checkpoint_dir, tiny_checkpoint,
+                                                     tmp_path):
+    """tokenizer= gives a checkpoint shipped without one the tokenizer (and chat template) of a directory: text in,
+    text out, the same as the model with its own. A directory without one, one too large for the model, or the
+    argument beside skip_tokenizer_init is refused, naming it."""
+    llm = LLM(str(bare_checkpoint_dir), tokenizer=tiny_checkpoint_dir, **ARGS)
+    chat = [{"role": "user", "content": "Hi"}]
+    with_own = LLM.from_engine(LLMEngine(EngineArgs(**ARGS), checkpoint=tiny_checkpoint))
+    for run in (lambda m: m.generate(["some text"], GREEDY, use_tqdm=False),
+                lambda m: m.chat(chat, GREEDY, use_tqdm=False)):
+        [got], [expected] = run(llm), run(with_own)
+        assert got.prompt_token_ids == expected.prompt_token_ids and got.outputs[0].text == expected.outputs[0].text
+        assert len(got.outputs[0].text) > 0
+    with pytest.raises(ValueError, match="tokenizer=.* is not a directory holding tokenizer files"):
+        LLM(str(bare_checkpoint_dir), tokenizer=str(tmp_path), **ARGS)
+    from transformers import AutoTokenizer
+
+    larger = AutoTokenizer.from_pretrained(tiny_checkpoint_dir)
+    larger.add_tokens(["<extra>"])  # 259 tokens for a model of 258
+    larger.save_pretrained(tmp_path / "larger")
+    with pytest.raises(ValueError, match="259 tokens, more than the model's vocab_size 258"):
+        LLM(str(bare_checkpoint_dir), tokenizer=str(tmp_path / "larger"), **ARGS)
+    with pytest.raises(ValueError, match="tokenizer must be None with skip_tokenizer_init=True"):
+        EngineArgs(tokenizer=tiny_checkpoint_dir, skip_tokenizer_init=True)

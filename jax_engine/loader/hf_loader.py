@@ -42,3 +42,20 @@ def load_hf_directory(path: str, tokenizer: bool = True) -> Checkpoint:
     # AutoTokenizer reads the chat template from chat_template.jinja or tokenizer_config.json.
     hf_tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True) if tokenizer else None
     return Checkpoint(config, weights, hf_tokenizer, generation_config=read_generation_config(path))
+
+
+def load_tokenizer(path: str, vocab_size: int):
+    """The tokenizer of directory `path` (its chat template with it), for a model of `vocab_size` tokens: the
+    `tokenizer` argument. Refused, naming it, when the directory holds no tokenizer or more tokens than the
+    model has rows for."""
+    from transformers import AutoTokenizer
+
+    path = os.path.expanduser(path)
+    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        raise ValueError(f"tokenizer={path!r} is not a directory holding tokenizer files (one of "
+                         f"{', '.join(TOKENIZER_FILES)}); hub names are not downloaded")
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if len(tokenizer) > vocab_size:
+        raise ValueError(f"tokenizer={path!r} has {len(tokenizer)} tokens, more than the model's vocab_size "
+                         f"{vocab_size}: it is not this model's tokenizer")
+    return tokenizer

