@@ -3,6 +3,8 @@ by the official `openai` client (and raw HTTP where the client would hide what i
 
 import asyncio
 import json
+import subprocess
+import sys
 
 import httpx
 import openai
@@ -14,6 +16,7 @@ API_KEY = "sk-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MODEL = "SmolLM2-135M-Instruct"
 PROMPT = "The capital of France is"
+WEB_APP = "https://app.example"  # the one origin whose pages may call the module's server (CORS)
 # httpx waits 5 s by default; this server compiles on first use (enforce_eager), and a new step shape compiled on
 # CI's 2 busy cores took longer than that (a ReadTimeout of the metrics test's 256-token step).
 GENERATION_TIMEOUT = 120
@@ -25,7 +28,8 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("server") / "server.log"
     process, url = start_server_process(
         *cli_flags(api_key=API_KEY, max_model_len=256, num_gpu_blocks_override=256, max_num_seqs=8,
-                   max_num_batched_tokens=256, max_waiting_requests=64, enforce_eager=True), log_path=str(log))
+                   max_num_batched_tokens=256, max_waiting_requests=64, enforce_eager=True,
+                   allowed_origins=json.dumps([WEB_APP])), log_path=str(log))
     yield url
     stop_server_process(process)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
@@ -289,3 +293,24 @@ def test_bench_serve_names_every_filter_in_every_request(server, capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(["bench", "serve", "--base-url", "http://127.0.0.1:9", flag, value])
         assert f"{flag} must be {limit}" in str(exit_info.value.code)
+
+
+def test_pages_of_the_allowed_origin_may_call_from_a_browser(server):
+    """--allowed-origins (vLLM's CORS flags): a browser's preflight for the origin is answered without a key (it
+    carries none), and the answers to its requests, errors too, say the origin may read them; another origin is
+    told nothing (test_server_vllm_fields.py: without the flag, no origin is)."""
+    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    allowed = httpx.options(f"{server}/v1/completions", headers={"Origin": WEB_APP, **preflight})
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == WEB_APP
+    body = {"model": "SmolLM2-135M-Instruct", "prompt": PROMPT, "max_tokens": 2}
+    answer = httpx.post(f"{server}/v1/completions", json=body, headers={"Origin": WEB_APP, **AUTH})
+    assert answer.status_code == 200 and answer.headers["access-control-allow-origin"] == WEB_APP
+    refused = httpx.post(f"{server}/v1/completions", json=body, headers={"Origin": WEB_APP})
+    assert refused.status_code == 401 and refused.headers["access-control-allow-origin"] == WEB_APP
+    other = "https://elsewhere.example"
+    assert httpx.options(f"{server}/v1/completions", headers={"Origin": other, **preflight}).status_code == 400
+    answer = httpx.post(f"{server}/v1/completions", json=body, headers={"Origin": other, **AUTH})
+    assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
+    run = subprocess.run([sys.executable, "-m", "jax_engine", "serve", "--allowed-origins", "https://app.example"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "--allowed-origins: not JSON" in run.stderr

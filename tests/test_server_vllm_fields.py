@@ -173,3 +173,13 @@ def test_chat_template_flag_takes_a_file_or_the_template_and_checks_it_before_th
     run = subprocess.run([sys.executable, "-m", "jax_engine", "serve", "--chat-template", "{% if %}"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "--chat-template is not a valid Jinja template" in run.stderr
+
+
+def test_without_allowed_origins_no_web_page_may_call(server):
+    """No --allowed-origins: no CORS answer for any origin (vLLM's default allows any, but then every site the
+    user visits could drive a server on their machine)."""
+    headers = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    preflight = httpx.options(f"{server}/v1/completions", headers=headers)
+    assert preflight.status_code == 405 and "access-control-allow-origin" not in preflight.headers
+    answer = httpx.get(f"{server}/v1/models", headers={"Origin": "https://app.example"})
+    assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers

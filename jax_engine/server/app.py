@@ -15,6 +15,7 @@ import uuid
 from importlib import metadata
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -66,8 +67,12 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(BodyTimeoutMiddleware, seconds=config.body_timeout)
-    if config.api_keys:  # added last, so it runs first: nothing is read for a client without a key
+    if config.api_keys:  # added late, so it runs early: nothing is read for a client without a key
         app.add_middleware(APIKeyMiddleware, api_keys=config.api_keys)
+    if config.allowed_origins:  # outermost: a browser's preflight carries no key, and a 401 needs the headers too
+        app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins,
+                           allow_credentials=config.allow_credentials, allow_methods=config.allowed_methods,
+                           allow_headers=config.allowed_headers)
     _add_service_routes(app, state, ServingMetrics(engine, config.model_name))
     _add_openai_routes(app, state)
     _add_vllm_routes(app, state)

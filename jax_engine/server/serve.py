@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib
+import json
 import logging
 import signal
 import sys
@@ -74,8 +75,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after SIGTERM, seconds in-flight requests have to finish before their clients are "
                         "disconnected")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    _add_cors_arguments(parser)
     _add_process_arguments(parser)
     _add_answer_arguments(parser)
+
+
+def _add_cors_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which web pages may call the server from a browser (CORS), vLLM's flags; by default none."""
+    parser.add_argument("--allowed-origins", type=_json_strings, default=(), metavar="JSON",
+                        help='origins whose pages may call the server, a JSON list, e.g. \'["https://app.example"]\' '
+                             'or \'["*"]\' (default: none, where vLLM allows any)')
+    parser.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (cookies)")
+    parser.add_argument("--allowed-methods", type=_json_strings, default=("*",), metavar="JSON",
+                        help='CORS: the HTTP methods allowed, a JSON list (default: ["*"])')
+    parser.add_argument("--allowed-headers", type=_json_strings, default=("*",), metavar="JSON",
+                        help='CORS: the request headers allowed, a JSON list (default: ["*"])')
+
+
+def _json_strings(text: str) -> tuple[str, ...]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise argparse.ArgumentTypeError(f"must be a JSON list of strings, got {text}")
+    return tuple(value)
 
 
 def _add_process_arguments(parser: argparse.ArgumentParser) -> None:

@@ -46,6 +46,10 @@ class ServerConfig:
             reasoning_content (server/reasoning.py); None: all of the text is content.
         chat_template: the chat template's text (--chat-template: a file, or the template itself), used instead
             of the model's own; None: the model's.
+        allowed_origins: the web origins whose pages may call the server from a browser (CORS, vLLM's flag);
+            "*" for any. Empty (the default, unlike vLLM's "*"): none, since a server on this machine would
+            otherwise answer the scripts of every site its user visits.
+        allow_credentials, allowed_methods, allowed_headers: the rest of the CORS answer, as vLLM's flags.
     """
 
     model_name: str
@@ -68,6 +72,10 @@ class ServerConfig:
     enable_prompt_tokens_details: bool = False
     reasoning_parser: str | None = None
     chat_template: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    allow_credentials: bool = False
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
 
     def __post_init__(self) -> None:
         if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
