@@ -14,7 +14,6 @@ import asyncio
 import json
 
 from jax_engine.bench import sampling_filters, serve_compare
-from jax_engine.bench.sampling_filters import sampling
 from jax_engine.bench.serve_workload import RequestResult, client_for, make_workload, send_workload, summarize
 from jax_engine.bench.workloads import LENGTH_MODES
 
@@ -65,14 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(ns: argparse.Namespace) -> dict:
-    sampling(ns)  # its flags are checked before anything starts
+    sampling_filters.sampling(ns)  # its flags are checked before anything starts
     if ns.compare:
         return serve_compare.main(ns)
     if ns.request_rate <= 0:
         raise ValueError(f"--request-rate must be > 0 (inf: all at once), got {ns.request_rate}")
     results, duration = asyncio.run(run(ns))
     report = summarize(results, duration) | {"request_rate": ns.request_rate, "max_concurrency": ns.max_concurrency,
-                                             "sampling": sampling(ns)}
+                                             "sampling": sampling_filters.sampling(ns)}
     if ns.json:
         print(json.dumps(report, indent=2))
     else:

@@ -42,13 +42,8 @@ def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_
     renders_tools = "tools" in (template or state.tokenizer.chat_template or "")
     if tools:
         messages = with_tools(messages, tools, renders_tools)
-    for field, checked in (("chat_template_kwargs", lambda: check_template_kwargs(template_kwargs)),
-                           ("continue_final_message",
-                            lambda: check_continuation(add_generation_prompt, continue_final_message))):
-        try:
-            checked()
-        except ValueError as error:
-            raise APIError(400, str(error), field) from None
+    _checked("chat_template_kwargs", check_template_kwargs, template_kwargs)
+    _checked("continue_final_message", check_continuation, add_generation_prompt, continue_final_message)
     if template is None and not state.tokenizer.chat_template:
         raise APIError(400, NO_TEMPLATE, "messages")
     try:
@@ -58,6 +53,14 @@ def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_
         raise APIError(400, f"messages could not be rendered with the chat template: {error}", "messages") from None
     state.check_text_fits(text, "messages")
     return {"prompt": text, "prompt_token_ids": state.tokenizer.encode(text, add_special_tokens=add_special_tokens)}
+
+
+def _checked(field: str, check, *args) -> None:
+    """`check(*args)`, its ValueError a 400 naming `field`."""
+    try:
+        check(*args)
+    except ValueError as error:
+        raise APIError(400, str(error), field) from None
 
 
 @dataclass
