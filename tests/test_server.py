@@ -5,11 +5,13 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
 import pytest
 
+from jax_engine.server.stats_logger import INTERVAL_ENV
 from tests.server_helpers import cli_flags, metric, start_server_process, stop_server_process, wait_for
 
 API_KEY = "sk-test-key"
@@ -24,12 +26,18 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "server.log"
+def server_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("server") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def server(server_log):
+    log = server_log
     process, url = start_server_process(
         *cli_flags(api_key=API_KEY, max_model_len=256, num_gpu_blocks_override=256, max_num_seqs=8,
                    max_num_batched_tokens=256, max_waiting_requests=64, enforce_eager=True,
-                   allowed_origins=json.dumps([WEB_APP])), log_path=str(log))
+                   allowed_origins=json.dumps([WEB_APP]), disable_log_stats=True),
+        log_path=str(log), env={INTERVAL_ENV: "0.5"})
     yield url
     stop_server_process(process)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
@@ -314,3 +322,11 @@ def test_pages_of_the_allowed_origin_may_call_from_a_browser(server):
     run = subprocess.run([sys.executable, "-m", "jax_engine", "serve", "--allowed-origins", "https://app.example"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "--allowed-origins: not JSON" in run.stderr
+
+
+def test_disable_log_stats_leaves_the_periodic_line_out(client, server_log):
+    """--disable-log-stats (vLLM's flag): no stats line, however short the interval (0.5 s for this server) and
+    whatever was served (test_server_vllm_fields.py shows the line without the flag)."""
+    client.completions.create(model="SmolLM2-135M-Instruct", prompt=PROMPT, max_tokens=8)
+    time.sleep(1.0)
+    assert "Avg prompt throughput" not in server_log.read_text()

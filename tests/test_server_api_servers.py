@@ -20,6 +20,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from jax_engine import LLM, SamplingParams, cli
 from jax_engine.engine_core.launch import CORE_MODULE, MULTIPROCESSING_ENV
 from jax_engine.server.api_servers import API_SERVER_MODULE
+from jax_engine.server.stats_logger import INTERVAL_ENV
 from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, events_after, metric,
                                   start_server_process, stop_server_process, wait_for, wait_for_api_servers)
 from tests.test_engine_core import LONG, _gone
@@ -32,9 +33,9 @@ def _children(supervisor_pid: int, module: str) -> list[int]:
     return [pid for pid, cmdline in child_processes(supervisor_pid) if module in cmdline]
 
 
-def _start(checkpoint_dir: str, log_path, count: int = 2):
+def _start(checkpoint_dir: str, log_path, count: int = 2, env: dict | None = None):
     return start_server_process(checkpoint_dir, "--api-server-count", str(count), *cli_flags(**ARGS),
-                                "--served-model-name", "tiny", log_path=str(log_path))
+                                "--served-model-name", "tiny", log_path=str(log_path), env=env)
 
 
 def _served_prompt_tokens(api_server_pid: int) -> float:
@@ -49,9 +50,9 @@ def _served_prompt_tokens(api_server_pid: int) -> float:
 @pytest.fixture(scope="module")
 def two_api_servers(long_checkpoint_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("api-servers") / "server.log"
-    process, url = _start(long_checkpoint_dir, log)
+    process, url = _start(long_checkpoint_dir, log, env={INTERVAL_ENV: "0.5"})
     wait_for_api_servers(log)
-    yield process, url
+    yield process, url, log
     stop_server_process(process)
     assert process.returncode == 0
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
@@ -59,7 +60,7 @@ def two_api_servers(long_checkpoint_dir, tmp_path_factory):
 
 def test_requests_on_many_connections_are_served_by_both_api_servers_as_in_process(two_api_servers,
                                                                                    long_checkpoint_dir):
-    process, url = two_api_servers
+    process, url, log = two_api_servers
     api_servers = _children(process.pid, API_SERVER_MODULE)
     assert len(api_servers) == 2 and len(_children(process.pid, CORE_MODULE)) == 1
 
@@ -76,6 +77,10 @@ def test_requests_on_many_connections_are_served_by_both_api_servers_as_in_proce
     assert sum(served) == prompt_tokens and all(served), served  # each API server took some of the connections
     for _ in range(4):  # whichever API server answers /metrics, it sums them all
         assert metric(url, "vllm:prompt_tokens_total") == prompt_tokens
+    # The periodic stats line comes from the first API server alone, which counts the others' tokens too.
+    wait_for(lambda: "api-server-0 jax_engine.server.stats_logger: Avg prompt" in log.read_text(), 10,
+             "the first API server's stats line")
+    assert "api-server-1 jax_engine.server.stats_logger" not in log.read_text()
 
 
 def test_sigterm_drains_every_api_server_then_stops_the_core(long_checkpoint_dir, tmp_path):

@@ -1,17 +1,20 @@
 """vLLM's answer fields and switches over HTTP, with the official openai client, on a tiny random model whose output
 a regex (structured_outputs) makes known: chat_template_kwargs, --reasoning-parser's reasoning_content (streamed
 and not), stop_reason, usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details), /version,
---chat-template and continue_final_message."""
+--chat-template and continue_final_message, the periodic stats line."""
 
+import re
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
 import pytest
 
 from jax_engine.chat_template import load_chat_template
-from tests.server_helpers import cli_flags, start_server_process, stop_server_process
+from jax_engine.server.stats_logger import INTERVAL_ENV
+from tests.server_helpers import cli_flags, start_server_process, stop_server_process, wait_for
 
 ENGINE = {"num_gpu_blocks_override": 64, "block_size": 8, "max_model_len": 128, "max_num_seqs": 4,
           "max_num_batched_tokens": 64, "enforce_eager": True}
@@ -20,11 +23,16 @@ HELLO = [{"role": "user", "content": "Hello"}]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_checkpoint_dir, tmp_path_factory):
-    log = tmp_path_factory.mktemp("server") / "server.log"
+def server_log(tmp_path_factory):
+    return tmp_path_factory.mktemp("server") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint_dir, server_log):
+    log = server_log
     process, url = start_server_process(tiny_checkpoint_dir, *cli_flags(**ENGINE), "--reasoning-parser", "qwen3",
                                         "--enable-prompt-tokens-details", "--served-model-name", "tiny",
-                                        log_path=str(log))
+                                        log_path=str(log), env={INTERVAL_ENV: "0.5"})
     yield url
     stop_server_process(process)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
@@ -183,3 +191,22 @@ def test_without_allowed_origins_no_web_page_may_call(server):
     assert preflight.status_code == 405 and "access-control-allow-origin" not in preflight.headers
     answer = httpx.get(f"{server}/v1/models", headers={"Origin": "https://app.example"})
     assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers
+
+
+STATS_LINE = re.compile(r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "
+                        r"Running: (\d+) reqs, Waiting: (\d+) reqs, KV cache usage: [\d.]+%, "
+                        r"Prefix cache hit rate: [\d.]+%")
+
+
+def test_the_log_says_what_was_served_while_there_is_work(client, server_log):
+    """vLLM's periodic stats line ($VLLM_LOG_STATS_INTERVAL: 0.5 s for this server): the interval's prompt and
+    generation throughput, requests running and waiting, KV-cache usage and prefix-cache hits; at INFO only while
+    there is work, so an idle server's log stays quiet."""
+    def lines() -> list[tuple[float, ...]]:
+        return [tuple(map(float, m.groups())) for m in STATS_LINE.finditer(server_log.read_text())]
+
+    before = len(lines())
+    forced_chat(client, "a" * 30)
+    wait_for(lambda: any(generated > 0 for _, generated, *_ in lines()[before:]), 10, "a line of the chat's tokens")
+    time.sleep(1.5)  # three idle intervals
+    assert all(any(figures) for figures in lines()), "an idle interval was logged at INFO"

@@ -22,6 +22,7 @@ server dies, it stops the others and the cores and exits 1.
 """
 
 import contextlib
+import dataclasses
 import logging
 import os
 import pickle
@@ -83,8 +84,8 @@ def serve_with_api_servers(count: int, args, config, host: str, port: int, log_l
     servers = [_given(subprocess.Popen([sys.executable, "-m", API_SERVER_MODULE], stdin=subprocess.PIPE,
                                        pass_fds=(listener.fileno(), *barrier.child_fds),
                                        env={**os.environ, METRICS_DIR_ENV: metrics_dir}),
-                      (i, args, config, host, port, log_level, listener.fileno(), [a[i] for a in addresses],
-                       barrier.child_fds))
+                      (i, args, _logs_stats_if_first(config, i), host, port, log_level, listener.fileno(),
+                       [a[i] for a in addresses], barrier.child_fds))
                for i in range(count)]
     listener.close()  # the API servers hold it
     barrier.started()
@@ -99,6 +100,11 @@ def serve_with_api_servers(count: int, args, config, host: str, port: int, log_l
                 process.wait()
         barrier.close()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _logs_stats_if_first(config, index: int):
+    """The first API server alone logs the periodic stats line (it counts every server's tokens): one line, not N."""
+    return config if index == 0 else dataclasses.replace(config, disable_log_stats=True)
 
 
 def _given(process: subprocess.Popen, arguments: tuple) -> subprocess.Popen:

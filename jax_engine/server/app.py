@@ -7,6 +7,7 @@
     POST /v1/load_lora_adapter  /v1/unload_lora_adapter    with VLLM_ALLOW_RUNTIME_LORA_UPDATING=true only
 """
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -28,6 +29,7 @@ from jax_engine.server.embeddings import Embeddings
 from jax_engine.server.errors import APIError, bad_request, error_response, install_error_handlers
 from jax_engine.server.limits import BodySizeLimitMiddleware, BodyTimeoutMiddleware
 from jax_engine.server.metrics import ServingMetrics
+from jax_engine.server.stats_logger import StatsLogger
 from jax_engine.server.json_fields import check_json_fields
 from jax_engine.server.lora_adapters import runtime_updates_allowed
 from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
@@ -55,10 +57,15 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     engine.max_waiting_requests = config.max_waiting_requests
     engine.max_waiting_per_tenant = config.max_waiting_per_key
 
+    metrics = ServingMetrics(engine, config.model_name)
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         engine.start()
+        stats = None if config.disable_log_stats else asyncio.create_task(StatsLogger(engine, metrics).run())
         yield
+        if stats is not None:
+            stats.cancel()
         await engine.stop()
         engine.engine.shutdown()  # release other hosts' workers now, not at exit
 
@@ -73,7 +80,7 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins,
                            allow_credentials=config.allow_credentials, allow_methods=config.allowed_methods,
                            allow_headers=config.allowed_headers)
-    _add_service_routes(app, state, ServingMetrics(engine, config.model_name))
+    _add_service_routes(app, state, metrics)
     _add_openai_routes(app, state)
     _add_vllm_routes(app, state)
     if runtime_updates_allowed():

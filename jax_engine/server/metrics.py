@@ -147,8 +147,22 @@ class ServingMetrics:
 
     def render(self) -> bytes:
         if os.environ.get(METRICS_DIR_ENV):  # one of several API servers: all of their counts
-            registry = CollectorRegistry()
-            MultiProcessCollector(registry)
+            registry = self._all_servers_counts()
             registry.register(self._engine_collector)
             return generate_latest(registry)
         return generate_latest(self.registry)
+
+    def token_totals(self) -> tuple[float, float]:
+        """Prompt and generation tokens counted so far, every API server's: /metrics' two counters."""
+        registry = self._all_servers_counts() if os.environ.get(METRICS_DIR_ENV) else self.registry
+        totals = dict.fromkeys(("vllm:prompt_tokens", "vllm:generation_tokens"), 0.0)
+        for family in registry.collect():
+            if family.name in totals:
+                totals[family.name] += sum(s.value for s in family.samples if s.name == f"{family.name}_total")
+        return totals["vllm:prompt_tokens"], totals["vllm:generation_tokens"]
+
+    @staticmethod
+    def _all_servers_counts() -> CollectorRegistry:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return registry

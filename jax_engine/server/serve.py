@@ -75,6 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after SIGTERM, seconds in-flight requests have to finish before their clients are "
                         "disconnected")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--disable-log-stats", action="store_true",
+                        help="no periodic log line of throughput, requests and KV-cache usage (every "
+                             "$VLLM_LOG_STATS_INTERVAL seconds, 10)")
     _add_cors_arguments(parser)
     _add_process_arguments(parser)
     _add_answer_arguments(parser)

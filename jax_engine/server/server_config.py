@@ -50,6 +50,8 @@ class ServerConfig:
             "*" for any. Empty (the default, unlike vLLM's "*"): none, since a server on this machine would
             otherwise answer the scripts of every site its user visits.
         allow_credentials, allowed_methods, allowed_headers: the rest of the CORS answer, as vLLM's flags.
+        disable_log_stats: no periodic line of throughput, requests and KV-cache usage in the log
+            (server/stats_logger.py), as vLLM's flag.
     """
 
     model_name: str
@@ -76,6 +78,7 @@ class ServerConfig:
     allow_credentials: bool = False
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
+    disable_log_stats: bool = False
 
     def __post_init__(self) -> None:
         if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:

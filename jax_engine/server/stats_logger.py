@@ -1,0 +1,55 @@
+"""vLLM's periodic log line: every VLLM_LOG_STATS_INTERVAL seconds (10), what the server served since the last line
+and where the engine stands, at INFO while there is work and at DEBUG when idle, as vLLM logs it.
+`--disable-log-stats` turns it off; with --api-server-count N, the first API server alone logs, the others' tokens
+counted in (they are /metrics' figures)."""
+
+import asyncio
+import logging
+import os
+import time
+
+from jax_engine.server.metrics import ServingMetrics
+
+logger = logging.getLogger(__name__)
+INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"  # vLLM's variable, so an operator's setting carries over
+
+
+def interval_seconds() -> float:
+    value = float(os.environ.get(INTERVAL_ENV, "10"))
+    if not value > 0:
+        raise ValueError(f"{INTERVAL_ENV} must be > 0 seconds, got {value}")
+    return value
+
+
+class StatsLogger:
+    def __init__(self, engine, metrics: ServingMetrics) -> None:
+        self.replicas = getattr(engine, "replicas", [engine])  # DataParallelEngine, or one AsyncLLMEngine
+        self.metrics = metrics
+        self._last = self._counts()
+
+    def _counts(self) -> tuple[float, float, float, int, int]:
+        """(time, prompt tokens, generation tokens, prefix-cache queries, hits) so far."""
+        stats = [replica.engine.stats() for replica in self.replicas]
+        return (time.monotonic(), *self.metrics.token_totals(), sum(s["prefix_cache_queries"] for s in stats),
+                sum(s["prefix_cache_hits"] for s in stats))
+
+    def line(self) -> tuple[str, bool]:
+        """The line for the time since the last one, and whether the server was idle through it."""
+        now = self._counts()
+        (then, prompt, generated, queries, hits), self._last = self._last, now
+        seconds = max(now[0] - then, 1e-9)
+        running = sum(replica.num_running_requests() for replica in self.replicas)
+        waiting = sum(replica.num_waiting_requests() for replica in self.replicas)
+        usage = " / ".join(f"{replica.engine.stats()['kv_cache_usage']:.1%}" for replica in self.replicas)
+        looked_up = now[3] - queries
+        text = (f"Avg prompt throughput: {(now[1] - prompt) / seconds:.1f} tokens/s, Avg generation throughput: "
+                f"{(now[2] - generated) / seconds:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
+                f"KV cache usage: {usage}, Prefix cache hit rate: {(now[4] - hits) / max(looked_up, 1):.1%}")
+        return text, now[1:3] == (prompt, generated) and running == waiting == 0
+
+    async def run(self) -> None:
+        interval = interval_seconds()
+        while True:
+            await asyncio.sleep(interval)
+            text, idle = self.line()
+            logger.log(logging.DEBUG if idle else logging.INFO, text)
