@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from jax_engine.server.stats_logger import INTERVAL_ENV
+from jax_engine.server.server_config import LOG_STATS_INTERVAL_ENV
 from tests.server_helpers import cli_flags, metric, start_server_process, stop_server_process, wait_for
 
 API_KEY = "sk-test-key"
@@ -37,7 +37,7 @@ def server(server_log):
         *cli_flags(api_key=API_KEY, max_model_len=256, num_gpu_blocks_override=256, max_num_seqs=8,
                    max_num_batched_tokens=256, max_waiting_requests=64, enforce_eager=True,
                    allowed_origins=json.dumps([WEB_APP]), disable_log_stats=True),
-        log_path=str(log), env={INTERVAL_ENV: "0.5"})
+        log_path=str(log), env={LOG_STATS_INTERVAL_ENV: "0.5"})
     yield url
     stop_server_process(process)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]

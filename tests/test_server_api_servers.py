@@ -20,7 +20,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from jax_engine import LLM, SamplingParams, cli
 from jax_engine.engine_core.launch import CORE_MODULE, MULTIPROCESSING_ENV
 from jax_engine.server.api_servers import API_SERVER_MODULE
-from jax_engine.server.stats_logger import INTERVAL_ENV
+from jax_engine.server.server_config import LOG_STATS_INTERVAL_ENV
 from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, events_after, metric,
                                   start_server_process, stop_server_process, wait_for, wait_for_api_servers)
 from tests.test_engine_core import LONG, _gone
@@ -50,7 +50,7 @@ def _served_prompt_tokens(api_server_pid: int) -> float:
 @pytest.fixture(scope="module")
 def two_api_servers(long_checkpoint_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("api-servers") / "server.log"
-    process, url = _start(long_checkpoint_dir, log, env={INTERVAL_ENV: "0.5"})
+    process, url = _start(long_checkpoint_dir, log, env={LOG_STATS_INTERVAL_ENV: "0.5"})
     wait_for_api_servers(log)
     yield process, url, log
     stop_server_process(process)

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from jax_engine.chat_template import load_chat_template
-from jax_engine.server.stats_logger import INTERVAL_ENV
+from jax_engine.server.server_config import LOG_STATS_INTERVAL_ENV
 from tests.server_helpers import cli_flags, start_server_process, stop_server_process, wait_for
 
 ENGINE = {"num_gpu_blocks_override": 64, "block_size": 8, "max_model_len": 128, "max_num_seqs": 4,
@@ -32,7 +32,7 @@ def server(tiny_checkpoint_dir, server_log):
     log = server_log
     process, url = start_server_process(tiny_checkpoint_dir, *cli_flags(**ENGINE), "--reasoning-parser", "qwen3",
                                         "--enable-prompt-tokens-details", "--served-model-name", "tiny",
-                                        log_path=str(log), env={INTERVAL_ENV: "0.5"})
+                                        log_path=str(log), env={LOG_STATS_INTERVAL_ENV: "0.5"})
     yield url
     stop_server_process(process)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]

@@ -62,7 +62,8 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         engine.start()
-        stats = None if config.disable_log_stats else asyncio.create_task(StatsLogger(engine, metrics).run())
+        stats = None if config.disable_log_stats else asyncio.create_task(
+            StatsLogger(engine, metrics, config.log_stats_interval).run())
         yield
         if stats is not None:
             stats.cancel()

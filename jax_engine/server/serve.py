@@ -24,7 +24,8 @@ from jax_engine.engine_core.launch import (MULTIPROCESSING_ENV, discard_early, m
                                            start_engine_core)
 from jax_engine.server.lora_adapters import parse_lora_module
 from jax_engine.server.reasoning import REASONING_PARSERS
-from jax_engine.server.server_config import PREFIX_CACHE_ISOLATION, ServerConfig, add_chat_template_argument
+from jax_engine.server.server_config import (PREFIX_CACHE_ISOLATION, ServerConfig, add_chat_template_argument,
+                                             log_stats_interval)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # What make_server imports (this module imports none of it, so that `serve` parses its flags quickly).
@@ -145,7 +146,8 @@ def server_config(ns: argparse.Namespace, model_name: str) -> ServerConfig:
     fields = {f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(ns, f.name)}
     return ServerConfig(**{**fields, "model_name": model_name, "api_keys": tuple(ns.api_key),
                            "lora_modules": tuple(ns.lora_modules),
-                           "chat_template": load_chat_template(ns.chat_template)})
+                           "chat_template": load_chat_template(ns.chat_template),
+                           "log_stats_interval": log_stats_interval()})
 
 
 def make_server(engine, config: ServerConfig, host: str, port: int, log_level: str = "info"):

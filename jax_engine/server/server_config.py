@@ -2,11 +2,13 @@
 parses its flags with these before it imports the server, so that its engine core gets its arguments early."""
 
 import argparse
+import os
 from dataclasses import dataclass
 
 from jax_engine.server.reasoning import REASONING_PARSERS
 
 PREFIX_CACHE_ISOLATION = ("none", "api-key")
+LOG_STATS_INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"  # vLLM's variable, so an operator's setting carries over
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class ServerConfig:
         allow_credentials, allowed_methods, allowed_headers: the rest of the CORS answer, as vLLM's flags.
         disable_log_stats: no periodic line of throughput, requests and KV-cache usage in the log
             (server/stats_logger.py), as vLLM's flag.
+        log_stats_interval: seconds between two such lines (`jax-engine serve` reads $VLLM_LOG_STATS_INTERVAL).
     """
 
     model_name: str
@@ -79,6 +82,7 @@ class ServerConfig:
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     disable_log_stats: bool = False
+    log_stats_interval: float = 10.0
 
     def __post_init__(self) -> None:
         if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
@@ -96,3 +100,15 @@ def add_chat_template_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                         help="the chat template to render chat requests with, instead of the model's own (a base "
                              "model may have none): a Jinja file, or the template itself")
+
+
+def log_stats_interval() -> float:
+    """$VLLM_LOG_STATS_INTERVAL (default 10 s), read with the server's flags: a bad value stops the start."""
+    text = os.environ.get(LOG_STATS_INTERVAL_ENV, "10")
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{LOG_STATS_INTERVAL_ENV} must be a number of seconds > 0, got {text!r}")
+    return value

@@ -5,26 +5,17 @@ counted in (they are /metrics' figures)."""
 
 import asyncio
 import logging
-import os
 import time
 
 from jax_engine.server.metrics import ServingMetrics
 
 logger = logging.getLogger(__name__)
-INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"  # vLLM's variable, so an operator's setting carries over
-
-
-def interval_seconds() -> float:
-    value = float(os.environ.get(INTERVAL_ENV, "10"))
-    if not value > 0:
-        raise ValueError(f"{INTERVAL_ENV} must be > 0 seconds, got {value}")
-    return value
 
 
 class StatsLogger:
-    def __init__(self, engine, metrics: ServingMetrics) -> None:
+    def __init__(self, engine, metrics: ServingMetrics, interval: float) -> None:
         self.replicas = getattr(engine, "replicas", [engine])  # DataParallelEngine, or one AsyncLLMEngine
-        self.metrics = metrics
+        self.metrics, self.interval = metrics, interval
         self._last = self._counts()
 
     def _counts(self) -> tuple[float, float, float, int, int]:
@@ -48,8 +39,7 @@ class StatsLogger:
         return text, now[1:3] == (prompt, generated) and running == waiting == 0
 
     async def run(self) -> None:
-        interval = interval_seconds()
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.interval)
             text, idle = self.line()
             logger.log(logging.DEBUG if idle else logging.INFO, text)
