@@ -36,7 +36,7 @@ def server(server_log):
     process, url = start_server_process(
         *cli_flags(api_key=API_KEY, max_model_len=256, num_gpu_blocks_override=256, max_num_seqs=8,
                    max_num_batched_tokens=256, max_waiting_requests=64, enforce_eager=True,
-                   allowed_origins=json.dumps([WEB_APP]), disable_log_stats=True),
+                   allowed_origins=json.dumps([WEB_APP]), disable_log_stats=True, disable_uvicorn_access_log=True),
         log_path=str(log), env={LOG_STATS_INTERVAL_ENV: "0.5"})
     yield url
     stop_server_process(process)
@@ -324,9 +324,11 @@ def test_pages_of_the_allowed_origin_may_call_from_a_browser(server):
     assert run.returncode == 2 and "--allowed-origins: not JSON" in run.stderr
 
 
-def test_disable_log_stats_leaves_the_periodic_line_out(client, server_log):
-    """--disable-log-stats (vLLM's flag): no stats line, however short the interval (0.5 s for this server) and
-    whatever was served (test_server_vllm_fields.py shows the line without the flag)."""
+def test_the_log_flags_leave_out_the_stats_line_and_the_line_per_request(client, server_log):
+    """--disable-log-stats and --disable-uvicorn-access-log (vLLM's flags): no stats line, however short the
+    interval (0.5 s for this server) and whatever was served, and no line per request
+    (test_server_vllm_fields.py shows both without the flags)."""
     client.completions.create(model="SmolLM2-135M-Instruct", prompt=PROMPT, max_tokens=8)
     time.sleep(1.0)
-    assert "Avg prompt throughput" not in server_log.read_text()
+    log = server_log.read_text()
+    assert "Avg prompt throughput" not in log and "POST /v1/completions" not in log

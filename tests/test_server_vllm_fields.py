@@ -210,3 +210,4 @@ def test_the_log_says_what_was_served_while_there_is_work(client, server_log):
     wait_for(lambda: any(generated > 0 for _, generated, *_ in lines()[before:]), 10, "a line of the chat's tokens")
     time.sleep(1.5)  # three idle intervals
     assert all(any(figures) for figures in lines()), "an idle interval was logged at INFO"
+    assert '"POST /v1/chat/completions HTTP/1.1" 200' in server_log.read_text()  # uvicorn's line per request

@@ -76,6 +76,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after SIGTERM, seconds in-flight requests have to finish before their clients are "
                         "disconnected")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--disable-uvicorn-access-log", action="store_true",
+                        help="no log line per request (uvicorn's access log)")
     parser.add_argument("--disable-log-stats", action="store_true",
                         help="no periodic log line of throughput, requests and KV-cache usage (every "
                              "$VLLM_LOG_STATS_INTERVAL seconds, 10)")
@@ -164,8 +166,9 @@ def make_server(engine, config: ServerConfig, host: str, port: int, log_level: s
                               config.send_timeout)
     # No limit_concurrency: uvicorn's cap counts every connection alike; the protocol class counts its own. No
     # WebSockets: the API has none, and an upgraded connection would leave the protocol class and its count.
-    uvicorn_config = uvicorn.Config(build_app(engine, config), host=host, port=port,
-                                    log_level=log_level, http=protocol_class(limits, config.api_keys), ws="none")
+    uvicorn_config = uvicorn.Config(build_app(engine, config), host=host, port=port, log_level=log_level,
+                                    access_log=not config.disable_uvicorn_access_log,
+                                    http=protocol_class(limits, config.api_keys), ws="none")
     server = DrainingServer(uvicorn_config, config.shutdown_timeout)
 
     def shut_down() -> None:

@@ -55,6 +55,7 @@ class ServerConfig:
         disable_log_stats: no periodic line of throughput, requests and KV-cache usage in the log
             (server/stats_logger.py), as vLLM's flag.
         log_stats_interval: seconds between two such lines (`jax-engine serve` reads $VLLM_LOG_STATS_INTERVAL).
+        disable_uvicorn_access_log: no log line per request, as vLLM's flag.
     """
 
     model_name: str
@@ -83,6 +84,7 @@ class ServerConfig:
     allowed_headers: tuple[str, ...] = ("*",)
     disable_log_stats: bool = False
     log_stats_interval: float = 10.0
+    disable_uvicorn_access_log: bool = False
 
     def __post_init__(self) -> None:
         if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
