@@ -57,3 +57,14 @@ def test_engine_flags_are_declared_once_for_every_command():
 def test_add_cli_args_refuses_names_that_are_not_fields():
     with pytest.raises(ValueError, match=r"not EngineArgs fields: \['max_len'\]"):
         EngineArgs.add_cli_args(argparse.ArgumentParser(), max_len=4)
+
+
+def test_serve_takes_vllm_s_tool_flags_and_refuses_a_parser_it_lacks(capsys):
+    """vLLM needs --enable-auto-tool-choice and --tool-call-parser for tool_choice "auto"; here auto is always on
+    and the one parser reads Hermes' <tool_call> tags, so vLLM's command line for them starts, and a parser this
+    server does not have is refused by name."""
+    ns = build_parser(for_serve=True).parse_args(["serve", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    assert ns.enable_auto_tool_choice and ns.tool_call_parser == "hermes"
+    with pytest.raises(SystemExit):
+        build_parser(for_serve=True).parse_args(["serve", "--tool-call-parser", "mistral"])
+    assert "invalid choice: 'mistral' (choose from 'hermes')" in capsys.readouterr().err

@@ -24,8 +24,8 @@ from jax_engine.engine_core.launch import (MULTIPROCESSING_ENV, discard_early, m
                                            start_engine_core)
 from jax_engine.server.lora_adapters import parse_lora_module
 from jax_engine.server.reasoning import REASONING_PARSERS
-from jax_engine.server.server_config import (PREFIX_CACHE_ISOLATION, ServerConfig, add_chat_template_argument,
-                                             log_stats_interval)
+from jax_engine.server.server_config import (PREFIX_CACHE_ISOLATION, TOOL_CALL_PARSERS, ServerConfig,
+                                             add_chat_template_argument, log_stats_interval)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 # What make_server imports (this module imports none of it, so that `serve` parses its flags quickly).
@@ -134,6 +134,13 @@ def _add_answer_arguments(parser: argparse.ArgumentParser) -> None:
                              "found in the prefix cache")
     parser.add_argument("--reasoning-parser", choices=REASONING_PARSERS, default=None,
                         help="give a thinking model's <think> part as reasoning_content in chat answers")
+    # vLLM needs these two for tool_choice "auto"; here it is always on, with one parser (server/tools.py).
+    # Taken so that vLLM's command lines start; a parser this server does not have is refused.
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help="vLLM's switch for tool_choice 'auto', which is always on here")
+    parser.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default=None,
+                        help="the format tool calls are read in: <tool_call> tags (Hermes', or SmolLM2's list in "
+                             "one tag), vLLM's 'hermes', always")
 
 
 def _lora_module_arg(text: str) -> tuple[str, str]:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from jax_engine.server.reasoning import REASONING_PARSERS
 
 PREFIX_CACHE_ISOLATION = ("none", "api-key")
+# vLLM's names of the tool-call formats this server reads: server/tools.py's <tool_call> tags are Hermes'.
+TOOL_CALL_PARSERS = ("hermes",)
 LOG_STATS_INTERVAL_ENV = "VLLM_LOG_STATS_INTERVAL"  # vLLM's variable, so an operator's setting carries over
 
 
