@@ -1,7 +1,7 @@
 """vLLM's answer fields and switches over HTTP, with the official openai client, on a tiny random model whose output
 a regex (structured_outputs) makes known: chat_template_kwargs, --reasoning-parser's reasoning_content (streamed
 and not), stop_reason, usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details), /version,
---chat-template and continue_final_message, the periodic stats line."""
+--chat-template and continue_final_message, the periodic stats line, several served names."""
 
 import re
 import subprocess
@@ -31,7 +31,7 @@ def server_log(tmp_path_factory):
 def server(tiny_checkpoint_dir, server_log):
     log = server_log
     process, url = start_server_process(tiny_checkpoint_dir, *cli_flags(**ENGINE), "--reasoning-parser", "qwen3",
-                                        "--enable-prompt-tokens-details", "--served-model-name", "tiny",
+                                        "--enable-prompt-tokens-details", "--served-model-name", "tiny", "tiny-2",
                                         log_path=str(log), env={LOG_STATS_INTERVAL_ENV: "0.5"})
     yield url
     stop_server_process(process)
@@ -211,3 +211,14 @@ def test_the_log_says_what_was_served_while_there_is_work(client, server_log):
     time.sleep(1.5)  # three idle intervals
     assert all(any(figures) for figures in lines()), "an idle interval was logged at INFO"
     assert '"POST /v1/chat/completions HTTP/1.1" 200' in server_log.read_text()  # uvicorn's line per request
+
+
+def test_a_model_served_under_several_names_answers_to_each(client):
+    """--served-model-name with several names (vLLM's): /v1/models lists each, a request may name any, and the
+    answer names the first; any other name is a 400 listing them."""
+    assert [m.id for m in client.models.list().data] == ["tiny", "tiny-2"]
+    answer = client.completions.create(model="tiny-2", prompt="x", max_tokens=2)
+    assert answer.model == "tiny" and answer.choices[0].finish_reason is not None
+    with pytest.raises(openai.BadRequestError, match=r"this server serves \['tiny', 'tiny-2'\]") as error:
+        client.completions.create(model="tiny-3", prompt="x", max_tokens=2)
+    assert error.value.body["param"] == "model"

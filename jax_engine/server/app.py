@@ -91,7 +91,6 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
 
 def _add_service_routes(app: FastAPI, state: ServerState, metrics: ServingMetrics) -> None:
     """/health, /version, /v1/models and /metrics: what load balancers, clients and Prometheus poll."""
-    model_name = state.config.model_name
 
     @app.get("/health")
     async def health():
@@ -106,9 +105,9 @@ def _add_service_routes(app: FastAPI, state: ServerState, metrics: ServingMetric
     @app.get("/v1/models")
     async def models():
         created = int(time.time())
-        card = {"id": model_name, "object": "model", "created": created, "owned_by": "jax-engine",
-                "root": model_name, "max_model_len": state.max_model_len}
-        return {"object": "list", "data": [card, *state.adapters.cards(created, state.max_model_len)]}
+        cards = [{"id": name, "object": "model", "created": created, "owned_by": "jax-engine", "root": name,
+                  "max_model_len": state.max_model_len} for name in state.model_names]
+        return {"object": "list", "data": [*cards, *state.adapters.cards(created, state.max_model_len)]}
 
     @app.get("/metrics")
     async def prometheus_metrics():

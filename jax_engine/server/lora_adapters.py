@@ -40,11 +40,11 @@ def parse_lora_module(text: str) -> tuple[str, str]:
 class ServedAdapters:
     """The server's adapters by model name; ids are handed out in order and never reused."""
 
-    def __init__(self, engine, modules: tuple[tuple[str, str], ...], base_name: str) -> None:
+    def __init__(self, engine, modules: tuple[tuple[str, str], ...], base_names: tuple[str, ...]) -> None:
         """`engine`: the AsyncLLMEngine (or DataParallelEngine); `modules` are read and checked now, before the
-        engine loop starts (a bad one raises ValueError)."""
+        engine loop starts (a bad one raises ValueError). `base_names`: the base model's, the first its own."""
         self._engine = engine
-        self._base_name = base_name
+        self._base_names = base_names
         self.by_name: dict[str, LoRARequest] = {}
         self._next_id = 1
         if modules and engine.engine.runner.lora is None:
@@ -56,7 +56,7 @@ class ServedAdapters:
 
     def new_request(self, name: str, path: str) -> LoRARequest:
         """A LoRARequest for a name not served yet (ValueError naming lora_name otherwise)."""
-        if name == self._base_name or name in self.by_name:
+        if name in self._base_names or name in self.by_name:
             raise ValueError(f"lora_name: the lora adapter {name!r} has already been loaded")
         request = LoRARequest(name, self._next_id, path)
         self._next_id += 1
@@ -76,5 +76,5 @@ class ServedAdapters:
     def cards(self, created: int, max_model_len: int) -> list[dict]:
         """/v1/models entries, as vLLM lists adapters: the path as root, the base model as parent."""
         return [{"id": name, "object": "model", "created": created, "owned_by": "jax-engine",
-                 "root": request.lora_path, "parent": self._base_name, "max_model_len": max_model_len}
+                 "root": request.lora_path, "parent": self._base_names[0], "max_model_len": max_model_len}
                 for name, request in self.by_name.items()]

@@ -41,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key", action="append", default=[], metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on every route but /health; repeat for several keys")
-    parser.add_argument("--served-model-name", default=None, help="the model name clients use (default: MODEL)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the model name(s) clients use (default: MODEL); answers give the first")
     parser.add_argument("--max-n", type=int, default=defaults.max_n, help="largest n a request may ask for")
     parser.add_argument("--max-waiting-requests", type=int, default=defaults.max_waiting_requests,
                         help="answer 503 to new requests while this many wait to start")
@@ -150,10 +151,11 @@ def _lora_module_arg(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def server_config(ns: argparse.Namespace, model_name: str) -> ServerConfig:
+def server_config(ns: argparse.Namespace, model_names: list[str]) -> ServerConfig:
     """ServerConfig from the flags: every field has the flag of its name (--chat-template's file is read)."""
     fields = {f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(ns, f.name)}
-    return ServerConfig(**{**fields, "model_name": model_name, "api_keys": tuple(ns.api_key),
+    return ServerConfig(**{**fields, "model_name": model_names[0], "served_model_aliases": tuple(model_names[1:]),
+                           "api_keys": tuple(ns.api_key),
                            "lora_modules": tuple(ns.lora_modules),
                            "chat_template": load_chat_template(ns.chat_template),
                            "log_stats_interval": log_stats_interval()})
@@ -225,7 +227,7 @@ def main(ns: argparse.Namespace) -> None:
 
         LLMEngine(args).run_worker()
         return
-    config = server_config(ns, ns.served_model_name or args.model or DEFAULT_MODEL_NAME)
+    config = server_config(ns, ns.served_model_name or [args.model or DEFAULT_MODEL_NAME])
     if config.lora_modules and not args.enable_lora:  # before the model loads
         raise ValueError("--lora-modules needs --enable-lora")
     if ns.api_server_count != 1:

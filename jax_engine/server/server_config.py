@@ -18,7 +18,9 @@ class ServerConfig:
     """The server's own settings (the engine's are EngineArgs); docs/serving.md#security explains the limits.
 
     Args:
-        model_name: the name clients pass as `model` (and /v1/models lists).
+        model_name: the name clients pass as `model` (and /v1/models lists), and answers give.
+        served_model_aliases: other names clients may pass for the same model (--served-model-name's names after
+            the first, as in vLLM; /v1/models lists them too, answers give model_name).
         api_keys: if any, every route but /health needs `Authorization: Bearer <one of them>`.
         max_n: the largest `n` (completions per prompt) a request may ask for.
         max_waiting_requests: past this many requests waiting to start, new ones get 503.
@@ -61,6 +63,7 @@ class ServerConfig:
     """
 
     model_name: str
+    served_model_aliases: tuple[str, ...] = ()
     api_keys: tuple[str, ...] = ()
     max_n: int = 16
     max_waiting_requests: int = 256

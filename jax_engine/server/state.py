@@ -40,11 +40,16 @@ class ServerState:
         # holds up tokenization.
         self._grammar_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")
         self._grammar_thread.submit(engine.engine.grammar_compiler.prepare)
-        self.adapters = ServedAdapters(engine, config.lora_modules, config.model_name)
+        self.adapters = ServedAdapters(engine, config.lora_modules, (config.model_name, *config.served_model_aliases))
 
     @property
     def model_name(self) -> str:
         return self.config.model_name
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name the base model is served under: the first is the one answers give."""
+        return (self.config.model_name, *self.config.served_model_aliases)
 
     async def off_loop(self, work: Callable[[], T]) -> T:
         """Run tokenizer work (encoding, chat templates, decoding) off the event loop."""
@@ -62,9 +67,9 @@ class ServerState:
         return f"{request.state.tenant}:{salt or ''}"
 
     def check_model(self, model: str | None) -> None:
-        """A 400 unless `model` is None, the served model's name or one of its LoRA adapters'."""
-        if model is not None and model != self.model_name and model not in self.adapters.by_name:
-            served = [self.model_name, *self.adapters.by_name]
+        """A 400 unless `model` is None, one of the served model's names or one of its LoRA adapters'."""
+        if model is not None and model not in self.model_names and model not in self.adapters.by_name:
+            served = [*self.model_names, *self.adapters.by_name]
             raise APIError(400, f"model {model!r} does not exist; this server serves {served}", "model",
                            "model_not_found")
 
