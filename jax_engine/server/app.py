@@ -29,7 +29,6 @@ from jax_engine.server.embeddings import Embeddings
 from jax_engine.server.errors import APIError, bad_request, error_response, install_error_handlers
 from jax_engine.server.limits import BodySizeLimitMiddleware, BodyTimeoutMiddleware
 from jax_engine.server.metrics import ServingMetrics
-from jax_engine.server.stats_logger import StatsLogger
 from jax_engine.server.json_fields import check_json_fields
 from jax_engine.server.lora_adapters import runtime_updates_allowed
 from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
@@ -38,6 +37,7 @@ from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest
 from jax_engine.server.request_parts import conversation
 from jax_engine.server.server_config import ServerConfig
 from jax_engine.server.state import ServerState
+from jax_engine.server.stats_logger import StatsLogger
 from jax_engine.server.streams import add_streams, collect, merge, until_disconnect
 
 

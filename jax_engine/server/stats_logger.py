@@ -41,5 +41,9 @@ class StatsLogger:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            text, idle = self.line()
+            try:
+                text, idle = self.line()
+            except Exception:  # a line is not worth the server: say why, and try again next time
+                logger.exception("the stats line could not be made")
+                continue
             logger.log(logging.DEBUG if idle else logging.INFO, text)
