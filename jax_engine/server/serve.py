@@ -76,15 +76,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
                         help="after SIGTERM, seconds in-flight requests have to finish before their clients are "
                         "disconnected")
+    _add_log_arguments(parser)
+    _add_cors_arguments(parser)
+    _add_process_arguments(parser)
+    _add_answer_arguments(parser)
+
+
+def _add_log_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the server logs: its level, a line per request, the periodic stats line."""
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--disable-uvicorn-access-log", action="store_true",
                         help="no log line per request (uvicorn's access log)")
     parser.add_argument("--disable-log-stats", action="store_true",
                         help="no periodic log line of throughput, requests and KV-cache usage (every "
                              "$VLLM_LOG_STATS_INTERVAL seconds, 10)")
-    _add_cors_arguments(parser)
-    _add_process_arguments(parser)
-    _add_answer_arguments(parser)
 
 
 def _add_cors_arguments(parser: argparse.ArgumentParser) -> None:
