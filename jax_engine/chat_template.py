@@ -32,6 +32,12 @@ def check_template_kwargs(kwargs) -> dict:
     return kwargs
 
 
+def check_has_template(tokenizer, chat_template: str | None) -> None:
+    """A ValueError saying how to give one when neither `chat_template` nor the tokenizer holds a template."""
+    if chat_template is None and not tokenizer.chat_template:
+        raise ValueError(NO_TEMPLATE)
+
+
 def check_continuation(add_generation_prompt: bool, continue_final_message: bool) -> None:
     """vLLM's rule: a final message to continue and a new assistant turn to open exclude each other."""
     if continue_final_message and add_generation_prompt:
@@ -47,8 +53,7 @@ def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = Tru
     `chat_template_kwargs` are extra template variables (Qwen3's enable_thinking, say). `continue_final_message`
     leaves the last message open (no end-of-turn after it), for the model to go on writing it.
     """
-    if chat_template is None and not tokenizer.chat_template:
-        raise ValueError(NO_TEMPLATE)
+    check_has_template(tokenizer, chat_template)
     check_continuation(add_generation_prompt, continue_final_message)
     return tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False,
                                          add_generation_prompt=add_generation_prompt,

@@ -32,15 +32,14 @@ def hf_model_from_checkpoint(checkpoint: Checkpoint):
     return model
 
 
-def hf_sampling(sampling: dict | None) -> dict:
-    """generate's sampling arguments for the benchmarks' fields (sampling_filters.sampling): temperature 1, and
-    the filters that are on (transformers adds a min_p warper even for min_p 0)."""
-    sampling = {"temperature": 1.0, **(sampling or {})}
-    return {"do_sample": True, **sampling, "min_p": sampling.get("min_p") or None}
+def hf_sampling(sampling: dict) -> dict:
+    """generate's sampling arguments for the benchmarks' fields (sampling_filters.sampling), min_p only when on
+    (transformers adds a min_p warper even for min_p 0)."""
+    return {"do_sample": True, **sampling, "min_p": sampling["min_p"] or None}
 
 
-def run_static_batches(model, requests: list[tuple[list[int], int]], batch_size: int, pad_token_id: int = 0,
-                       sampling: dict | None = None) -> float:
+def run_static_batches(model, requests: list[tuple[list[int], int]], batch_size: int, sampling: dict,
+                       pad_token_id: int = 0) -> float:
     """Seconds to serve `requests` in fixed batches of `batch_size` with `model.generate` (sampling as
     hf_sampling says)."""
     import torch
@@ -60,8 +59,7 @@ def run_static_batches(model, requests: list[tuple[list[int], int]], batch_size:
     return time.perf_counter() - started
 
 
-def run_continuous_batching(model, requests: list[tuple[list[int], int]],
-                            sampling: dict | None = None) -> tuple[float, int]:
+def run_continuous_batching(model, requests: list[tuple[list[int], int]], sampling: dict) -> tuple[float, int]:
     """(seconds, generated tokens) with transformers' `generate_batch`.
 
     It takes one max_new_tokens for all requests, so every request generates the longest output length;

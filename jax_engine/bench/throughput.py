@@ -20,9 +20,9 @@ from jax_engine.config import EngineArgs
 from jax_engine.loader import load_checkpoint
 
 
-def run_engine(checkpoint, requests, engine_args: EngineArgs, runs: int = 1, sampling: dict | None = None):
+def run_engine(checkpoint, requests, engine_args: EngineArgs, runs: int, sampling: dict):
     """Yield the result of each run of the workload, all in one engine started once, every request sampled with
-    `sampling` (sampling_filters.sampling: temperature 1 and the filters; default: temperature 1 alone).
+    `sampling` (sampling_filters.sampling: temperature 1 and the filters).
 
     Between runs the prefix cache is reset, so a later run computes the same prompts again as the first did;
     what differs is only what the first run met for the first time (compiles, first calls of programs).
@@ -32,7 +32,6 @@ def run_engine(checkpoint, requests, engine_args: EngineArgs, runs: int = 1, sam
 
     engine = LLMEngine(engine_args, checkpoint=checkpoint)
     llm = LLM.from_engine(engine)
-    sampling = sampling or {"temperature": 1.0}
     params = [SamplingParams(**sampling, seed=i, max_tokens=o, ignore_eos=True) for i, (_, o) in enumerate(requests)]
     for run in range(1, runs + 1):
         before = engine.stats()
@@ -54,7 +53,7 @@ def run_engine(checkpoint, requests, engine_args: EngineArgs, runs: int = 1, sam
 HF_MODES = ("static", "continuous")
 
 
-def run_hf(checkpoint, requests, batch_size: int, modes=HF_MODES, sampling: dict | None = None):
+def run_hf(checkpoint, requests, batch_size: int, modes, sampling: dict):
     """Yield each HF way of running the workload's result as it finishes (sampling as run_engine's)."""
     import torch
 

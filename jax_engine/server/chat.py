@@ -5,7 +5,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from jax_engine.chat_template import NO_TEMPLATE, chat_text, check_continuation, check_template_kwargs
+from jax_engine.chat_template import chat_text, check_continuation, check_has_template, check_template_kwargs
 from jax_engine.outputs import Logprob
 from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import ChatCompletionRequest
@@ -44,8 +44,7 @@ def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_
         messages = with_tools(messages, tools, renders_tools)
     _checked("chat_template_kwargs", check_template_kwargs, template_kwargs)
     _checked("continue_final_message", check_continuation, add_generation_prompt, continue_final_message)
-    if template is None and not state.tokenizer.chat_template:
-        raise APIError(400, NO_TEMPLATE, "messages")
+    _checked("messages", check_has_template, state.tokenizer, template)
     try:
         text = chat_text(state.tokenizer, messages, add_generation_prompt, tools if tools and renders_tools else None,
                          template_kwargs, chat_template=template, continue_final_message=continue_final_message)

@@ -6,37 +6,49 @@ counted in (they are /metrics' figures)."""
 import asyncio
 import logging
 import time
+from typing import NamedTuple
 
 from jax_engine.server.metrics import ServingMetrics
 
 logger = logging.getLogger(__name__)
 
 
+class Counts(NamedTuple):
+    """What the server has counted so far, at `time`."""
+
+    time: float
+    prompt_tokens: float
+    generation_tokens: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+
+
 class StatsLogger:
     def __init__(self, engine, metrics: ServingMetrics, interval: float) -> None:
         self.replicas = getattr(engine, "replicas", [engine])  # DataParallelEngine, or one AsyncLLMEngine
         self.metrics, self.interval = metrics, interval
-        self._last = self._counts()
+        self._last = self._counts([replica.engine.stats() for replica in self.replicas])
 
-    def _counts(self) -> tuple[float, float, float, int, int]:
-        """(time, prompt tokens, generation tokens, prefix-cache queries, hits) so far."""
-        stats = [replica.engine.stats() for replica in self.replicas]
-        return (time.monotonic(), *self.metrics.token_totals(), sum(s["prefix_cache_queries"] for s in stats),
-                sum(s["prefix_cache_hits"] for s in stats))
+    def _counts(self, stats: list[dict]) -> Counts:
+        return Counts(time.monotonic(), *self.metrics.token_totals(), sum(s["prefix_cache_queries"] for s in stats),
+                      sum(s["prefix_cache_hits"] for s in stats))
 
     def line(self) -> tuple[str, bool]:
         """The line for the time since the last one, and whether the server was idle through it."""
-        now = self._counts()
-        (then, prompt, generated, queries, hits), self._last = self._last, now
-        seconds = max(now[0] - then, 1e-9)
+        stats = [replica.engine.stats() for replica in self.replicas]
+        then, now = self._last, self._counts(stats)
+        self._last = now
+        seconds = max(now.time - then.time, 1e-9)
+        prompt, generated = now.prompt_tokens - then.prompt_tokens, now.generation_tokens - then.generation_tokens
+        hit_rate = (now.prefix_cache_hits - then.prefix_cache_hits) / max(
+            now.prefix_cache_queries - then.prefix_cache_queries, 1)
         running = sum(replica.num_running_requests() for replica in self.replicas)
         waiting = sum(replica.num_waiting_requests() for replica in self.replicas)
-        usage = " / ".join(f"{replica.engine.stats()['kv_cache_usage']:.1%}" for replica in self.replicas)
-        looked_up = now[3] - queries
-        text = (f"Avg prompt throughput: {(now[1] - prompt) / seconds:.1f} tokens/s, Avg generation throughput: "
-                f"{(now[2] - generated) / seconds:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
-                f"KV cache usage: {usage}, Prefix cache hit rate: {(now[4] - hits) / max(looked_up, 1):.1%}")
-        return text, now[1:3] == (prompt, generated) and running == waiting == 0
+        usage = " / ".join(f"{s['kv_cache_usage']:.1%}" for s in stats)
+        text = (f"Avg prompt throughput: {prompt / seconds:.1f} tokens/s, Avg generation throughput: "
+                f"{generated / seconds:.1f} tokens/s, Running: {running} reqs, Waiting: {waiting} reqs, "
+                f"KV cache usage: {usage}, Prefix cache hit rate: {hit_rate:.1%}")
+        return text, prompt == generated == 0 and running == waiting == 0
 
     async def run(self) -> None:
         while True:
