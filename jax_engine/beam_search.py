@@ -12,20 +12,24 @@ from dataclasses import dataclass, field
 from jax_engine.sampling_params import MAX_LOGPROBS
 from jax_engine.input_checks import check, check_bool, check_int, check_real
 
+# Each step reads the top 2 x beam_width log-probabilities, which the compiled sampler caps at MAX_LOGPROBS.
+MAX_BEAM_WIDTH = MAX_LOGPROBS // 2
+
 
 @dataclass(frozen=True)
 class BeamSearchParams:
-    """vLLM's beam search parameters (length_penalty in [-10, 10]: length ** penalty stays a float)."""
+    """vLLM's beam search parameters (length_penalty in [-10, 10]: length ** penalty stays a float). max_tokens
+    None: up to max_model_len, as with SamplingParams (vLLM's server fills in the same for a request without it)."""
 
     beam_width: int
-    max_tokens: int
+    max_tokens: int | None
     ignore_eos: bool = False
     temperature: float = 0.0
     length_penalty: float = 1.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "beam_width", check_int(self.beam_width, "beam_width", 1, MAX_LOGPROBS // 2))
-        object.__setattr__(self, "max_tokens", check_int(self.max_tokens, "max_tokens", 1))
+        object.__setattr__(self, "beam_width", check_int(self.beam_width, "beam_width", 1, MAX_BEAM_WIDTH))
+        object.__setattr__(self, "max_tokens", check_int(self.max_tokens, "max_tokens", 1, optional=True))
         object.__setattr__(self, "ignore_eos", check_bool(self.ignore_eos, "ignore_eos"))
         object.__setattr__(self, "length_penalty", check_real(self.length_penalty, "length_penalty", -10, 10))
         check(self.temperature == 0, "temperature", "0 for beam search (scores are log-probabilities)",

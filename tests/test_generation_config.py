@@ -7,6 +7,7 @@ import openai
 import pytest
 
 from jax_engine import LLM, SamplingParams
+from jax_engine.beam_search import BeamSearchParams
 from jax_engine.chat_template import chat_prompt
 from jax_engine.server.protocol import ChatCompletionRequest, CompletionRequest
 from tests.server_helpers import TINY_ENGINE_ARGS, ThreadedServer
@@ -64,6 +65,15 @@ def test_request_fields_win_over_the_generation_config_on_the_server():
     assert (params.temperature, params.top_k, params.max_tokens) == (0.7, 20, 3)
     chat = ChatCompletionRequest(messages=CHAT).sampling_params(None, None, defaults)
     assert (chat.temperature, chat.top_p, chat.max_tokens) == (0.0, 1.0, 5)  # max_new_tokens caps max_tokens
+
+
+def test_beam_search_takes_the_generation_configs_max_tokens_but_not_its_temperature():
+    """Beams rank by the model's log-probabilities: a generation config's temperature would refuse every
+    use_beam_search request of a model that sets one (0.6, say), so only its max_tokens applies."""
+    defaults = {"temperature": 0.6, "max_tokens": 5}
+    body = CompletionRequest(prompt="x", use_beam_search=True, n=3, length_penalty=0.5, ignore_eos=True)
+    assert body.beam_search_params(None, defaults) == BeamSearchParams(3, 5, ignore_eos=True, length_penalty=0.5)
+    assert body.beam_search_params(4, defaults).max_tokens == 4
 
 
 def test_a_chat_prompt_holds_one_bos(llm):

@@ -1,7 +1,7 @@
 """vLLM's answer fields and switches over HTTP, with the official openai client, on a tiny random model whose output
 a regex (structured_outputs) makes known: chat_template_kwargs, --reasoning-parser's reasoning_content (streamed
 and not), stop_reason, usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details), /version,
---chat-template and continue_final_message, the periodic stats line, several served names."""
+--chat-template and continue_final_message, the periodic stats line, several served names, use_beam_search."""
 
 import re
 import subprocess
@@ -126,6 +126,46 @@ def test_a_server_without_a_tokenizer_answers_in_token_ids(bare_checkpoint_dir, 
     finally:
         stop_server_process(process)
     assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+BEAMS = {"model": "tiny", "prompt": [256, 10, 20, 30, 40, 50], "n": 3, "max_tokens": 7}
+
+
+def test_beam_search_answers_the_reference_beams(client, tiny_checkpoint):
+    """use_beam_search (vLLM's field): n choices, the beams of the NumPy reference's beam search, best first; a
+    stream sends each beam whole when the search ends (its beams reorder until then), as vLLM's server does."""
+    from reference import LlamaModel, beam_search
+
+    model, prompt = LlamaModel(tiny_checkpoint.config, tiny_checkpoint.weights), BEAMS["prompt"]
+    expected = [tokens[len(prompt):] for tokens, _ in
+                beam_search(model, prompt, 3, 7, tiny_checkpoint.config.eos_token_ids, length_penalty=0.5)]
+    fields = {"use_beam_search": True, "length_penalty": 0.5, "return_token_ids": True, "top_p": 1.0}
+    answer = client.completions.create(**BEAMS, extra_body=fields)
+    assert [c.model_extra["token_ids"] for c in answer.choices] == expected
+    assert [c.text for c in answer.choices] == [tiny_checkpoint.tokenizer.decode(t, skip_special_tokens=True)
+                                                for t in expected]
+    assert answer.usage.completion_tokens == sum(map(len, expected))
+    longer = {**BEAMS, "max_tokens": 40}  # steps enough for the stream to see the search before its end
+    answer = client.completions.create(**longer, extra_body=fields)
+    events = [c.choices[0] for c in client.completions.create(**longer, stream=True, extra_body=fields)]
+    assert sorted((c.index, c.text, c.finish_reason) for c in events) == [
+        (c.index, c.text, c.finish_reason) for c in answer.choices]
+    chat = client.chat.completions.create(model="tiny", messages=HELLO, n=2, max_tokens=4,
+                                          extra_body={"use_beam_search": True})
+    assert [c.index for c in chat.choices] == [0, 1] and chat.usage.completion_tokens <= 8
+    assert chat.choices[0].message.content != chat.choices[1].message.content
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"top_p": 0.5}, "top_p"), ({"logprobs": 2}, "logprobs"), ({"stop": ["a"]}, "stop"), ({"seed": 1}, "seed"),
+    ({"n": 11}, "n"), ({"n": 5}, "n"), ({"temperature": 0.7}, "temperature"),
+    ({"use_beam_search": False, "length_penalty": 0.5}, "length_penalty")])
+def test_beam_search_refuses_what_it_would_not_honour(server, fields, param):
+    """Fields beam search does not use are a 400 naming them (vLLM drops them silently), as is a
+    length_penalty without beam search; n is capped by the top log-probabilities a step reads (2 per beam)
+    and by max_num_seqs (4 here)."""
+    response = httpx.post(f"{server}/v1/completions", json={**BEAMS, "use_beam_search": True, **fields})
+    assert response.status_code == 400 and response.json()["error"]["param"] == param, response.text
 
 
 def test_a_server_started_for_text_refuses_embeddings_naming_the_task(client):

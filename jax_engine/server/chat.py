@@ -127,7 +127,7 @@ class ChatCompletions:
         answer = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
                   "model": state.served_name(body.model), "choices": choices,
                   "usage": usage([final], state.config.enable_prompt_tokens_details)}
-        return answer if params.prompt_logprobs is None else {**answer, "prompt_logprobs": prompt_logprobs(final)}
+        return answer if final.prompt_logprobs is None else {**answer, "prompt_logprobs": prompt_logprobs(final)}
 
     def _choice_text(self, body: ChatCompletionRequest) -> ChoiceText:
         parser, tool_choice = self.state.config.reasoning_parser, body.effective_tool_choice

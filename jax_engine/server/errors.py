@@ -64,8 +64,8 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 def bad_request(error: ValueError, prompt_field: str = "prompt") -> APIError:
     """A ValueError from SamplingParams or the engine; its message starts with the field it is about. The engine
     calls every request's text its prompt: `prompt_field` names the request field that text came from (a chat's
-    messages, an embedding's input)."""
-    message = re.sub(r"^prompt\b", prompt_field, str(error))
+    messages, an embedding's input); its beam_width is a request's n."""
+    message = re.sub(r"^beam_width\b", "n", re.sub(r"^prompt\b", prompt_field, str(error)))
     match = re.match(r"([a-z_]+)", message)
     return APIError(400, message, match.group(1) if match else None)
 

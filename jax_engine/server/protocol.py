@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jax_engine.beam_search import MAX_BEAM_WIDTH, BeamSearchParams
+from jax_engine.input_checks import check
 from jax_engine.pooling_params import PoolingParams
 from jax_engine.sampling_params import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
 from jax_engine.server.json_fields import Shallow, Text
@@ -44,6 +46,17 @@ GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice"
                  "guided_grammar": "grammar"}
 CONTINUE_FINAL_MESSAGE = ("vLLM's: the model goes on writing the last message (no end of turn after it); needs "
                           "add_generation_prompt false")
+# What beam search reads of a request besides its prompt and the answer's form (vLLM's to_beam_search_params):
+# any other field sent with a value other than its default is a 400 naming it, since beam search would not
+# honour it (vLLM drops them silently).
+BEAM_SEARCH_FIELDS = frozenset({
+    "model", "max_tokens", "max_completion_tokens", "n", "temperature", "ignore_eos", "use_beam_search",
+    "length_penalty", "stream", "stream_options", "user", "cache_salt",
+    "prompt", "echo", "return_token_ids",  # completions
+    "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs",
+})
+# Values of sampling fields that change nothing, which clients often send: accepted beside use_beam_search.
+_NEUTRAL = {"top_p": (1,), "top_k": (0, -1), "min_p": (0,), "repetition_penalty": (1,)}
 # Names vLLM takes for its grammar backends; this server has one (llguidance) and accepts the names that mean it.
 GRAMMAR_BACKENDS = ("auto", "guidance", "llguidance")
 
@@ -88,6 +101,10 @@ class SamplingRequest(RequestBody):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     guided_decoding_backend: Literal[GRAMMAR_BACKENDS] | None = None
+    use_beam_search: bool = Field(False, description="vLLM's: the n most likely answers by beam search, best "
+                                  "first (temperature 0 or unset; sampling fields are refused)")
+    length_penalty: Finite = Field(1.0, ge=-10, le=10, description="vLLM's, for beam search: a beam scores its "
+                                   "log-probability sum over its length ** length_penalty")
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None,
                         defaults: dict | None = None) -> SamplingParams:
@@ -97,12 +114,12 @@ class SamplingRequest(RequestBody):
         the request leaves out, and cap max_tokens, as in vLLM's server.
         """
         defaults = defaults or {}
-        limit = defaults.get("max_tokens")
-        if limit is not None:
-            max_tokens = limit if max_tokens is None else min(max_tokens, limit)
+        check(self.length_penalty == 1.0, "length_penalty", "1 (its default) unless use_beam_search is true: only "
+              "beam search ranks by length", self.length_penalty)
         return SamplingParams(
             n=self.n, **{name: self._or_default(name, defaults) for name in _DEFAULTS},
-            seed=self.seed, max_tokens=max_tokens, stop=self.stop or (), stop_token_ids=self.stop_token_ids or (),
+            seed=self.seed, max_tokens=_capped(max_tokens, defaults), stop=self.stop or (),
+            stop_token_ids=self.stop_token_ids or (),
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             min_tokens=self.min_tokens, ignore_eos=self.ignore_eos,
             logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
@@ -110,6 +127,19 @@ class SamplingRequest(RequestBody):
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words or (),
             truncate_prompt_tokens=self.truncate_prompt_tokens, prompt_logprobs=self.prompt_logprobs,
             structured_outputs=self.structured_output_params())
+
+    def beam_search_params(self, max_tokens: int | None, defaults: dict | None = None) -> BeamSearchParams:
+        """BeamSearchParams for use_beam_search (vLLM's to_beam_search_params): n beams. A ValueError names the
+        first field sent that beam search would not honour (a sampling field, logprobs, stop strings, a grammar);
+        the model's generation config caps max_tokens but sets no temperature: beams rank by log-probability."""
+        for name in sorted(self.model_fields_set - BEAM_SEARCH_FIELDS):
+            value = getattr(self, name)
+            check(value == type(self).model_fields[name].default or value in _NEUTRAL.get(name, ()), name,
+                  "left out with use_beam_search (beam search does not use it)", value)
+        check(self.n <= MAX_BEAM_WIDTH, "n", f"at most {MAX_BEAM_WIDTH} beams with use_beam_search", self.n)
+        return BeamSearchParams(beam_width=self.n, max_tokens=_capped(max_tokens, defaults or {}),
+                                ignore_eos=self.ignore_eos, temperature=self.temperature or 0,
+                                length_penalty=self.length_penalty)
 
     def structured_output_params(self) -> StructuredOutputsParams | None:
         """The one constraint among response_format, structured_outputs and guided_*; ValueError naming the
@@ -161,6 +191,12 @@ class SamplingRequest(RequestBody):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+
+def _capped(max_tokens: int | None, defaults: dict) -> int | None:
+    """max_tokens under the model's generation-config cap, if it has one (vLLM's server does the same)."""
+    limit = defaults.get("max_tokens")
+    return max_tokens if limit is None else limit if max_tokens is None else min(max_tokens, limit)
 
 
 class CompletionRequest(SamplingRequest):

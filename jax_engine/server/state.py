@@ -10,6 +10,7 @@ from typing import TypeVar
 from starlette.requests import Request
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
+from jax_engine.beam_search import BeamSearchParams
 from jax_engine.pooling_params import PoolingParams
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.lora.request import LoRARequest
@@ -92,14 +93,17 @@ class ServerState:
                 logger.warning("request field %r is accepted and ignored", name)
 
     async def sampling_params(self, body: SamplingRequest, max_tokens: int | None,
-                              logprobs: int | None) -> SamplingParams:
+                              logprobs: int | None) -> SamplingParams | BeamSearchParams:
         """Check the fields, the model and n against this server, then build the request's SamplingParams
-        (400 if bad), its grammar compiled off the event loop."""
+        (400 if bad), its grammar compiled off the event loop; BeamSearchParams with use_beam_search."""
         self.check_fields(body)
         self.check_model(body.model)
         self.check_n(body.n)
+        defaults = self.engine.engine.default_sampling_fields
         try:
-            params = body.sampling_params(max_tokens, logprobs, self.engine.engine.default_sampling_fields)
+            if body.use_beam_search:  # refuses the fields it would not honour: no grammar to compile
+                return body.beam_search_params(max_tokens, defaults)
+            params = body.sampling_params(max_tokens, logprobs, defaults)
         except ValueError as error:
             raise bad_request(error) from None
         if params.structured_outputs is not None:  # compiled here so that an error names the field sent
@@ -112,7 +116,7 @@ class ServerState:
                 raise APIError(400, str(error), field) from None
         return params
 
-    def check_cost(self, params: SamplingParams | PoolingParams, prompt_lengths: list[int]) -> None:
+    def check_cost(self, params: SamplingParams | BeamSearchParams | PoolingParams, prompt_lengths: list[int]) -> None:
         """A 400 naming the field to lower when a request (its prompts, of these token counts) would cost more
         than the server allows one request: tokens generated (or embedded), prompt tokens scored, grammar rows."""
         config = self.config
@@ -122,6 +126,8 @@ class ServerState:
                                f"more than this server's limit of {config.max_request_tokens} tokens per request; "
                                "send fewer or shorter inputs", "input")
             return
+        if isinstance(params, BeamSearchParams):  # beam_width beams, each up to max_tokens; nothing else costs
+            params = SamplingParams(n=params.beam_width, max_tokens=params.max_tokens)
         n = params.n
         generated = n * sum(min(params.max_tokens or self.max_model_len, self.max_model_len - length)
                             for length in prompt_lengths)

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from jax_engine.async_llm_engine import (AsyncLLMEngine, EngineDeadError, GrammarFailedError, QueueFullError,
                                          RequestFailedError, RequestStream)
+from jax_engine.beam_search import BeamSearchParams
 from jax_engine.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.server.errors import APIError, bad_request, error_body, internal_error, queue_full
@@ -47,7 +48,7 @@ def refuse_if_busy(engine: AsyncLLMEngine, tenant: str | None = None) -> None:
         raise client_error(error) from None
 
 
-async def add_streams(state: ServerState, request_id: str, prompts: list, params: SamplingParams,
+async def add_streams(state: ServerState, request_id: str, prompts: list, params: SamplingParams | BeamSearchParams,
                       cache_salt: str | None = None, tenant: str | None = None,
                       model: str | None = None, field: str = "prompt") -> list[RequestStream]:
     """Queue one engine request per prompt, in `tenant`'s turn (its API key's; see fair_queue.py); all or none
@@ -207,21 +208,27 @@ class DeltaTracker:
     """Turns successive RequestOutputs into text and token deltas per choice.
 
     While a completion runs, the last (longest stop string - 1) characters are held back: a stop string
-    that completes later is cut from the text, and must not have been streamed already.
+    that completes later is cut from the text, and must not have been streamed already. Beam search sends
+    nothing before its end (`final_only`, as vLLM's server): its beams reorder and rewrite their text.
     """
 
     n: int
     holdback: int
+    final_only: bool = False
     _text_sent: dict[int, int] = field(default_factory=dict)
     _tokens_sent: dict[int, int] = field(default_factory=dict)
     _finished: set[int] = field(default_factory=set)
 
     @classmethod
-    def for_params(cls, params: SamplingParams) -> "DeltaTracker":
+    def for_params(cls, params: SamplingParams | BeamSearchParams) -> "DeltaTracker":
+        if isinstance(params, BeamSearchParams):
+            return cls(params.beam_width, 0, final_only=True)
         cut = params.stop and not params.include_stop_str_in_output
         return cls(params.n, max(map(len, params.stop)) - 1 if cut else 0)
 
     def deltas(self, prompt_index: int, output: RequestOutput) -> list[Delta]:
+        if self.final_only and not output.finished:
+            return []
         return [d for c in output.outputs if (d := self._delta(prompt_index * self.n + c.index, c)) is not None]
 
     def _delta(self, index: int, c: CompletionOutput) -> Delta | None:
