@@ -1,12 +1,14 @@
 """vLLM's answer fields and switches over HTTP, with the official openai client, on a tiny random model whose output
 a regex (structured_outputs) makes known: chat_template_kwargs, --reasoning-parser's reasoning_content (streamed
 and not), stop_reason, usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details), /version,
---chat-template and continue_final_message, the periodic stats line, several served names, use_beam_search."""
+--chat-template and continue_final_message, the periodic stats line, several served names, use_beam_search,
+request_id and X-Request-Id."""
 
 import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -32,6 +34,7 @@ def server(tiny_checkpoint_dir, server_log):
     log = server_log
     process, url = start_server_process(tiny_checkpoint_dir, *cli_flags(**ENGINE), "--reasoning-parser", "qwen3",
                                         "--enable-prompt-tokens-details", "--served-model-name", "tiny", "tiny-2",
+                                        "--enable-request-id-headers",
                                         log_path=str(log), env={LOG_STATS_INTERVAL_ENV: "0.5"})
     yield url
     stop_server_process(process)
@@ -262,3 +265,24 @@ def test_a_model_served_under_several_names_answers_to_each(client):
     with pytest.raises(openai.BadRequestError, match=r"this server serves \['tiny', 'tiny-2'\]") as error:
         client.completions.create(model="tiny-3", prompt="x", max_tokens=2)
     assert error.value.body["param"] == "model"
+
+
+def test_request_ids_name_the_answer_and_come_back_in_a_header(server, client):
+    """vLLM's request_id field, and its X-Request-Id header (which wins), name the answer; with
+    --enable-request-id-headers every answer carries the header, the request's or a new one. One id sent twice
+    at once runs twice (the engine's own ids differ); an id that is not 1-256 visible characters is a 400."""
+    answer = client.completions.create(model="tiny", prompt="x", max_tokens=2, extra_body={"request_id": "job-7"})
+    assert answer.id == "cmpl-job-7"
+    raw = client.chat.completions.with_raw_response.create(model="tiny", messages=HELLO, max_tokens=2,
+                                                           extra_headers={"X-Request-Id": "trace-1"},
+                                                           extra_body={"request_id": "job-7"})
+    assert raw.parse().id == "chatcmpl-trace-1" and raw.headers["x-request-id"] == "trace-1"
+    assert re.fullmatch("[0-9a-f]{32}", httpx.get(f"{server}/health").headers["x-request-id"])
+    twice = {"model": "tiny", "prompt": "x", "max_tokens": 60, "extra_body": {"request_id": "same", "ignore_eos": True}}
+    with ThreadPoolExecutor(2) as pool:
+        assert [a.id for a in pool.map(lambda _: client.completions.create(**twice), range(2))] == ["cmpl-same"] * 2
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+    for bad, param in (({"X-Request-Id": "a" * 257}, {}), ({}, {"request_id": "two words"})):
+        reply = httpx.post(f"{server}/v1/completions", json={**body, **param}, headers=bad)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == (
+            "X-Request-Id" if bad else "request_id"), reply.text

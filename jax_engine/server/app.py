@@ -34,6 +34,7 @@ from jax_engine.server.lora_adapters import runtime_updates_allowed
 from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
                                         GenerateRequest, LoadLoRAAdapterRequest, TokenizeRequest,
                                         UnloadLoRAAdapterRequest)
+from jax_engine.server.request_id_header import RequestIdHeaderMiddleware
 from jax_engine.server.request_parts import conversation
 from jax_engine.server.server_config import ServerConfig
 from jax_engine.server.state import ServerState
@@ -81,6 +82,8 @@ def build_app(engine: AsyncLLMEngine, config: ServerConfig) -> FastAPI:
         app.add_middleware(CORSMiddleware, allow_origins=config.allowed_origins,
                            allow_credentials=config.allow_credentials, allow_methods=config.allowed_methods,
                            allow_headers=config.allowed_headers)
+    if config.enable_request_id_headers:  # outermost: every answer carries it, a 401 or a CORS preflight too
+        app.add_middleware(RequestIdHeaderMiddleware)
     _add_service_routes(app, state, metrics)
     _add_openai_routes(app, state)
     _add_vllm_routes(app, state)
@@ -119,18 +122,21 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, raw_request: Request):
-        salt = state.cache_salt(raw_request, body.cache_salt)
-        return _respond(await until_disconnect(raw_request, completions.create(body, salt, state.tenant(raw_request))))
+        salt, header_id = state.cache_salt(raw_request, body.cache_salt), state.header_request_id(raw_request)
+        return _respond(await until_disconnect(raw_request, completions.create(body, salt, state.tenant(raw_request),
+                                                                               header_id)))
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request):
-        salt = state.cache_salt(raw_request, body.cache_salt)
-        return _respond(await until_disconnect(raw_request, chat.create(body, salt, state.tenant(raw_request))))
+        salt, header_id = state.cache_salt(raw_request, body.cache_salt), state.header_request_id(raw_request)
+        return _respond(await until_disconnect(raw_request, chat.create(body, salt, state.tenant(raw_request),
+                                                                        header_id)))
 
     @app.post("/v1/embeddings")
     async def create_embedding(body: EmbeddingRequest, raw_request: Request):
-        salt = state.cache_salt(raw_request, None)
-        return await until_disconnect(raw_request, embeddings.create(body, salt, state.tenant(raw_request)))
+        salt, header_id = state.cache_salt(raw_request, None), state.header_request_id(raw_request)
+        return await until_disconnect(raw_request, embeddings.create(body, salt, state.tenant(raw_request),
+                                                                     header_id))
 
 
 def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:

@@ -1,7 +1,6 @@
 """POST /v1/chat/completions: the model's chat template over the messages, then a completion."""
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -12,8 +11,8 @@ from jax_engine.server.protocol import ChatCompletionRequest
 from jax_engine.server.reasoning import ReasoningStream
 from jax_engine.server.state import ServerState
 from jax_engine.server.tools import ToolCallStream, with_tools
-from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, collect, finite, merge, prompt_logprobs,
-                                       refuse_if_busy, sse, sse_error, usage)
+from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, answer_id, collect, finite, merge,
+                                       prompt_logprobs, refuse_if_busy, sse, sse_error, usage)
 
 
 def _token_logprob(lp: Logprob) -> dict:
@@ -101,7 +100,8 @@ class ChatCompletions:
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def create(self, body: ChatCompletionRequest, cache_salt: str | None = None, tenant: str | None = None):
+    async def create(self, body: ChatCompletionRequest, cache_salt: str | None = None, tenant: str | None = None,
+                     header_id: str | None = None):
         state = self.state
         state.require_tokenizer("messages", "the chat template")
         if body.top_logprobs is not None and not body.logprobs:
@@ -116,7 +116,7 @@ class ChatCompletions:
                                                                  body.add_special_tokens, shown_tools,
                                                                  body.chat_template_kwargs,
                                                                  body.continue_final_message))
-        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        request_id = answer_id("chatcmpl", header_id, body.request_id)
         streams = await add_streams(state, request_id, [prompt], params, cache_salt, tenant, body.model, "messages")
         if body.stream:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), num_top)

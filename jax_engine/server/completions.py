@@ -1,15 +1,14 @@
 """POST /v1/completions: OpenAI's (legacy) text completions, one or many prompts, streamed or not."""
 
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 from jax_engine.outputs import RequestOutput
 from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import CompletionRequest
 from jax_engine.server.state import ServerState
-from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, collect, finite, merge, prompt_logprobs, sse,
-                                       sse_error, usage)
+from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, answer_id, collect, finite, merge,
+                                       prompt_logprobs, sse, sse_error, usage)
 
 
 def prompt_list(prompt: str | list, field: str = "prompt") -> list[str | list[int]]:
@@ -49,7 +48,8 @@ class Completions:
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def create(self, body: CompletionRequest, cache_salt: str | None = None, tenant: str | None = None):
+    async def create(self, body: CompletionRequest, cache_salt: str | None = None, tenant: str | None = None,
+                     header_id: str | None = None):
         """Validate, queue every prompt, then answer in one body or as server-sent events.
 
         echo puts the prompt before the text, and with logprobs its tokens' logprobs before the text's (the way
@@ -68,7 +68,7 @@ class Completions:
             body = body.model_copy(update={"prompt_logprobs": body.logprobs})
         params = await state.sampling_params(body, 1 if scoring_only else body.max_tokens, body.logprobs)
         prompts = prompt_list(body.prompt)
-        request_id = f"cmpl-{uuid.uuid4().hex}"
+        request_id = answer_id("cmpl", header_id, body.request_id)
         streams = await add_streams(state, request_id, prompts, params, cache_salt, tenant, body.model)
         echoes = [await state.off_loop(lambda p=p: self._prompt_text(p)) if body.echo else "" for p in prompts]
         if body.stream and not scoring_only:

@@ -8,7 +8,6 @@ naming --task.
 
 import base64
 import time
-import uuid
 
 import numpy as np
 
@@ -16,7 +15,7 @@ from jax_engine.server.completions import prompt_list
 from jax_engine.server.errors import bad_request
 from jax_engine.server.protocol import EmbeddingRequest
 from jax_engine.server.state import ServerState
-from jax_engine.server.streams import add_streams, collect
+from jax_engine.server.streams import add_streams, answer_id, collect
 
 
 def encoded(vector: np.ndarray, encoding_format: str) -> list[float] | str:
@@ -31,7 +30,8 @@ class Embeddings:
     def __init__(self, state: ServerState) -> None:
         self.state = state
 
-    async def create(self, body: EmbeddingRequest, cache_salt: str | None = None, tenant: str | None = None) -> dict:
+    async def create(self, body: EmbeddingRequest, cache_salt: str | None = None, tenant: str | None = None,
+                     header_id: str | None = None) -> dict:
         state = self.state
         state.check_fields(body)
         state.check_model(body.model)
@@ -42,7 +42,7 @@ class Embeddings:
         inputs = prompt_list(body.input, "input")
         if any(isinstance(i, str) for i in inputs):
             state.require_tokenizer("input", "text")
-        request_id = f"embd-{uuid.uuid4().hex}"
+        request_id = answer_id("embd", header_id, body.request_id)
         streams = await add_streams(state, request_id, inputs, params, cache_salt, tenant, body.model, "input")
         finals = await collect(streams)
         data = [{"object": "embedding", "index": i, "embedding": encoded(o.outputs.data, body.encoding_format)}

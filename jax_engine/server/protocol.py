@@ -21,6 +21,12 @@ from jax_engine.server.tools import tool_constraint
 from jax_engine.structured_output import StructuredOutputsParams
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+# vLLM's request_id (a body field, or the X-Request-Id header): the answer's id is its kind's prefix and this.
+# Visible ASCII only, as it is logged: no line breaks to forge log lines with.
+REQUEST_ID_PATTERN = "^[!-~]{1,256}$"
+RequestId = Annotated[str | None, Field(pattern=REQUEST_ID_PATTERN, description="vLLM's: the answer's id is cmpl- "
+                                        "(chatcmpl-, embd-) and this; default: a random one. 1-256 visible ASCII "
+                                        "characters")]
 
 
 # Fields of OpenAI's request schemas that change nothing this server could honour or a client could see:
@@ -51,7 +57,7 @@ CONTINUE_FINAL_MESSAGE = ("vLLM's: the model goes on writing the last message (n
 # honour it (vLLM drops them silently).
 BEAM_SEARCH_FIELDS = frozenset({
     "model", "max_tokens", "max_completion_tokens", "n", "temperature", "ignore_eos", "use_beam_search",
-    "length_penalty", "stream", "stream_options", "user", "cache_salt",
+    "length_penalty", "stream", "stream_options", "user", "cache_salt", "request_id",
     "prompt", "echo", "return_token_ids",  # completions
     "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs",
 })
@@ -86,6 +92,7 @@ class SamplingRequest(RequestBody):
     user: str | None = None
     cache_salt: Text | None = Field(None, min_length=1, description="vLLM's: prefix-cache hits only between "
                                     "requests with the same salt")
+    request_id: RequestId = None
     logit_bias: dict[str, Finite] | None = Field(None, description="token id (a string, as OpenAI's) -> bias "
                                                   "in [-100, 100]")
     allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
@@ -255,6 +262,7 @@ class EmbeddingRequest(RequestBody):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, description="vLLM's: keep the input's last k tokens")
     normalize: bool | None = Field(None, description="vLLM's: unit length or not; default: the server's "
                                    "--pooler-config")
+    request_id: RequestId = None
 
     def pooling_params(self) -> PoolingParams:
         return PoolingParams(self.normalize, self.dimensions, self.truncate_prompt_tokens)

@@ -87,6 +87,8 @@ def _add_log_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--disable-uvicorn-access-log", action="store_true",
                         help="no log line per request (uvicorn's access log)")
+    parser.add_argument("--enable-request-id-headers", action="store_true",
+                        help="an X-Request-Id header on every answer: the request's own, else a new one")
     parser.add_argument("--disable-log-stats", action="store_true",
                         help="no periodic log line of throughput, requests and KV-cache usage (every "
                              "$VLLM_LOG_STATS_INTERVAL seconds, 10)")

@@ -60,6 +60,8 @@ class ServerConfig:
             (server/stats_logger.py), as vLLM's flag.
         log_stats_interval: seconds between two such lines (`jax-engine serve` reads $VLLM_LOG_STATS_INTERVAL).
         disable_uvicorn_access_log: no log line per request, as vLLM's flag.
+        enable_request_id_headers: an X-Request-Id header on every answer (server/request_id_header.py), as
+            vLLM's flag.
     """
 
     model_name: str
@@ -90,6 +92,7 @@ class ServerConfig:
     disable_log_stats: bool = False
     log_stats_interval: float = 10.0
     disable_uvicorn_access_log: bool = False
+    enable_request_id_headers: bool = False
 
     def __post_init__(self) -> None:
         if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:

@@ -3,6 +3,7 @@
 import asyncio
 import hashlib
 import logging
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -16,7 +17,7 @@ from jax_engine.sampling_params import SamplingParams
 from jax_engine.lora.request import LoRARequest
 from jax_engine.server.errors import APIError, bad_request
 from jax_engine.server.lora_adapters import ServedAdapters
-from jax_engine.server.protocol import IGNORED_FIELDS, RequestBody, SamplingRequest
+from jax_engine.server.protocol import IGNORED_FIELDS, REQUEST_ID_PATTERN, RequestBody, SamplingRequest
 from jax_engine.server.server_config import ServerConfig
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,15 @@ class ServerState:
     def tenant(request: Request) -> str | None:
         """Whose turn the request waits for: its API key's tenant (None without keys)."""
         return getattr(request.state, "tenant", None)
+
+    @staticmethod
+    def header_request_id(request: Request) -> str | None:
+        """vLLM's X-Request-Id header, which names the answer in place of the body's request_id; a 400 unless it
+        is 1-256 visible ASCII characters (it is logged)."""
+        value = request.headers.get("x-request-id")
+        if value is not None and not re.fullmatch(REQUEST_ID_PATTERN, value):
+            raise APIError(400, "the X-Request-Id header must be 1-256 visible ASCII characters", "X-Request-Id")
+        return value
 
     def cache_salt(self, request: Request, salt: str | None) -> str | None:
         """The request's cache_salt, prefixed with its API key's tenant when tenants are isolated."""

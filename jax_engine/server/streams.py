@@ -4,6 +4,8 @@ and stop work for clients that went away."""
 import asyncio
 import json
 import math
+import secrets
+import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 
@@ -48,6 +50,12 @@ def refuse_if_busy(engine: AsyncLLMEngine, tenant: str | None = None) -> None:
         raise client_error(error) from None
 
 
+def answer_id(prefix: str, header_id: str | None, body_id: str | None) -> str:
+    """An answer's id, as vLLM's: the kind's prefix and the X-Request-Id header's id, else the body's request_id,
+    else a random one."""
+    return f"{prefix}-{header_id or body_id or uuid.uuid4().hex}"
+
+
 async def add_streams(state: ServerState, request_id: str, prompts: list, params: SamplingParams | BeamSearchParams,
                       cache_salt: str | None = None, tenant: str | None = None,
                       model: str | None = None, field: str = "prompt") -> list[RequestStream]:
@@ -69,11 +77,11 @@ async def add_streams(state: ServerState, request_id: str, prompts: list, params
     except ValueError as error:
         raise bad_request(error, field) from None
     state.check_cost(params, [len(c.prompt_token_ids) for c in checked])
-    streams = []
+    streams, unique = [], secrets.token_hex(4)  # clients may send one request_id twice at once: the engine's differ
     try:
         for i, (text, token_ids, engine_params) in enumerate(checked):
             prompt = {"prompt": text, "prompt_token_ids": token_ids, "cache_salt": cache_salt}
-            streams.append(engine.add_request(f"{request_id}-{i}", prompt, engine_params, tenant,
+            streams.append(engine.add_request(f"{request_id}-{unique}-{i}", prompt, engine_params, tenant,
                                               state.lora_request(model)))
     except Exception as error:
         for stream in streams:
