@@ -88,6 +88,8 @@ class EngineArgs:
         tokenizer: a local HF tokenizer directory to use instead of the model's own (vLLM's flag: for a GGUF
             file, vLLM's advice is its base model's tokenizer; or a checkpoint shipped without tokenizer files);
             its vocabulary must fit the model's, and its chat template is the one used.
+        trust_remote_code: let transformers run the Python files of a checkpoint's tokenizer and config (their
+            auto_map), as vLLM's flag does. The model itself is always this engine's own code.
         async_scheduling: plan each step while the device runs the one before (vLLM's flag), on one host,
             without speculative decoding; what needs a step's tokens first steps in lockstep (async_scheduling.py).
         task: "generate" (text) or "embed" (one vector per prompt: LLM.embed, /v1/embeddings; jax_engine/pooler.py).
@@ -129,6 +131,7 @@ class EngineArgs:
     max_cpu_loras: int | None = None
     skip_tokenizer_init: bool = False
     tokenizer: str | None = None
+    trust_remote_code: bool = False
     async_scheduling: bool = False
     task: str = "generate"
     pooler_config: dict | None = None

@@ -80,7 +80,8 @@ class LLMEngine(LoRAEngineMethods):
         self.pooler, args = Pooler.for_engine(args)  # task="embed": vectors instead of tokens (pooler.py)
         self.args = args
         mesh = init_devices(args, devices)  # checked before anything loads
-        checkpoint = checkpoint or load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer)
+        checkpoint = checkpoint or load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer,
+                                                   args.trust_remote_code)
         self.model_config = cfg = checkpoint.config
         self.tokenizer = None if args.skip_tokenizer_init else checkpoint.tokenizer
         self.scheduler_config = resolve_scheduler_config(args, cfg)

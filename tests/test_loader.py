@@ -136,3 +136,54 @@ def test_chat_template_from_tokenizer_config_or_its_own_file(tmp_path):
     assert "chat_template" not in config
     config_path.write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
     assert render() == expected
+
+
+CUSTOM_TOKENIZER = '''from transformers import PreTrainedTokenizerFast
+
+
+class EchoingTokenizerFast(PreTrainedTokenizerFast):
+    """A checkpoint's own tokenizer code: what trust_remote_code lets transformers import."""
+'''
+
+
+def checkpoint_with_its_own_tokenizer_code(directory) -> str:
+    """The tiny checkpoint, whose tokenizer_config.json names a tokenizer class of its own (auto_map)."""
+    make_tiny_checkpoint(directory, "llama")
+    (directory / "tokenization_echoing.py").write_text(CUSTOM_TOKENIZER)
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    auto_map = {"AutoTokenizer": [None, "tokenization_echoing.EchoingTokenizerFast"]}
+    config_path.write_text(json.dumps({**config, "tokenizer_class": "EchoingTokenizerFast", "auto_map": auto_map}))
+    return str(directory)
+
+
+def test_trust_remote_code_runs_a_checkpoints_tokenizer_code(tmp_path):
+    """vLLM's trust_remote_code: a tokenizer named by the directory's auto_map loads only with it, and is that
+    class, in LLM(...) as in load_checkpoint; without it transformers' error names the argument."""
+    from jax_engine import LLM, SamplingParams
+
+    directory = checkpoint_with_its_own_tokenizer_code(tmp_path)
+    with pytest.raises(ValueError, match="trust_remote_code=True"):
+        load_checkpoint(directory)
+    llm = LLM(directory, trust_remote_code=True, num_gpu_blocks_override=16, block_size=8, max_model_len=64,
+              enforce_eager=True)
+    assert type(llm.get_tokenizer()).__name__ == "EchoingTokenizerFast"
+    [output] = llm.generate("ab", SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert len(output.outputs[0].token_ids) == 3
+
+
+def test_serve_with_trust_remote_code_hands_the_tokenizer_to_the_api_server(tmp_path):
+    """The engine core sends its tokenizer to the API server pickled: a checkpoint's own class must import there
+    too (the server failed to start before)."""
+    import httpx
+
+    from tests.server_helpers import TINY_ENGINE_ARGS, cli_flags, start_server_process, stop_server_process
+
+    directory = checkpoint_with_its_own_tokenizer_code(tmp_path / "model")
+    process, url = start_server_process(directory, *cli_flags(**TINY_ENGINE_ARGS), "--trust-remote-code",
+                                        log_path=str(tmp_path / "server.log"))
+    try:
+        reply = httpx.post(f"{url}/v1/completions", json={"prompt": "ab", "max_tokens": 3, "ignore_eos": True})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3, reply.text
+    finally:
+        stop_server_process(process)

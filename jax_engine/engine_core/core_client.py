@@ -62,6 +62,11 @@ class EngineCoreClient:
         else:  # `started` by `jax-engine serve` before its imports, or now
             started = started or start_engine_core(args, log_level, replica)
             self._process, self._dir, (inputs, outputs) = started.process, started.directory, started.addresses
+        if args.trust_remote_code:  # the core's tokenizer may be a checkpoint's own class, which comes pickled:
+            # transformers imports such classes from its module cache, which this process must see too
+            from transformers.dynamic_module_utils import init_hf_modules
+
+            init_hf_modules()
         self._context = zmq.Context()
         self._to_core = self._bound(zmq.PUSH, inputs)
         self._from_core = self._bound(zmq.PULL, outputs)

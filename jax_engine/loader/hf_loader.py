@@ -19,7 +19,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer.tiktoken", "spiece.model")
 
 
-def load_hf_directory(path: str, tokenizer: bool = True) -> Checkpoint:
+def load_hf_directory(path: str, tokenizer: bool = True, trust_remote_code: bool = False) -> Checkpoint:
     """Load config.json, the safetensors weights (one file or the shards of an index), the tokenizer (unless not
     `tokenizer`) and generation_config.json from `path`. Weights are float32 when read, whatever the files store.
     A directory without tokenizer files is refused unless `tokenizer` is False (skip_tokenizer_init)."""
@@ -33,18 +33,19 @@ def load_hf_directory(path: str, tokenizer: bool = True) -> Checkpoint:
     # a config.json leaves out, and reads older spellings (rotary_pct, rope_scaling) as transformers does.
     from transformers import AutoConfig, AutoTokenizer
 
-    config = config_from_hf(AutoConfig.from_pretrained(path, local_files_only=True).to_dict())
+    trust = {"local_files_only": True, "trust_remote_code": trust_remote_code}
+    config = config_from_hf(AutoConfig.from_pretrained(path, **trust).to_dict())
     weights = SafetensorsWeights(checkpoint_files(path))
     if tokenizer and not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
         raise ValueError(f"{path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): add the model's "
                          "tokenizer files, or pass skip_tokenizer_init=True (--skip-tokenizer-init) to send token "
                          "ids and get token ids back")
     # AutoTokenizer reads the chat template from chat_template.jinja or tokenizer_config.json.
-    hf_tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True) if tokenizer else None
+    hf_tokenizer = AutoTokenizer.from_pretrained(path, **trust) if tokenizer else None
     return Checkpoint(config, weights, hf_tokenizer, generation_config=read_generation_config(path))
 
 
-def load_tokenizer(path: str, vocab_size: int):
+def load_tokenizer(path: str, vocab_size: int, trust_remote_code: bool = False):
     """The tokenizer of directory `path` (its chat template with it), for a model of `vocab_size` tokens: the
     `tokenizer` argument. Refused, naming it, when the directory holds no tokenizer or more tokens than the
     model has rows for."""
@@ -54,7 +55,7 @@ def load_tokenizer(path: str, vocab_size: int):
     if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
         raise ValueError(f"tokenizer={path!r} is not a directory holding tokenizer files (one of "
                          f"{', '.join(TOKENIZER_FILES)}); hub names are not downloaded")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     if len(tokenizer) > vocab_size:
         raise ValueError(f"tokenizer={path!r} has {len(tokenizer)} tokens, more than the model's vocab_size "
                          f"{vocab_size}: it is not this model's tokenizer")

@@ -27,7 +27,7 @@ def default_model_path() -> str:
 
 
 def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
-                    tokenizer: str | None = None) -> Checkpoint:
+                    tokenizer: str | None = None, trust_remote_code: bool = False) -> Checkpoint:
     """Load a GGUF file or an HF checkpoint directory; `None` loads the default model.
 
     Args:
@@ -35,6 +35,7 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
             tokenizer files. Hub names are not downloaded: this engine never fetches weights.
         skip_tokenizer_init: load no tokenizer (Checkpoint.tokenizer is None).
         tokenizer: a tokenizer directory to load instead of the model's own (hf_loader.load_tokenizer).
+        trust_remote_code: let transformers run a directory's own tokenizer and config code (EngineArgs').
 
     Returns:
         The checkpoint with float32 weights under Hugging Face parameter names.
@@ -44,12 +45,12 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
     if os.path.isfile(path) and path.endswith(".gguf"):
         checkpoint = load_gguf(path, tokenizer=own_tokenizer)
     elif os.path.isdir(path):
-        checkpoint = load_hf_directory(path, tokenizer=own_tokenizer)
+        checkpoint = load_hf_directory(path, tokenizer=own_tokenizer, trust_remote_code=trust_remote_code)
     else:
         raise FileNotFoundError(
             f"model={model!r} is neither a .gguf file nor a checkpoint directory "
             "(weights are never downloaded from a hub)"
         )
     if tokenizer is not None:
-        checkpoint.tokenizer = load_tokenizer(tokenizer, checkpoint.config.vocab_size)
+        checkpoint.tokenizer = load_tokenizer(tokenizer, checkpoint.config.vocab_size, trust_remote_code)
     return checkpoint

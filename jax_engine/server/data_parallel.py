@@ -52,7 +52,8 @@ class DataParallelEngine:
                          **kwargs) -> "DataParallelEngine":
         """Load the checkpoint once and build args.data_parallel_size replicas of it."""
         devices = replica_devices(args)  # before the slow part
-        checkpoint = checkpoint or load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer)
+        checkpoint = checkpoint or load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer,
+                                                   args.trust_remote_code)
         return cls([AsyncLLMEngine(LLMEngine(args, checkpoint, devices=d)) for d in devices], **kwargs)
 
     @classmethod
