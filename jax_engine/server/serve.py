@@ -77,6 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="after SIGTERM, seconds in-flight requests have to finish before their clients are "
                         "disconnected")
     _add_log_arguments(parser)
+    _add_proxy_arguments(parser)
     _add_cors_arguments(parser)
     _add_process_arguments(parser)
     _add_answer_arguments(parser)
@@ -87,11 +88,25 @@ def _add_log_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--disable-uvicorn-access-log", action="store_true",
                         help="no log line per request (uvicorn's access log)")
-    parser.add_argument("--enable-request-id-headers", action="store_true",
-                        help="an X-Request-Id header on every answer: the request's own, else a new one")
+    parser.add_argument("--enable-log-requests", action="store_true",
+                        help="log each request's prompts, token ids and sampling parameters")
+    parser.add_argument("--disable-log-requests", action="store_true",
+                        help="log no request's prompts (vLLM's older flag; this server's default already)")
+    parser.add_argument("--max-log-len", type=int, default=None,
+                        help="with --enable-log-requests: at most this many prompt characters and token ids a line")
+    parser.add_argument("--uvicorn-log-level", default=None,
+                        choices=["critical", "error", "warning", "info", "debug", "trace"],
+                        help="uvicorn's log level (default: --log-level's)")
     parser.add_argument("--disable-log-stats", action="store_true",
                         help="no periodic log line of throughput, requests and KV-cache usage (every "
                              "$VLLM_LOG_STATS_INTERVAL seconds, 10)")
+
+
+def _add_proxy_arguments(parser: argparse.ArgumentParser) -> None:
+    """How the server sits behind a proxy or gateway: the path it is served under, the ids it traces by."""
+    parser.add_argument("--root-path", default="", help="the path prefix a proxy serves the API under")
+    parser.add_argument("--enable-request-id-headers", action="store_true",
+                        help="an X-Request-Id header on every answer: the request's own, else a new one")
 
 
 def _add_cors_arguments(parser: argparse.ArgumentParser) -> None:
@@ -161,6 +176,8 @@ def _lora_module_arg(text: str) -> tuple[str, str]:
 def server_config(ns: argparse.Namespace, model_names: list[str]) -> ServerConfig:
     """ServerConfig from the flags: every field has the flag of its name (--chat-template's file is read)."""
     fields = {f.name: getattr(ns, f.name) for f in dataclasses.fields(ServerConfig) if hasattr(ns, f.name)}
+    if ns.enable_log_requests and ns.disable_log_requests:
+        raise ValueError("--enable-log-requests and --disable-log-requests contradict each other: give one")
     return ServerConfig(**{**fields, "model_name": model_names[0], "served_model_aliases": tuple(model_names[1:]),
                            "api_keys": tuple(ns.api_key),
                            "lora_modules": tuple(ns.lora_modules),
@@ -182,7 +199,8 @@ def make_server(engine, config: ServerConfig, host: str, port: int, log_level: s
                               config.send_timeout)
     # No limit_concurrency: uvicorn's cap counts every connection alike; the protocol class counts its own. No
     # WebSockets: the API has none, and an upgraded connection would leave the protocol class and its count.
-    uvicorn_config = uvicorn.Config(build_app(engine, config), host=host, port=port, log_level=log_level,
+    uvicorn_config = uvicorn.Config(build_app(engine, config), host=host, port=port,
+                                    log_level=config.uvicorn_log_level or log_level, root_path=config.root_path,
                                     access_log=not config.disable_uvicorn_access_log,
                                     http=protocol_class(limits, config.api_keys), ws="none")
     server = DrainingServer(uvicorn_config, config.shutdown_timeout)

@@ -62,6 +62,11 @@ class ServerConfig:
         disable_uvicorn_access_log: no log line per request, as vLLM's flag.
         enable_request_id_headers: an X-Request-Id header on every answer (server/request_id_header.py), as
             vLLM's flag.
+        enable_log_requests: log each request's prompts, token ids and parameters (vLLM's flag; off, as in
+            vLLM, so prompts stay out of the log); max_log_len: at most this many characters of a prompt and
+            token ids of its ids in such a line (None: all).
+        uvicorn_log_level: uvicorn's own log level (vLLM's flag); None: the server's --log-level.
+        root_path: the path prefix a proxy serves the API under (vLLM's and uvicorn's --root-path).
     """
 
     model_name: str
@@ -93,6 +98,10 @@ class ServerConfig:
     log_stats_interval: float = 10.0
     disable_uvicorn_access_log: bool = False
     enable_request_id_headers: bool = False
+    enable_log_requests: bool = False
+    max_log_len: int | None = None
+    uvicorn_log_level: str | None = None
+    root_path: str = ""
 
     def __post_init__(self) -> None:
         if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
@@ -101,6 +110,8 @@ class ServerConfig:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be None or one of {list(REASONING_PARSERS)}, got "
                              f"{self.reasoning_parser!r}")
+        if self.max_log_len is not None and self.max_log_len < 0:
+            raise ValueError(f"max_log_len must be None or >= 0, got {self.max_log_len}")
         if self.prefix_cache_isolation == "api-key" and not self.api_keys:
             raise ValueError("prefix_cache_isolation 'api-key' needs at least one API key")
 

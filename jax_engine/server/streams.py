@@ -3,6 +3,7 @@ and stop work for clients that went away."""
 
 import asyncio
 import json
+import logging
 import math
 import secrets
 import uuid
@@ -22,6 +23,8 @@ from jax_engine.server.state import ServerState
 
 # A client that closed the connection before the answer (nginx's code; nobody reads it).
 CLIENT_CLOSED_REQUEST = 499
+
+logger = logging.getLogger(__name__)
 
 
 def client_error(error: Exception) -> APIError:
@@ -83,11 +86,22 @@ async def add_streams(state: ServerState, request_id: str, prompts: list, params
             prompt = {"prompt": text, "prompt_token_ids": token_ids, "cache_salt": cache_salt}
             streams.append(engine.add_request(f"{request_id}-{unique}-{i}", prompt, engine_params, tenant,
                                               state.lora_request(model)))
+            if state.config.enable_log_requests:
+                _log_request(streams[-1].request_id, text, token_ids, engine_params, model,
+                             state.config.max_log_len)
     except Exception as error:
         for stream in streams:
             engine.abort(stream.request_id)
         raise client_error(error) from None
     return streams
+
+
+def _log_request(request_id: str, text: str | None, token_ids: list[int], params, model: str | None,
+                 max_len: int | None) -> None:
+    """vLLM's line for --enable-log-requests: the prompt (quoted, so a line break in it cannot forge a line) and
+    its ids, cut to max_len characters and ids."""
+    logger.info("Received request %s: prompt: %r, params: %s, prompt_token_ids: %s, model: %s", request_id,
+                None if text is None else text[:max_len], params, token_ids[:max_len], model)
 
 
 async def merge(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
