@@ -13,6 +13,7 @@ from jax_engine.attention import ATTENTION_BACKENDS
 from jax_engine.linear import QUANTIZATIONS
 from jax_engine.model_config import ModelConfig
 from jax_engine.pooling_params import check_task_args
+from jax_engine.sampling_params import MAX_LOGPROBS
 from jax_engine.models.rope import max_len_with_rope_scaling
 from jax_engine.spec_decode import SpeculativeConfig
 from jax_engine.target_platform import platform
@@ -36,6 +37,8 @@ class EngineArgs:
         block_size: tokens per KV block; None picks the attention backend's default (64 for cpu, else 16).
         max_model_len: longest prompt + output; None uses the model's own limit.
         max_num_seqs: most sequences in one step.
+        max_logprobs: the most logprobs (and prompt_logprobs) a request may ask for, as vLLM's; at most 20, the
+            top log-probabilities the compiled sampler keeps (vLLM's -1, no limit, is refused).
         max_num_batched_tokens: most tokens in one step; None picks 2048 (or max_model_len without
             chunked prefill).
         kv_cache_memory_bytes: KV cache size; None means 2 GiB on CPU, or gpu_memory_utilization on GPU.
@@ -102,6 +105,7 @@ class EngineArgs:
     block_size: int | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 256
+    max_logprobs: int = MAX_LOGPROBS
     max_num_batched_tokens: int | None = None
     kv_cache_memory_bytes: int | None = None
     kv_cache_dtype: str = "auto"
@@ -146,6 +150,8 @@ class EngineArgs:
               "block_size", "a power of two in [1, 128]")
         check(self.max_model_len is None or self.max_model_len >= 1, "max_model_len", ">= 1")
         check(isinstance(self.max_num_seqs, int) and self.max_num_seqs >= 1, "max_num_seqs", ">= 1")
+        check(isinstance(self.max_logprobs, int) and 0 <= self.max_logprobs <= MAX_LOGPROBS, "max_logprobs",
+              f"in [0, {MAX_LOGPROBS}]: the compiled sampler keeps the top {MAX_LOGPROBS} log-probabilities")
         check(self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1, "max_num_batched_tokens", ">= 1")
         check(self.kv_cache_memory_bytes is None or self.kv_cache_memory_bytes > 0, "kv_cache_memory_bytes", "> 0")
         check(self.kv_cache_dtype in KV_CACHE_DTYPES, "kv_cache_dtype", f"one of {list(KV_CACHE_DTYPES)}")

@@ -12,7 +12,7 @@ from jax_engine.input_checks import check, is_int, is_unicode
 from jax_engine.model_config import ModelConfig
 from jax_engine.pooling_params import PoolingParams
 from jax_engine.sample.sampling_batch import allowed_token_mask
-from jax_engine.sampling_params import SamplingParams
+from jax_engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from jax_engine.structured_output.grammar import GrammarCompiler
 from reference.scheduler import SchedulerConfig
 
@@ -60,8 +60,9 @@ def _check_needs_no_tokenizer(params: SamplingParams | BeamSearchParams) -> None
 
 class InputProcessor:
     def __init__(self, tokenizer, model_config: ModelConfig, scheduler_config: SchedulerConfig,
-                 grammar_compiler: GrammarCompiler) -> None:
+                 grammar_compiler: GrammarCompiler, max_logprobs: int = MAX_LOGPROBS) -> None:
         self.tokenizer = tokenizer
+        self.max_logprobs = max_logprobs
         self.grammar_compiler = grammar_compiler
         self.vocab_size = model_config.vocab_size
         self.hidden_size = model_config.hidden_size
@@ -136,6 +137,9 @@ class InputProcessor:
             check(params.beam_width <= max_seqs, "beam_width", f"<= max_num_seqs ({max_seqs})", params.beam_width)
             return
         check(params.n <= max_seqs, "n", f"<= max_num_seqs ({max_seqs})", params.n)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            check(value is None or value <= self.max_logprobs, name, f"<= max_logprobs ({self.max_logprobs})", value)
         check(params.top_k <= vocab, "top_k", f"-1, 0 (disabled) or at most vocab_size ({vocab})", params.top_k)
         check(all(t < vocab for t in params.stop_token_ids), "stop_token_ids",
               f"token ids below vocab_size ({vocab})", params.stop_token_ids)

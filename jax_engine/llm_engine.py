@@ -93,7 +93,8 @@ class LLMEngine(LoRAEngineMethods):
         self.eos_token_ids = tuple(dict.fromkeys(checkpoint.eos_token_ids +
                                                  token_ids(generation_config.get("eos_token_id"))))
         self.grammar_compiler = GrammarCompiler(self.tokenizer, cfg.vocab_size, self.eos_token_ids)
-        self.input_processor = InputProcessor(self.tokenizer, cfg, self.scheduler_config, self.grammar_compiler)
+        self.input_processor = InputProcessor(self.tokenizer, cfg, self.scheduler_config, self.grammar_compiler,
+                                              args.max_logprobs)
         text_tokenizer = self.tokenizer if detokenize else None
         self.output_processor = OutputProcessor(text_tokenizer, self.eos_token_ids)
         self._new_sequence = SequenceFactory(text_tokenizer, self.eos_token_ids, args.seed, self.grammar_compiler)

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from jax_engine import EngineArgs, LLMEngine, SamplingParams
 from jax_engine.beam_search import BeamSearchParams
 
+# max_logprobs one below the most the sampler keeps, so that vLLM's limit is seen refusing 20.
 ARGS = dict(num_gpu_blocks_override=32, block_size=8, max_model_len=48, max_num_seqs=4, max_num_batched_tokens=48,
-            enforce_eager=True)
+            enforce_eager=True, max_logprobs=19)
 PROMPT = [5, 6, 7, 8]
 NORMAL = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 FIELDS = [f.name for f in dataclasses.fields(SamplingParams)]
@@ -140,6 +141,8 @@ def test_every_extreme_value_of_every_field_fails_at_once_or_finishes(engine, no
     (dict(stop=["x"] * 10_000), "stop"),
     (dict(stop=["x" * 2000]), "stop"),
     (dict(repetition_penalty=1e-30), "repetition_penalty"),
+    (dict(logprobs=20), "logprobs"),  # more than max_logprobs
+    (dict(prompt_logprobs=20), "prompt_logprobs"),
 ])
 def test_known_bad_values_are_refused_with_the_field_named(engine, kwargs, field):
     with pytest.raises(ValueError) as refused:

@@ -110,7 +110,7 @@ class EngineCoreClient:
         self.grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids,
                                                 builds_matchers=False)  # the core builds them (grammar_builds.py)
         self.input_processor = InputProcessor(self.tokenizer, self.model_config, self.scheduler_config,
-                                              self.grammar_compiler)
+                                              self.grammar_compiler, self.args.max_logprobs)
 
     # ------------------------------------------------------------------- LLMEngine's face
     def get_default_sampling_params(self) -> SamplingParams:
