@@ -65,7 +65,7 @@ def build_parser(for_serve: bool = False) -> argparse.ArgumentParser:
     the benchmarks imported, so that `serve` hands its engine core its arguments ~0.7 s sooner."""
     # Imported here, not above: main() starts `serve`'s engine core process before these imports (launch.py).
     from jax_engine.config import EngineArgs
-    from jax_engine.server import serve as serve_command
+    from jax_engine.server import serve as serve_command, serve_flags
 
     parser = argparse.ArgumentParser(prog="jax-engine", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -78,7 +78,7 @@ def build_parser(for_serve: bool = False) -> argparse.ArgumentParser:
         _add_sampling_args(sub)
         sub.set_defaults(run=run)
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible API over HTTP")
-    serve_command.add_arguments(serve)
+    serve_flags.add_arguments(serve)
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(run=serve_command.main)
     if for_serve:

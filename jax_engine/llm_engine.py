@@ -27,7 +27,7 @@ from jax_engine.core.scheduler import Scheduler
 from jax_engine.core.scheduler_output import SchedulerOutput
 from jax_engine.engine_stats import EngineStats, StepTrace, step_trace
 from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, RequestParams, cache_salt
-from jax_engine.loader import Checkpoint, load_checkpoint
+from jax_engine.loader import Checkpoint, load_engine_checkpoint
 from jax_engine.lora.engine_methods import LoRAEngineMethods
 from jax_engine.lora.request import LoRARequest
 from jax_engine.loader.generation_config import default_sampling_fields, resolve_generation_config
@@ -80,8 +80,7 @@ class LLMEngine(LoRAEngineMethods):
         self.pooler, args = Pooler.for_engine(args)  # task="embed": vectors instead of tokens (pooler.py)
         self.args = args
         mesh = init_devices(args, devices)  # checked before anything loads
-        checkpoint = checkpoint or load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer,
-                                                   args.trust_remote_code)
+        checkpoint = checkpoint or load_engine_checkpoint(args)
         self.model_config = cfg = checkpoint.config
         self.tokenizer = None if args.skip_tokenizer_init else checkpoint.tokenizer
         self.scheduler_config = resolve_scheduler_config(args, cfg)

@@ -4,6 +4,7 @@
 import os
 import re
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -40,13 +41,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until_healthy(url: str, timeout: float, process: subprocess.Popen | None = None) -> None:
+def wait_until_healthy(url: str, timeout: float, process: subprocess.Popen | None = None,
+                       verify: ssl.SSLContext | bool = True) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"the server exited with {process.returncode}")
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            if httpx.get(f"{url}/health", timeout=1, verify=verify).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -99,13 +101,15 @@ class ThreadedServer:
         from jax_engine.server.serve import make_server
 
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # A test's self-signed certificate is its own authority.
+        self.verify = ssl.create_default_context(cafile=config.ssl_certfile) if config.ssl_certfile else True
+        self.url = f"{'https' if config.ssl_certfile else 'http'}://127.0.0.1:{self.port}"
         self.server = make_server(engine, config, "127.0.0.1", self.port, log_level="warning")
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> "ThreadedServer":
         self.thread.start()
-        wait_until_healthy(self.url, timeout=60)
+        wait_until_healthy(self.url, timeout=60, verify=self.verify)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -6,6 +6,6 @@ projections), whatever the file format.
 """
 
 from jax_engine.loader.checkpoint import Checkpoint
-from jax_engine.loader.load import default_model_path, load_checkpoint
+from jax_engine.loader.load import default_model_path, load_checkpoint, load_engine_checkpoint
 
-__all__ = ["Checkpoint", "default_model_path", "load_checkpoint"]
+__all__ = ["Checkpoint", "default_model_path", "load_checkpoint", "load_engine_checkpoint"]

@@ -54,3 +54,8 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
     if tokenizer is not None:
         checkpoint.tokenizer = load_tokenizer(tokenizer, checkpoint.config.vocab_size, trust_remote_code)
     return checkpoint
+
+
+def load_engine_checkpoint(args) -> Checkpoint:
+    """The checkpoint an EngineArgs names: its model, with the tokenizer it asks for."""
+    return load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer, args.trust_remote_code)

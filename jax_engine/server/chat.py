@@ -79,10 +79,10 @@ class ChoiceText:
         return reasoning, *self.tools.delta(text, finished)
 
 
-def _message(d: Delta, choice: ChoiceText, tool_choice: str | dict) -> dict:
+def _message(d: Delta, choice: ChoiceText, tool_choice: str | dict, role: str) -> dict:
     """A finished choice's message and finish_reason: its reasoning, content and tool calls."""
     reasoning, content, calls = choice.delta(d.text, finished=True)
-    message = {"role": "assistant", "content": content if choice.tools is None else content or None}
+    message = {"role": role, "content": content if choice.tools is None else content or None}
     if choice.reasoning is not None:
         message["reasoning_content"] = reasoning or None
     if choice.tools is not None:
@@ -121,13 +121,17 @@ class ChatCompletions:
         if body.stream:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), num_top)
         [final] = await collect(streams)
-        choices = [{"index": d.index, **_message(d, self._choice_text(body), tool_choice),
+        choices = [{"index": d.index, **_message(d, self._choice_text(body), tool_choice, self._role(body)),
                     "logprobs": _logprobs(d, num_top)}
                    for d in DeltaTracker.for_params(params).deltas(0, final)]
         answer = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
                   "model": state.served_name(body.model), "choices": choices,
                   "usage": usage([final], state.config.enable_prompt_tokens_details)}
         return answer if final.prompt_logprobs is None else {**answer, "prompt_logprobs": prompt_logprobs(final)}
+
+    def _role(self, body: ChatCompletionRequest) -> str:
+        """The answer's role, as vLLM's: --response-role's for a new turn, else that of the message it goes on."""
+        return self.state.config.response_role if body.add_generation_prompt else body.messages[-1].role
 
     def _choice_text(self, body: ChatCompletionRequest) -> ChoiceText:
         parser, tool_choice = self.state.config.reasoning_parser, body.effective_tool_choice
@@ -139,13 +143,13 @@ class ChatCompletions:
                       num_top: int) -> AsyncIterator[str]:
         head = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.state.served_name(body.model)}
-        final = None
+        final, role = None, self._role(body)
         choices = {}  # choice index -> its ChoiceText
         try:
             async for _, final in merge(streams):
                 for d in tracker.deltas(0, final):
                     if d.first:  # OpenAI opens each choice with the role alone
-                        yield sse({**head, "choices": [{"index": d.index, "delta": {"role": "assistant", "content": ""},
+                        yield sse({**head, "choices": [{"index": d.index, "delta": {"role": role, "content": ""},
                                                         "logprobs": None, "finish_reason": None}]})
                     choice = choices.setdefault(d.index, self._choice_text(body))
                     reasoning, content, calls = choice.delta(d.text, finished=d.finish_reason is not None)

@@ -18,7 +18,7 @@ from jax_engine.beam_search import BeamSearchParams
 from jax_engine.config import EngineArgs
 from jax_engine.distributed.replica_devices import replica_devices
 from jax_engine.llm_engine import LLMEngine, Prompt
-from jax_engine.loader import Checkpoint, load_checkpoint
+from jax_engine.loader import Checkpoint, load_engine_checkpoint
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestOutput
 from jax_engine.sampling_params import SamplingParams
@@ -52,8 +52,7 @@ class DataParallelEngine:
                          **kwargs) -> "DataParallelEngine":
         """Load the checkpoint once and build args.data_parallel_size replicas of it."""
         devices = replica_devices(args)  # before the slow part
-        checkpoint = checkpoint or load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer,
-                                                   args.trust_remote_code)
+        checkpoint = checkpoint or load_engine_checkpoint(args)
         return cls([AsyncLLMEngine(LLMEngine(args, checkpoint, devices=d)) for d in devices], **kwargs)
 
     @classmethod

@@ -67,6 +67,11 @@ class ServerConfig:
             token ids of its ids in such a line (None: all).
         uvicorn_log_level: uvicorn's own log level (vLLM's flag); None: the server's --log-level.
         root_path: the path prefix a proxy serves the API under (vLLM's and uvicorn's --root-path).
+        ssl_keyfile, ssl_certfile: serve HTTPS with this key and certificate (vLLM's and uvicorn's flags; both or
+            neither); ssl_ca_certs, ssl_cert_reqs: the CA file to check client certificates with, and whether
+            to ask for them (Python's ssl.CERT_NONE 0, CERT_OPTIONAL 1, CERT_REQUIRED 2).
+        response_role: the role of a chat answer that starts a new turn (vLLM's flag; one that goes on the last
+            message, add_generation_prompt false, has that message's role).
     """
 
     model_name: str
@@ -102,6 +107,11 @@ class ServerConfig:
     max_log_len: int | None = None
     uvicorn_log_level: str | None = None
     root_path: str = ""
+    response_role: str = "assistant"
+    ssl_keyfile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_ca_certs: str | None = None
+    ssl_cert_reqs: int = 0
 
     def __post_init__(self) -> None:
         if self.prefix_cache_isolation not in PREFIX_CACHE_ISOLATION:
@@ -110,6 +120,13 @@ class ServerConfig:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be None or one of {list(REASONING_PARSERS)}, got "
                              f"{self.reasoning_parser!r}")
+        if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
+            raise ValueError("ssl_keyfile and ssl_certfile go together: give both for HTTPS, or neither")
+        for name in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
+            if getattr(self, name) is not None and not os.path.isfile(getattr(self, name)):
+                raise ValueError(f"{name} must be a file, got {getattr(self, name)!r}")
+        if self.ssl_cert_reqs not in (0, 1, 2):
+            raise ValueError(f"ssl_cert_reqs must be 0 (none), 1 (optional) or 2 (required), got {self.ssl_cert_reqs}")
         if self.max_log_len is not None and self.max_log_len < 0:
             raise ValueError(f"max_log_len must be None or >= 0, got {self.max_log_len}")
         if self.prefix_cache_isolation == "api-key" and not self.api_keys:
