@@ -31,11 +31,22 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sampling-seed", type=int, default=None, help="per-request seed")
 
 
+def _chat_template(ns: argparse.Namespace) -> str | None:
+    """--chat-template's template (a file, or the template itself), checked before the model loads."""
+    from jax_engine.chat_template import load_chat_template
+
+    return load_chat_template(ns.chat_template)
+
+
 def generate(ns: argparse.Namespace) -> None:
+    if ns.chat_template is not None and not ns.chat:
+        raise ValueError("--chat-template renders chat prompts: it needs --chat")
+    template = _chat_template(ns)
     llm = _llm(ns)
     params = _sampling(ns)
     if ns.chat:
-        outputs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompts], params, use_tqdm=False)
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in ns.prompts], params, use_tqdm=False,
+                           chat_template=template)
     else:
         outputs = llm.generate(ns.prompts, params, use_tqdm=False)
     for output in outputs:
@@ -43,6 +54,7 @@ def generate(ns: argparse.Namespace) -> None:
 
 
 def chat(ns: argparse.Namespace) -> None:
+    template = _chat_template(ns)
     llm = _llm(ns)
     params, conversation = _sampling(ns), []
     print("Chatting with the model. Type /exit or press Ctrl-D to leave.", file=sys.stderr)
@@ -54,7 +66,7 @@ def chat(ns: argparse.Namespace) -> None:
         if line.strip() == "/exit":
             break
         conversation.append({"role": "user", "content": line})
-        [output] = llm.chat(conversation, params, use_tqdm=False)
+        [output] = llm.chat(conversation, params, use_tqdm=False, chat_template=template)
         reply = output.outputs[0].text.strip()
         conversation.append({"role": "assistant", "content": reply})
         print(reply, flush=True)
@@ -66,6 +78,7 @@ def build_parser(for_serve: bool = False) -> argparse.ArgumentParser:
     # Imported here, not above: main() starts `serve`'s engine core process before these imports (launch.py).
     from jax_engine.config import EngineArgs
     from jax_engine.server import serve as serve_command, serve_flags
+    from jax_engine.server.server_config import add_chat_template_argument
 
     parser = argparse.ArgumentParser(prog="jax-engine", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +89,7 @@ def build_parser(for_serve: bool = False) -> argparse.ArgumentParser:
     for sub, run in ((gen, generate), (chat_parser, chat)):
         EngineArgs.add_cli_args(sub)
         _add_sampling_args(sub)
+        add_chat_template_argument(sub)
         sub.set_defaults(run=run)
     serve = commands.add_parser("serve", help="serve the OpenAI-compatible API over HTTP")
     serve_flags.add_arguments(serve)

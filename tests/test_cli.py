@@ -23,6 +23,17 @@ def test_generate_prints_the_completion():
     assert result.stdout.startswith("The capital of France is Paris")
 
 
+def test_generate_chat_takes_a_template_of_ones_own():
+    """--chat-template (serve's flag) on the local commands: this template ignores the message and asks the
+    model to finish a sentence; without --chat it would render nothing, and is refused before the model loads."""
+    template = "{{ 'The capital of France is' }}"
+    result = run("generate", "--chat", "--chat-template", template, "ignored", "--max-tokens", "2", *SMALL)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(" Paris"), result.stdout
+    refused = run("generate", "--chat-template", template, "hi", *SMALL)
+    assert refused.returncode != 0 and "--chat-template renders chat prompts: it needs --chat" in refused.stderr
+
+
 def test_chat_answers_on_stdin_until_exit():
     result = run("chat", "--max-tokens", "24", *SMALL, stdin="What is the capital of France?\n/exit\nnever read\n")
     assert result.returncode == 0, result.stderr
