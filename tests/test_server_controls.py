@@ -77,6 +77,23 @@ def test_echo_with_logprobs_puts_the_prompts_before_the_text(client):
     assert "".join(choice.logprobs.tokens) == choice.text
 
 
+def test_return_tokens_as_token_ids_names_logprobs_tokens_by_id(client):
+    """vLLM's field: every token of logprobs (and of their top alternatives) is token_id:N, with the same log
+    probabilities; the text offsets follow those names, as vLLM's do."""
+    plain = complete(client, logprobs=2, return_token_ids=True).choices[0]
+    named = complete(client, logprobs=2, return_token_ids=True, return_tokens_as_token_ids=True).choices[0]
+    ids = named.model_extra["token_ids"]
+    assert named.logprobs.tokens == [f"token_id:{t}" for t in ids] and named.text == plain.text
+    assert named.logprobs.token_logprobs == plain.logprobs.token_logprobs
+    assert all(key.startswith("token_id:") for top in named.logprobs.top_logprobs for key in top)
+    assert named.logprobs.text_offset[1] == len(f"token_id:{ids[0]}")
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                          temperature=0, logprobs=True, top_logprobs=2,
+                                          extra_body={"return_tokens_as_token_ids": True}).choices[0]
+    assert all(c.token.startswith("token_id:") and bytes(c.bytes).decode() == c.token
+               and all(top.token.startswith("token_id:") for top in c.top_logprobs) for c in chat.logprobs.content)
+
+
 def test_prompt_logprobs_field(client):
     choice = complete(client, prompt_logprobs=2, max_tokens=2).choices[0]
     entries = choice.model_extra["prompt_logprobs"]

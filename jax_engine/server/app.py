@@ -31,9 +31,9 @@ from jax_engine.server.limits import BodySizeLimitMiddleware, BodyTimeoutMiddlew
 from jax_engine.server.metrics import ServingMetrics
 from jax_engine.server.json_fields import check_json_fields
 from jax_engine.server.lora_adapters import runtime_updates_allowed
-from jax_engine.server.protocol import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest, EmbeddingRequest,
-                                        GenerateRequest, LoadLoRAAdapterRequest, TokenizeRequest,
-                                        UnloadLoRAAdapterRequest)
+from jax_engine.server.protocol import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from jax_engine.server.protocol_extras import (DetokenizeRequest, GenerateRequest, LoadLoRAAdapterRequest,
+                                               TokenizeRequest, UnloadLoRAAdapterRequest)
 from jax_engine.server.request_id_header import RequestIdHeaderMiddleware
 from jax_engine.server.request_parts import conversation
 from jax_engine.server.server_config import ServerConfig

@@ -12,22 +12,25 @@ from jax_engine.server.reasoning import ReasoningStream
 from jax_engine.server.state import ServerState
 from jax_engine.server.tools import ToolCallStream, with_tools
 from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, answer_id, collect, finite, merge,
-                                       prompt_logprobs, refuse_if_busy, sse, sse_error, usage)
+                                       prompt_logprobs, refuse_if_busy, sse, sse_error, token_id_name, usage)
 
 
-def _token_logprob(lp: Logprob) -> dict:
-    token = lp.decoded_token or ""
+def _token_logprob(token_id: int, lp: Logprob, as_ids: bool) -> dict:
+    token = token_id_name(token_id) if as_ids else lp.decoded_token or ""
     return {"token": token, "logprob": finite(lp.logprob), "bytes": list(token.encode())}
 
 
-def _logprobs(delta: Delta, num_top: int) -> dict | None:
-    """{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}, top alternatives by rank."""
+def _logprobs(delta: Delta, num_top: int, as_ids: bool) -> dict | None:
+    """{"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}, top alternatives by rank; `as_ids`:
+    tokens shown as vLLM's token_id:N (return_tokens_as_token_ids)."""
     if delta.logprobs is None:
         return None
     content = []
     for token_id, entry in zip(delta.token_ids, delta.logprobs):
-        top = sorted((lp for lp in entry.values() if lp.rank is not None and lp.rank <= num_top), key=lambda lp: lp.rank)
-        content.append({**_token_logprob(entry[token_id]), "top_logprobs": [_token_logprob(lp) for lp in top]})
+        top = sorted(((t, lp) for t, lp in entry.items() if lp.rank is not None and lp.rank <= num_top),
+                     key=lambda item: item[1].rank)
+        content.append({**_token_logprob(token_id, entry[token_id], as_ids),
+                        "top_logprobs": [_token_logprob(t, lp, as_ids) for t, lp in top]})
     return {"content": content}
 
 
@@ -122,7 +125,7 @@ class ChatCompletions:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), num_top)
         [final] = await collect(streams)
         choices = [{"index": d.index, **_message(d, self._choice_text(body), tool_choice, self._role(body)),
-                    "logprobs": _logprobs(d, num_top)}
+                    "logprobs": _logprobs(d, num_top, state.tokens_as_ids(body))}
                    for d in DeltaTracker.for_params(params).deltas(0, final)]
         answer = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
                   "model": state.served_name(body.model), "choices": choices,
@@ -143,7 +146,7 @@ class ChatCompletions:
                       num_top: int) -> AsyncIterator[str]:
         head = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": self.state.served_name(body.model)}
-        final, role = None, self._role(body)
+        final, role, as_ids = None, self._role(body), self.state.tokens_as_ids(body)
         choices = {}  # choice index -> its ChoiceText
         try:
             async for _, final in merge(streams):
@@ -160,7 +163,8 @@ class ChatCompletions:
                     # Text held back (a tag that may be beginning): nothing to send yet, as vLLM sends nothing.
                     if not delta and reason is None and d.logprobs is None:
                         continue
-                    yield sse({**head, "choices": [{"index": d.index, "delta": delta, "logprobs": _logprobs(d, num_top),
+                    yield sse({**head, "choices": [{"index": d.index, "delta": delta,
+                                                    "logprobs": _logprobs(d, num_top, as_ids),
                                                     "finish_reason": reason, "stop_reason": d.stop_reason}]})
             if body.include_usage:
                 yield sse({**head, "choices": [],

@@ -8,7 +8,7 @@ from jax_engine.server.errors import APIError
 from jax_engine.server.protocol import CompletionRequest
 from jax_engine.server.state import ServerState
 from jax_engine.server.streams import (Delta, DeltaTracker, add_streams, answer_id, collect, finite, merge,
-                                       prompt_logprobs, sse, sse_error, usage)
+                                       prompt_logprobs, sse, sse_error, token_id_name, usage)
 
 
 def prompt_list(prompt: str | list, field: str = "prompt") -> list[str | list[int]]:
@@ -21,17 +21,18 @@ def prompt_list(prompt: str | list, field: str = "prompt") -> list[str | list[in
     return list(prompt)
 
 
-def _logprobs(token_ids: list[int], entries: list | None, offset: int, decode) -> dict | None:
+def _logprobs(token_ids: list[int], entries: list | None, offset: int, name) -> dict | None:
     """The legacy logprobs object: tokens, their logprobs, the top alternatives, and text offsets. A prompt's
-    first token has no entry (None): nothing precedes it."""
+    first token has no entry (None): nothing precedes it. `name(token id, its Logprob or None)` is how a token
+    is shown."""
     if entries is None:
         return None
     tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
     for token_id, entry in zip(token_ids, entries):
-        text = entry[token_id].decoded_token if entry else decode([token_id])
+        text = name(token_id, entry[token_id] if entry else None)
         tokens.append(text)
         token_logprobs.append(finite(entry[token_id].logprob) if entry else None)
-        top_logprobs.append({lp.decoded_token: finite(lp.logprob) for lp in entry.values()} if entry else None)
+        top_logprobs.append({name(t, lp): finite(lp.logprob) for t, lp in entry.items()} if entry else None)
         text_offset.append(offset)
         offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
@@ -75,7 +76,7 @@ class Completions:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), echoes)
         finals = await collect(streams)
         tracker = DeltaTracker.for_params(params)
-        choices = sorted((self._choice(d, echoes[i], o, scoring_only, body.return_token_ids)
+        choices = sorted((self._choice(d, echoes[i], o, body, scoring_only)
                           for i, o in enumerate(finals)
                           for d in tracker.deltas(i, o)), key=lambda c: c["index"])
         counts = usage(finals, state.config.enable_prompt_tokens_details)
@@ -94,21 +95,27 @@ class Completions:
         """Text of tokens: only for echo and logprobs, which a server without a tokenizer refuses."""
         return self.state.tokenizer.decode(token_ids)
 
-    def _choice(self, delta: Delta, echo: str, output: RequestOutput, scoring_only: bool = False,
-                return_token_ids: bool = False) -> dict:
-        prefix = echo if delta.first else ""
+    def _token_name(self, body: CompletionRequest):
+        """How logprobs show a token: its text, or vLLM's token_id:N (return_tokens_as_token_ids)."""
+        if self.state.tokens_as_ids(body):
+            return lambda token_id, _: token_id_name(token_id)
+        return lambda token_id, lp: lp.decoded_token if lp is not None else self._decode([token_id])
+
+    def _choice(self, delta: Delta, echo: str, output: RequestOutput, body: CompletionRequest,
+                scoring_only: bool = False) -> dict:
+        prefix, name = echo if delta.first else "", self._token_name(body)
         prompt = None
         if prefix and output is not None and output.prompt_logprobs is not None:
-            prompt = _logprobs(output.prompt_token_ids, output.prompt_logprobs, 0, self._decode)
+            prompt = _logprobs(output.prompt_token_ids, output.prompt_logprobs, 0, name)
         if scoring_only:
             return {"index": delta.index, "text": prefix, "logprobs": prompt, "finish_reason": "length",
                     "stop_reason": None, "prompt_logprobs": prompt_logprobs(output)}
-        generated = _logprobs(delta.token_ids, delta.logprobs, len(prefix), self._decode)
+        generated = _logprobs(delta.token_ids, delta.logprobs, len(prefix), name)
         choice = {"index": delta.index, "text": prefix + delta.text, "logprobs": _joined(prompt, generated),
                   "finish_reason": delta.finish_reason, "stop_reason": delta.stop_reason}
         if delta.first and output is not None and output.prompt_logprobs is not None:  # vLLM's field, as well
             choice["prompt_logprobs"] = prompt_logprobs(output)
-        if return_token_ids:  # vLLM's: the prompt's ids with a choice's first event, then each event's new ones
+        if body.return_token_ids:  # vLLM's: the prompt's ids with a choice's first event, then each event's new ones
             choice |= {"prompt_token_ids": output.prompt_token_ids if delta.first else None,
                        "token_ids": delta.token_ids}
         return choice
@@ -130,7 +137,7 @@ class Completions:
             async for i, output in merge(streams):
                 finals[i] = output
                 for delta in tracker.deltas(i, output):
-                    choice = self._choice(delta, echoes[i], output, return_token_ids=body.return_token_ids)
+                    choice = self._choice(delta, echoes[i], output, body)
                     yield sse({**head, "choices": [choice]})
             if body.include_usage:
                 finished = [finals[i] for i in range(len(streams))]

@@ -8,7 +8,7 @@ json_fields.py.
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from jax_engine.beam_search import MAX_BEAM_WIDTH, BeamSearchParams
 from jax_engine.input_checks import check
@@ -93,6 +93,8 @@ class SamplingRequest(RequestBody):
     cache_salt: Text | None = Field(None, min_length=1, description="vLLM's: prefix-cache hits only between "
                                     "requests with the same salt")
     request_id: RequestId = None
+    return_tokens_as_token_ids: bool | None = Field(None, description="vLLM's: logprobs show tokens as "
+                                                    "token_id:N; default: --return-tokens-as-token-ids")
     logit_bias: dict[str, Finite] | None = Field(None, description="token id (a string, as OpenAI's) -> bias "
                                                   "in [-100, 100]")
     allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
@@ -266,35 +268,3 @@ class EmbeddingRequest(RequestBody):
 
     def pooling_params(self) -> PoolingParams:
         return PoolingParams(self.normalize, self.dimensions, self.truncate_prompt_tokens)
-
-
-class TokenizeRequest(RequestBody):
-    prompt: Text | None = None
-    messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
-    continue_final_message: bool = Field(False, description=CONTINUE_FINAL_MESSAGE)
-    model: str | None = None
-
-
-class DetokenizeRequest(RequestBody):
-    tokens: list[int]
-    model: str | None = None
-
-
-class LoadLoRAAdapterRequest(RequestBody):
-    lora_name: str = Field(min_length=1, max_length=256)
-    lora_path: str = Field(min_length=1, max_length=4096)
-
-
-class UnloadLoRAAdapterRequest(RequestBody):
-    lora_name: str = Field(min_length=1, max_length=256)
-    lora_int_id: int | None = None  # vLLM's; the name alone picks the adapter
-
-
-class GenerateRequest(BaseModel):
-    """The simple demo server's body: a prompt, `stream`, and any SamplingParams field by name."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
-    prompt: Text
-    stream: bool = False

@@ -144,6 +144,8 @@ def _add_answer_arguments(parser: argparse.ArgumentParser) -> None:
                         help="give a thinking model's <think> part as reasoning_content in chat answers")
     parser.add_argument("--response-role", default="assistant",
                         help="the role of chat answers that start a new turn")
+    parser.add_argument("--return-tokens-as-token-ids", action="store_true",
+                        help="logprobs show tokens as token_id:N (a request's return_tokens_as_token_ids also does)")
     # vLLM needs these two for tool_choice "auto"; here it is always on, with one parser (server/tools.py).
     # Taken so that vLLM's command lines start; a parser this server does not have is refused.
     parser.add_argument("--enable-auto-tool-choice", action="store_true",

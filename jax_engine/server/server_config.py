@@ -70,6 +70,8 @@ class ServerConfig:
         ssl_keyfile, ssl_certfile: serve HTTPS with this key and certificate (vLLM's and uvicorn's flags; both or
             neither); ssl_ca_certs, ssl_cert_reqs: the CA file to check client certificates with, and whether
             to ask for them (Python's ssl.CERT_NONE 0, CERT_OPTIONAL 1, CERT_REQUIRED 2).
+        return_tokens_as_token_ids: logprobs show tokens as token_id:N unless a request says otherwise (vLLM's
+            flag), for tokens that are no whole characters.
         response_role: the role of a chat answer that starts a new turn (vLLM's flag; one that goes on the last
             message, add_generation_prompt false, has that message's role).
     """
@@ -108,6 +110,7 @@ class ServerConfig:
     uvicorn_log_level: str | None = None
     root_path: str = ""
     response_role: str = "assistant"
+    return_tokens_as_token_ids: bool = False
     ssl_keyfile: str | None = None
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None

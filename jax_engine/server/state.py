@@ -71,6 +71,11 @@ class ServerState:
             raise APIError(400, "the X-Request-Id header must be 1-256 visible ASCII characters", "X-Request-Id")
         return value
 
+    def tokens_as_ids(self, body: SamplingRequest) -> bool:
+        """Whether logprobs show tokens as token_id:N: the request's return_tokens_as_token_ids, else the
+        server's flag (as vLLM: either one)."""
+        return bool(body.return_tokens_as_token_ids or self.config.return_tokens_as_token_ids)
+
     def cache_salt(self, request: Request, salt: str | None) -> str | None:
         """The request's cache_salt, prefixed with its API key's tenant when tenants are isolated."""
         if self.config.prefix_cache_isolation == "none":

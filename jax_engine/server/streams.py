@@ -53,6 +53,12 @@ def refuse_if_busy(engine: AsyncLLMEngine, tenant: str | None = None) -> None:
         raise client_error(error) from None
 
 
+def token_id_name(token_id: int) -> str:
+    """A token as logprobs show it under return_tokens_as_token_ids (vLLM's): for tokens that are no whole
+    characters (a byte of one), which their text cannot tell apart."""
+    return f"token_id:{token_id}"
+
+
 def answer_id(prefix: str, header_id: str | None, body_id: str | None) -> str:
     """An answer's id, as vLLM's: the kind's prefix and the X-Request-Id header's id, else the body's request_id,
     else a random one."""
