@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from jax import monitoring
 
 from jax_engine import LLM, EngineArgs, LLMEngine, SamplingParams
+from jax_engine.beam_search import BeamSearchParams
 from jax_engine.attention.cpu import kernel_unavailable_reason
 from jax_engine.runner import compile_shapes
 from jax_engine.runner.compile_shapes import startup_programs
@@ -354,6 +355,10 @@ def test_requests_with_any_sampler_options_compile_nothing_after_start_up(make_l
         for _ in range(4):
             batch_of_requests()  # derandomized: the same requests each time
             footprints.append(_process_footprint())
+        # Beam search (use_beam_search over HTTP too) reads the top 2 x width log-probabilities that the sampler
+        # always computes: it needs no program of its own, whatever its width (4: what 8 blocks hold).
+        [beams] = llm.beam_search(prompts[:1], BeamSearchParams(beam_width=4, max_tokens=4))
+        assert len(beams.sequences) == 4
     growth = [(after[0] - before[0], after[1] - before[1]) for before, after in zip(footprints, footprints[1:])]
     print(f"{sum(sent) // 4} requests, four times:", ", ".join(f"{maps:+d} maps, {resident / 2**20:+.1f} MB"
                                                  for maps, resident in growth))

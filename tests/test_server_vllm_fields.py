@@ -153,6 +153,12 @@ def test_beam_search_answers_the_reference_beams(client, tiny_checkpoint):
     events = [c.choices[0] for c in client.completions.create(**longer, stream=True, extra_body=fields)]
     assert sorted((c.index, c.text, c.finish_reason) for c in events) == [
         (c.index, c.text, c.finish_reason) for c in answer.choices]
+    bystander = {"model": "tiny", "prompt": "x", "max_tokens": 20, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    alone = client.completions.create(**bystander).choices[0].text
+    with ThreadPoolExecutor(1) as pool:  # the widest search this server holds (n = max_num_seqs) beside it
+        beside = pool.submit(client.completions.create, **bystander)
+        assert len(client.completions.create(**{**longer, "n": 4}, extra_body=fields).choices) == 4
+        assert beside.result().choices[0].text == alone
     chat = client.chat.completions.create(model="tiny", messages=HELLO, n=2, max_tokens=4,
                                           extra_body={"use_beam_search": True})
     assert [c.index for c in chat.choices] == [0, 1] and chat.usage.completion_tokens <= 8
