@@ -120,23 +120,24 @@ def _add_service_routes(app: FastAPI, state: ServerState, metrics: ServingMetric
 def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
     completions, chat, embeddings = Completions(state), ChatCompletions(state), Embeddings(state)
 
+    def caller(raw_request: Request, salt: str | None) -> dict:
+        """What a handler needs of the HTTP request beside its body: cache salt, tenant, X-Request-Id."""
+        return {"cache_salt": state.cache_salt(raw_request, salt), "tenant": state.tenant(raw_request),
+                "header_id": state.header_request_id(raw_request)}
+
     @app.post("/v1/completions")
     async def create_completion(body: CompletionRequest, raw_request: Request):
-        salt, header_id = state.cache_salt(raw_request, body.cache_salt), state.header_request_id(raw_request)
-        return _respond(await until_disconnect(raw_request, completions.create(body, salt, state.tenant(raw_request),
-                                                                               header_id)))
+        work = completions.create(body, **caller(raw_request, body.cache_salt))
+        return _respond(await until_disconnect(raw_request, work))
 
     @app.post("/v1/chat/completions")
     async def create_chat_completion(body: ChatCompletionRequest, raw_request: Request):
-        salt, header_id = state.cache_salt(raw_request, body.cache_salt), state.header_request_id(raw_request)
-        return _respond(await until_disconnect(raw_request, chat.create(body, salt, state.tenant(raw_request),
-                                                                        header_id)))
+        work = chat.create(body, **caller(raw_request, body.cache_salt))
+        return _respond(await until_disconnect(raw_request, work))
 
     @app.post("/v1/embeddings")
     async def create_embedding(body: EmbeddingRequest, raw_request: Request):
-        salt, header_id = state.cache_salt(raw_request, None), state.header_request_id(raw_request)
-        return await until_disconnect(raw_request, embeddings.create(body, salt, state.tenant(raw_request),
-                                                                     header_id))
+        return await until_disconnect(raw_request, embeddings.create(body, **caller(raw_request, None)))
 
 
 def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:
