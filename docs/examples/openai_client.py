@@ -36,6 +36,10 @@ try:
     chunks = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
     print("chat, streamed:", "|".join(chunks))
 
+    beams = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, n=3,
+                                      extra_body={"use_beam_search": True})
+    print("beams:", [choice.text for choice in beams.choices])
+
     try:
         client.completions.create(model=MODEL, prompt="Hi", temperature=-1)
         raise AssertionError("a negative temperature was accepted")
@@ -46,3 +50,4 @@ finally:
     server.wait()
 
 assert "Paris" in completion.choices[0].text and "Paris" in "".join(chunks)
+assert len({choice.text for choice in beams.choices}) == 3
