@@ -49,6 +49,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__F16C__) || defined(__AVX2__) || defined(__AVX512F__)
@@ -206,7 +207,70 @@ template <typename T>
 constexpr float kLoadScale = 1.0f;
 template <>
 constexpr float kLoadScale<Float8E4M3> = jax_engine::kE4M3HalfScale;
-inline void store_floats(float* p, Floats v) { std::memcpy(p, &v, sizeof v); }
+
+// With AVX-512 VBMI an e4m3 row widens 64 bytes at a time by table lookup: two byte permutes give each value's
+// bfloat16 (which holds every e4m3 value exactly) as its high and low bytes, and unpacking them with zeros makes
+// float32s: 9 instructions for 64 values, where the halves' way takes 5 for 16. The unpacks work within 128-bit
+// lanes, so the floats come out in their own order (dim_of), which the queries and the value sums follow.
+#if defined(__AVX512VBMI__)
+constexpr bool kTableWidening = true;
+struct E4M3Tables {  // the bfloat16 of each e4m3 magnitude (the byte's low 7 bits): high bytes, low bytes
+  __m512i high[2], low[2];
+};
+inline E4M3Tables make_e4m3_tables() {
+  uint8_t high[128], low[128];
+  for (int m = 0; m < 128; ++m) {
+    const float value = to_float(Float8E4M3{static_cast<uint8_t>(m)});
+    uint32_t bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    high[m] = static_cast<uint8_t>(bits >> 24);
+    low[m] = static_cast<uint8_t>(bits >> 16);
+  }
+  E4M3Tables tables;
+  for (int i = 0; i < 2; ++i) {
+    tables.high[i] = _mm512_loadu_si512(high + 64 * i);
+    tables.low[i] = _mm512_loadu_si512(low + 64 * i);
+  }
+  return tables;
+}
+const E4M3Tables kE4M3Tables = make_e4m3_tables();
+// 64 e4m3 values -> x[0..3], lane 4k + j of x[i] holding value 16k + 4i + j (dim_of).
+inline void widen_64(const Float8E4M3* p, const E4M3Tables& tables, Floats* x) {
+  const __m512i bytes = _mm512_loadu_si512(p);
+  // Each byte's bit 6 picks the table and bits 0-5 the entry; its bit 7, the sign, is ignored, then copied.
+  const __m512i low = _mm512_permutex2var_epi8(tables.low[0], bytes, tables.low[1]);
+  const __m512i high = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tables.high[0], bytes, tables.high[1]),
+                                                 bytes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);
+  const __m512i words[2] = {_mm512_unpacklo_epi8(low, high), _mm512_unpackhi_epi8(low, high)};
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i floats[4] = {_mm512_unpacklo_epi16(zero, words[0]), _mm512_unpackhi_epi16(zero, words[0]),
+                             _mm512_unpacklo_epi16(zero, words[1]), _mm512_unpackhi_epi16(zero, words[1])};
+  std::memcpy(x, floats, sizeof floats);
+}
+#else
+constexpr bool kTableWidening = false;
+#endif
+
+// A row of D values of a cache widened to D / 16 vectors: loaded 16 at a time in order, or by widen_64.
+template <typename T, int D>
+constexpr bool kWidenedBy64 = kTableWidening && std::is_same_v<T, Float8E4M3> && D % 64 == 0;
+template <typename T, int D>
+constexpr float kRowScale = kWidenedBy64<T, D> ? 1.0f : kLoadScale<T>;  // the loaded row's values x kRowScale
+template <typename T, int D>
+constexpr int dim_of(int vector, int lane) {  // the value a lane of a widened row holds
+  if constexpr (kWidenedBy64<T, D>) return vector / 4 * 64 + lane / 4 * 16 + vector % 4 * 4 + lane % 4;
+  return vector * kLanes + lane;
+}
+template <typename T, int D>
+inline void load_row(const T* p, Floats* x) {
+#if defined(__AVX512VBMI__)
+  if constexpr (kWidenedBy64<T, D>) {
+    for (int i = 0; i < D / 64; ++i) widen_64(p + 64 * i, kE4M3Tables, x + 4 * i);
+    return;
+  }
+#endif
+  for (int i = 0; i < D / kLanes; ++i) x[i] = load_floats(p + i * kLanes);
+}
 
 // Lane i of the result: the sum of the lanes of v[i]. Four rounds each add the two halves of every vector,
 // two vectors' halves packed into one (16 -> 8 -> 4 -> 2 -> 1 vectors): 15 adds for 16 sums, where summing
@@ -241,7 +305,13 @@ void score_keys(const Problem& p, const int32_t* table, int64_t begin, int64_t n
                 int64_t G, float* scores, int64_t m) {
   constexpr int V = D / kLanes;
   const int64_t slot_stride = p.num_kv_heads * D;
-  const float scale = p.scale * kLoadScale<T>;
+  const float scale = p.scale * kRowScale<T, D>;
+  Floats queries[kMaxGroupScored][V];  // in the widened keys' lane order
+  for (int64_t g = 0; g < G; ++g) {
+    for (int i = 0; i < V; ++i) {
+      for (int lane = 0; lane < kLanes; ++lane) queries[g][i][lane] = q[g * D + dim_of<T, D>(i, lane)];
+    }
+  }
   Floats partial[kMaxGroupScored][kLanes];
   int count = 0;
   int64_t first = begin;
@@ -257,10 +327,10 @@ void score_keys(const Problem& p, const int32_t* table, int64_t begin, int64_t n
                 [&](int64_t t, int64_t slot) {
     if (count == 0) first = t;
     Floats x[V];
-    for (int i = 0; i < V; ++i) x[i] = load_floats(keys + slot * slot_stride + i * kLanes);
+    load_row<T, D>(keys + slot * slot_stride, x);
     for (int64_t g = 0; g < G; ++g) {
-      Floats sum = load_floats(q + g * D) * x[0];
-      for (int i = 1; i < V; ++i) sum += load_floats(q + g * D + i * kLanes) * x[i];
+      Floats sum = queries[g][0] * x[0];
+      for (int i = 1; i < V; ++i) sum += queries[g][i] * x[i];
       partial[g][count] = sum;
     }
     if (++count == kLanes) flush();
@@ -285,9 +355,8 @@ void sum_values(const Problem& p, const int32_t* table, int64_t begin, int64_t n
   const int64_t slot_stride = p.num_kv_heads * D;
   for_each_slot(table, begin, n, p.block_size, values, slot_stride * sizeof(T), D * sizeof(T),
                 [&](int64_t t, int64_t slot) {
-    const T* v = values + slot * slot_stride;
     Floats x[V];
-    for (int i = 0; i < V; ++i) x[i] = load_floats(v + i * kLanes);
+    load_row<T, D>(values + slot * slot_stride, x);
 #pragma GCC unroll 16
     for (int64_t g = 0; g < most; ++g) {
       if (g == heads) break;
@@ -296,7 +365,10 @@ void sum_values(const Problem& p, const int32_t* table, int64_t begin, int64_t n
     }
   });
   for (int64_t g = 0; g < heads; ++g) {
-    for (int i = 0; i < V; ++i) store_floats(out + g * D + i * kLanes, sums[g][i] * kLoadScale<T>);
+    for (int i = 0; i < V; ++i) {
+      const Floats scaled = sums[g][i] * kRowScale<T, D>;
+      for (int lane = 0; lane < kLanes; ++lane) out[g * D + dim_of<T, D>(i, lane)] = scaled[lane];
+    }
   }
 }
 
