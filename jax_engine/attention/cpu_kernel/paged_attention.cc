@@ -96,12 +96,22 @@ inline int64_t window_begin(int64_t n, int64_t sliding_window) {
 // prefetcher, which follows addresses within a page, cannot see the next one coming. The prefetch goes to
 // L2, not L1: a block ahead is further than L1 holds (48 KiB of keys for a 64-token block of SmolLM2), so
 // lines prefetched into L1 would push out the lines being read now and be pushed out themselves before their
-// turn (`bench kernels`, scattered 64-token blocks: ~9% faster than into L1).
+// turn (`bench kernels`, scattered 64-token blocks: ~9% faster than into L1). The first block, which no block
+// before it prefetches, is prefetched whole before the walk starts: each walk of a row (a KV head's keys, then
+// its values) began with a block of misses. 256 rows x 320 tokens of SmolLM2's shape over a 2 GB e4m3 cache,
+// scattered, in turns in one process on a 2-core Zen 4: 89.6 -> 80.2 ms (medians of 16).
 template <typename Visit>
 inline void for_each_slot(const int32_t* table, int64_t begin, int64_t n, int64_t block_size, const void* rows,
                           int64_t row_bytes, int64_t read_bytes, Visit&& visit) {
   const char* bytes = static_cast<const char*>(rows);
-  for (int64_t first = begin - begin % block_size; first < n; first += block_size) {
+  const int64_t first_block = begin - begin % block_size;
+  const char* first_rows = bytes + static_cast<int64_t>(table[first_block / block_size]) * block_size * row_bytes;
+  for (int64_t t = begin; t < std::min(n, first_block + block_size); ++t) {
+    for (int64_t line = 0; line < read_bytes; line += 64) {
+      __builtin_prefetch(first_rows + (t - first_block) * row_bytes + line, 0, 1);
+    }
+  }
+  for (int64_t first = first_block; first < n; first += block_size) {
     const int64_t first_slot = static_cast<int64_t>(table[first / block_size]) * block_size;
     const int64_t end = std::min(n, first + block_size);
     const int64_t next_slot = end < n ? static_cast<int64_t>(table[end / block_size]) * block_size : -1;
