@@ -205,8 +205,10 @@ class SamplingRequest(RequestBody):
 def _capped(max_tokens: int | None, defaults: dict) -> int | None:
     """max_tokens under the model's generation-config cap, if it has one (vLLM's server does the same)."""
     limit = defaults.get("max_tokens")
-    if limit is None or max_tokens is None:
-        return max_tokens if limit is None else limit
+    if limit is None:
+        return max_tokens
+    if max_tokens is None:
+        return limit
     return min(max_tokens, limit)
 
 

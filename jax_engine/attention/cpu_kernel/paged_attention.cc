@@ -104,22 +104,19 @@ template <typename Visit>
 inline void for_each_slot(const int32_t* table, int64_t begin, int64_t n, int64_t block_size, const void* rows,
                           int64_t row_bytes, int64_t read_bytes, Visit&& visit) {
   const char* bytes = static_cast<const char*>(rows);
+  auto prefetch_slot = [&](int64_t slot) {
+    for (int64_t line = 0; line < read_bytes; line += 64) __builtin_prefetch(bytes + slot * row_bytes + line, 0, 1);
+  };
   const int64_t first_block = begin - begin % block_size;
-  const char* first_rows = bytes + static_cast<int64_t>(table[first_block / block_size]) * block_size * row_bytes;
-  for (int64_t t = begin; t < std::min(n, first_block + block_size); ++t) {
-    for (int64_t line = 0; line < read_bytes; line += 64) {
-      __builtin_prefetch(first_rows + (t - first_block) * row_bytes + line, 0, 1);
-    }
-  }
+  const int64_t first_block_slot = static_cast<int64_t>(table[first_block / block_size]) * block_size;
+  const int64_t first_block_end = std::min(n, first_block + block_size);
+  for (int64_t t = begin; t < first_block_end; ++t) prefetch_slot(first_block_slot + t - first_block);
   for (int64_t first = first_block; first < n; first += block_size) {
     const int64_t first_slot = static_cast<int64_t>(table[first / block_size]) * block_size;
     const int64_t end = std::min(n, first + block_size);
     const int64_t next_slot = end < n ? static_cast<int64_t>(table[end / block_size]) * block_size : -1;
     for (int64_t t = std::max(first, begin); t < end; ++t) {
-      if (next_slot >= 0) {
-        const char* ahead = bytes + (next_slot + t - first) * row_bytes;
-        for (int64_t line = 0; line < read_bytes; line += 64) __builtin_prefetch(ahead + line, 0, 1);
-      }
+      if (next_slot >= 0) prefetch_slot(next_slot + t - first);
       visit(t, first_slot + t - first);
     }
   }
