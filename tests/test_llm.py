@@ -5,6 +5,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jax_engine import LLM, EngineArgs, SamplingParams
@@ -13,6 +14,8 @@ from jax_engine.attention.backend import CPU, XLA
 from jax_engine.attention.cpu import kernel_unavailable_reason
 from jax_engine.kv_cache_plan import resolve_block_size
 from jax_engine.linear.matmul import MANY_ROWS_KERNEL
+from jax_engine.linear.matmul import kernel_unavailable_reason as matmul_kernel_unavailable
+from jax_engine.models.layers import normalize
 from reference import LlamaModel, ReferenceEngine
 from reference import SamplingParams as ReferenceSamplingParams
 from tests.quick_compiles import users_compiled_text
@@ -369,6 +372,24 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     sliced = re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} dynamic-slice\(", step)
     matrices = [shape for shape in sliced if sum(int(d) > 1 for d in shape.split(",")) > 1]
     assert "ENTRY" in step and "jax_engine_few_rows_matmul" in step and sliced and not matrices
+
+
+@pytest.mark.skipif(matmul_kernel_unavailable() is not None, reason=f"no matmul kernel: {matmul_kernel_unavailable()}")
+def test_the_padding_rows_of_a_step_skip_every_layer(llm, monkeypatch):
+    """A step's token bucket pads its rows (a prompt of 5 tokens runs as 8); the projections multiply only the
+    rows before query_start_loc's end, so a padding row leaves the layers as it entered them, the embedding of
+    token 0, and comes out as its final norm. Multiplied, it would have come out as the model's output there."""
+    runner = llm.llm_engine.runner
+    seen = []
+    execute = runner.execute
+    monkeypatch.setattr(runner, "execute", lambda inputs: seen.append((inputs, execute(inputs))) or seen[-1][1])
+    llm.generate(PROMPTS[0], SamplingParams(max_tokens=1), use_tqdm=False)
+    inputs, (_, hidden) = seen[0]
+    live, padded = int(inputs.metadata.query_start_loc[-1]), len(inputs.token_ids)
+    assert 0 < live < padded and not inputs.token_ids[live:].any()
+    top, cfg = runner.model.top, runner.model.cfg
+    untouched = normalize(cfg, top["embed"][...][0], top["final_norm"][...])
+    np.testing.assert_allclose(np.asarray(hidden)[live:], np.tile(untouched, (padded - live, 1)), atol=1e-6)
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="checks XLA:CPU's compiled HLO; GPU compiles fuse otherwise")

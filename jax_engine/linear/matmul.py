@@ -62,21 +62,26 @@ def kernel_unavailable_reason() -> str | None:
 
 
 def few_rows_matmul(x: jax.Array, w: jax.Array, scale: jax.Array | None = None,
-                    layer: jax.Array | int = 0, formats: tuple[str, ...] | None = None) -> jax.Array:
+                    layer: jax.Array | int = 0, formats: tuple[str, ...] | None = None,
+                    live_rows: jax.Array | None = None) -> jax.Array:
     """x [M, K] float, w [N, K] or stacked [L, N, K] (float32, bfloat16, float16 or int8; or GGUF blocks, uint8
     [N, row bytes] / [L, N, row bytes] with `formats` naming each layer's block format), scale [N] / [L, N]
-    (int8) or None -> [M, N] float32, with the `layer`-th matrix of a stack."""
+    (int8) or None -> [M, N] float32, with the `layer`-th matrix of a stack. With `live_rows` (a traced int32
+    scalar) only x's first live_rows rows are multiplied; the others' outputs are zeros."""
     scale = jnp.zeros((0,), jnp.float32) if scale is None else scale.astype(jnp.float32)
     types = jnp.asarray([FORMATS[f][2] for f in formats or ()], jnp.int32)  # llama.cpp's ggml_type ids
+    live = jnp.zeros((0,), jnp.int32) if live_rows is None else jnp.asarray(live_rows, jnp.int32)
     call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct((x.shape[0], w.shape[-2]), jnp.float32))
-    return call(x.astype(jnp.float32), w, scale, types, jnp.asarray(layer, jnp.int32))
+    return call(x.astype(jnp.float32), w, scale, types, jnp.asarray(layer, jnp.int32), live)
 
 
-def uses_few_rows_kernel(rows: int, w: jax.Array) -> bool:
-    """Whether `linear` runs the kernel for this many rows of x times w (on this platform)."""
+def uses_few_rows_kernel(rows: int, w: jax.Array, padded: bool = False) -> bool:
+    """Whether `linear` runs the kernel for this many rows of x times w (on this platform); `padded`: some of
+    the rows are padding, which the kernel skips and XLA's dot would multiply."""
     width_fits = w.dtype == jnp.uint8 or w.shape[-1] % (16 if w.dtype == jnp.int8 else 8) == 0  # blocks: always
     most = GGUF_FEW_ROWS if w.dtype == jnp.uint8 else FEW_ROWS.get(w.dtype.itemsize, 0)
-    any_rows = MANY_ROWS_KERNEL and (w.dtype != jnp.float32 or w.ndim == 3)  # not a single float32 matrix
+    # Not a single float32 matrix, unless padded: for the LM head XLA's dot and the kernel came out even.
+    any_rows = MANY_ROWS_KERNEL and (w.dtype != jnp.float32 or w.ndim == 3 or padded)
     return (rows <= most or any_rows) and width_fits and platform() == "cpu" and kernel_unavailable_reason() is None
 
 
@@ -93,21 +98,23 @@ def round_rows_to_int16(x: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, out_dtype=None,
-           layer: jax.Array | None = None, formats: tuple[str, ...] | None = None) -> jax.Array:
+           layer: jax.Array | None = None, formats: tuple[str, ...] | None = None,
+           live_rows: jax.Array | None = None) -> jax.Array:
     """x [T, in] @ w[out, in].T -> [T, out], times `scale` per output feature when given (int8 weights).
 
     With `layer`, w [L, out, in] (and scale [L, out]) hold every layer's weights and w[layer] is used: the
     kernel reads it in place, XLA's dot slices it out. GGUF blocks (uint8) come with `formats`, each layer's
     block format (one for a single matrix). int8 weights and GGUF blocks multiply x rounded to 16 bits per row
     (round_rows_to_int16). The result has x's dtype unless `out_dtype` is given; the sums are
-    float32 either way.
+    float32 either way. `live_rows`: the rows past it are a step's padding, which the kernel skips (their
+    outputs are then zeros) and XLA's dot computes anyway.
     """
     out_dtype = out_dtype or x.dtype
     if (w.dtype == jnp.uint8) != (formats is not None):
         raise ValueError(f"GGUF blocks (uint8 rows) and only they name their block formats: {w.dtype} weights "
                          f"with formats={formats}")
-    if uses_few_rows_kernel(x.shape[0], w):
-        return few_rows_matmul(x, w, scale, 0 if layer is None else layer, formats).astype(out_dtype)
+    if uses_few_rows_kernel(x.shape[0], w, padded=live_rows is not None):
+        return few_rows_matmul(x, w, scale, 0 if layer is None else layer, formats, live_rows).astype(out_dtype)
     if layer is not None:
         w, scale = w[layer], None if scale is None else scale[layer]
     rounds_x = w.dtype in (jnp.int8, jnp.uint8)

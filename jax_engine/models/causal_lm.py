@@ -168,14 +168,15 @@ class CausalLM(nnx.Module):
                              out_specs=(P(), cache, cache))(layers, top, token_ids, k_cache, v_cache, metadata,
                                                             lora_slots)
 
-    def logits(self, hidden: jax.Array) -> jax.Array:
+    def logits(self, hidden: jax.Array, live_rows: jax.Array | None = None) -> jax.Array:
         """[S, H] -> [S, V] float32 logits (under tensor parallelism, every device's vocabulary rows gathered),
-        soft-capped where the model caps them (Gemma 2)."""
+        soft-capped where the model caps them (Gemma 2). `live_rows`: the rows past it are padding, which the
+        matmul kernel skips on one device (linear)."""
         name = "embed" if self.cfg.tie_word_embeddings else "lm_head"
         head = {n: self.top[n][...] for n in (name, f"{name}_scale", "lm_head_bias") if n in self.top}
         formats = dict(self.block_formats).get(name)
         if self.parallel is None:
-            logits = _logits(name, head, hidden, formats)
+            logits = _logits(name, head, hidden, formats, live_rows)
         else:
             def gathered(head, hidden):
                 return jax.lax.all_gather(_logits(name, head, hidden, formats), AXIS, axis=1, tiled=True)
@@ -188,8 +189,10 @@ class CausalLM(nnx.Module):
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
-def _logits(name: str, head: dict, hidden: jax.Array, formats: tuple[str, ...] | None) -> jax.Array:
-    logits = linear(hidden, head[name], head.get(f"{name}_scale"), out_dtype=jnp.float32, formats=formats)
+def _logits(name: str, head: dict, hidden: jax.Array, formats: tuple[str, ...] | None,
+            live_rows: jax.Array | None = None) -> jax.Array:
+    logits = linear(hidden, head[name], head.get(f"{name}_scale"), out_dtype=jnp.float32, formats=formats,
+                    live_rows=live_rows)
     return logits if "lm_head_bias" not in head else logits + head["lm_head_bias"].astype(jnp.float32)
 
 

@@ -59,9 +59,11 @@ def _forward(model, k_cache, v_cache, token_ids, lora_slots, metadata, logits_in
 
 
 @functools.partial(jax.jit, donate_argnames=("logits_buffer",))
-def _logits(model, sampling_hidden, rows, logits_buffer):
-    # Overwriting the whole donated buffer makes XLA compute the logits straight into its memory.
-    return jax.lax.dynamic_update_slice(logits_buffer, model.logits(sampling_hidden[rows]), (0, 0))
+def _logits(model, sampling_hidden, rows, live_rows, logits_buffer):
+    # The rows past live_rows pad to the row bucket: the LM head skips them. Overwriting the whole donated
+    # buffer makes XLA compute the logits straight into its memory.
+    logits = model.logits(sampling_hidden[rows], live_rows)
+    return jax.lax.dynamic_update_slice(logits_buffer, logits, (0, 0))
 
 
 @jax.jit
@@ -194,7 +196,8 @@ def _logits_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[E
     hidden = _replicated(runner, (runner.max_sampled_rows, cfg.hidden_size), runner.model.activation_dtype)
     for rows in all_buckets(bucket, shapes.max_rows):
         buffer = _replicated(runner, (rows, cfg.vocab_size), jnp.float32)
-        yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32)), buffer), size=rows)
+        host = runner.placed((np.zeros(rows, np.int32), np.int32(rows)))
+        yield Example((runner.model, hidden, *host, buffer), size=rows)
 
 
 def _greedy_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
@@ -245,7 +248,7 @@ def _swap_in_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[
 TOKENS, ROWS, COPIED, SWAPPED = "tokens", "rows", "blocks copied", "blocks swapped"
 STEP = DeviceProgram("step", _forward, "execute", _step_shapes, _step_examples,
                      static=lambda runner: (runner.backend.attend,), dimension=TOKENS)
-LOGITS = DeviceProgram("logits", _logits, "sample", lambda model, hidden, rows, buffer: (rows.shape[0],),
+LOGITS = DeviceProgram("logits", _logits, "sample", lambda model, hidden, rows, live, buffer: (rows.shape[0],),
                        _logits_examples, dimension=ROWS)
 SAMPLE = DeviceProgram("sample", sample, "sample", _sampler_shapes, _sample_examples, dimension=ROWS)
 GREEDY = DeviceProgram("greedy", _greedy_tokens, "greedy_tokens", lambda model, hidden, rows: (rows.shape[0],),

@@ -250,7 +250,8 @@ class ModelRunner:
         padded = np.zeros(len(batch.seeds), np.int32)  # the batch's rows, as many as the logits
         padded[: len(rows)] = rows
         buffer = self.recycled.take((len(padded), self.model.cfg.vocab_size))
-        logits = self._run(LOGITS, (self.model, sampling_hidden, padded, buffer), cause=f"{len(rows)} rows sampled")
+        logits = self._run(LOGITS, (self.model, sampling_hidden, padded, np.int32(len(rows)), buffer),
+                           cause=f"{len(rows)} rows sampled")
         scratch = self.recycled.take(logits.shape)
         stages = [s for s, on in zip(STAGES, batch.stages) if on] if batch.flags.general else []
         result, scratch = self._run(SAMPLE, (logits, batch), {"scratch": scratch},

@@ -41,6 +41,10 @@
 //   block_types  [L] (or [1]) int32: GGUF blocks' ggml_type id per layer (Q8_0 8, Q4_K 12, ...), else [0]
 //   layer  [] int32: which of the L stacked matrices to use (0 for a single matrix). Taking the stack and an
 //          index, rather than a slice of it, saves XLA copying the layer's weights out before every call.
+//   live   [] int32 (or [0]: all M): how many of x's rows are live, the first ones; the rest are a step's
+//          padding (its token bucket's), which is not multiplied: those rows of y are zeros. The path is
+//          chosen by M; many rows give the live rows the same sums to the last bit (each row is a lane of
+//          its own), few rows group them into passes by the live count (sums rounded in another order).
 //   y      [M, N]  float32
 //
 // Work items are ranges of output features (for many rows, of a chunk of rows), shared out over XLA's
@@ -1011,7 +1015,8 @@ int64_t gguf_row_bytes(int type, int64_t K) {
 
 ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
                              ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::S32> block_types,
-                             ffi::Buffer<ffi::S32> layer_index, ffi::ResultBuffer<ffi::F32> y) {
+                             ffi::Buffer<ffi::S32> layer_index, ffi::Buffer<ffi::S32> live_rows,
+                             ffi::ResultBuffer<ffi::F32> y) {
   const auto x_dims = x.dimensions();
   const auto w_dims = w.dimensions();
   const bool stacked = w_dims.size() == 3;
@@ -1055,22 +1060,30 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   if (dtype == ffi::DataType::S8 && (!scaled || K % kIntLanes)) {
     return ffi::Error::InvalidArgument("few_rows_matmul: int8 weights need a scale and K a multiple of 16");
   }
+  const int64_t M = x_dims[0];
+  const int64_t live = live_rows.element_count() == 0 ? M : live_rows.typed_data()[0];
+  if (live < 0 || live > M) {
+    return ffi::Error::InvalidArgument("few_rows_matmul: live rows " + std::to_string(live) + " out of range [0, " +
+                                       std::to_string(M) + "]");
+  }
+  std::memset(y->typed_data() + live * N, 0, (M - live) * N * sizeof(float));
+  if (live == 0) return ffi::Error::Success();
   const size_t row_bytes = static_cast<size_t>(row_values) * ffi::ByteWidth(dtype);
   const size_t matrix_bytes = N * row_bytes;
   const void* weights = static_cast<const char*>(w.untyped_data()) + layer * matrix_bytes;
   auto work = std::make_shared<WorkQueue>();
   work->problem = Problem{x.typed_data(), weights, scaled ? scale.typed_data() + layer * N : nullptr,
-                          y->typed_data(), x_dims[0], x_dims[1], N};
+                          y->typed_data(), live, x_dims[1], N};
   work->dtype = dtype;
   work->block_type = block_type;
   work->problem.block_row_bytes = row_values;
-  if (x_dims[0] > streamed_rows(dtype)) {
+  if (M > streamed_rows(dtype)) {
     work->prepare_many_rows();
   } else {
     work->prepare_streamed(row_bytes);
   }
   work->items_per_chunk = (N + work->features_per_item - 1) / work->features_per_item;
-  work->num_items = work->items_per_chunk * ((x_dims[0] + work->rows_per_chunk - 1) / work->rows_per_chunk);
+  work->num_items = work->items_per_chunk * ((live + work->rows_per_chunk - 1) / work->rows_per_chunk);
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
   work->run();
@@ -1090,4 +1103,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FewRowsMatmul, FewRowsMatmulImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()  // scale
                                   .Arg<ffi::Buffer<ffi::S32>>()  // block_types
                                   .Arg<ffi::Buffer<ffi::S32>>()  // layer
+                                  .Arg<ffi::Buffer<ffi::S32>>()  // live rows
                                   .Ret<ffi::Buffer<ffi::F32>>());  // y
