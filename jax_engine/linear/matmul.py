@@ -41,9 +41,11 @@ FEW_ROWS = {4: 32, 2: 32, 1: 64}
 # layers on a 2-core Xeon (AVX-512), XLA against the kernel, ms at 64 / 128 / 256 / 1024 rows: float32 q/k/v 15.4 /
 # 23.0 / 47.8 / 130 against 11.8 / 18.5 / 41.3 / 123, MLP up 43.4 / 66.9 / 145 / 397 against 36.7 / 59.9 / 121 / 375,
 # MLP down 26.0 / 38.2 / 80.8 / 228 against 14.2 / 28.3 / 69.9 / 219. A float32 LM head (one matrix, nothing to
-# copy) came out even, so single float32 matrices keep XLA's dot. int8, the same chains at 128 / 256 rows: q/k/v
-# 26.9 / 43.4 against 20.9 / 37.8, MLP down 47.7 / 78.0 against 33.4 / 73.4, the LM head 33.0 / 72.1 against 29.0 /
-# 67.4; random Q4_1 blocks: q/k/v 31.1 / 48.7 against 18.6 / 35.3, the LM head 74.9 / 102.0 against 32.8 / 66.0.
+# copy) came out even, so single float32 matrices keep XLA's dot, unless some rows are padding, which only the
+# kernel skips (live_rows: the LM head's row bucket; 256 rows with 164 live took 52 ms on a Zen 4, every row 75,
+# XLA's dot 77). int8, the same chains at 128 / 256 rows: q/k/v 26.9 / 43.4 against 20.9 / 37.8, MLP down 47.7 /
+# 78.0 against 33.4 / 73.4, the LM head 33.0 / 72.1 against 29.0 / 67.4; random Q4_1 blocks: q/k/v 31.1 / 48.7
+# against 18.6 / 35.3, the LM head 74.9 / 102.0 against 32.8 / 66.0.
 MANY_ROWS_KERNEL = "avx512f" in native.cpu_signature().split()
 # GGUF blocks past 8 rows are dequantized a few output features at a time in the kernel (few_rows_matmul.cc), so the
 # weights cross memory once in their blocks where XLA's path writes and reads them dequantized to float32. The
