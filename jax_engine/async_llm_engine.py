@@ -24,6 +24,7 @@ from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestOutput
 from jax_engine.pooling_params import PoolingParams
 from jax_engine.sampling_params import SamplingParams
+from reference.scheduling_policy import check_priority
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +54,8 @@ class GrammarFailedError(RequestFailedError):
 
 
 class RequestStream:
-    """The outputs of one request as they arrive; iterate with `async for`.
-
-    Leaving the loop early (the client went away, the task was cancelled) aborts the request, which frees
-    its KV blocks.
-    """
+    """The outputs of one request as they arrive; iterate with `async for`. Leaving the loop early (the client
+    went away, the task was cancelled) aborts the request, which frees its KV blocks."""
 
     def __init__(self, request_id: str, engine: "AsyncLLMEngine", grammar_field: str | None = None) -> None:
         self.request_id = request_id
@@ -106,7 +104,7 @@ class AsyncLLMEngine:
         self.on_dead: Callable[[], None] | None = None  # e.g. the server shutting down, called once
         self.dead_error: BaseException | None = None
         self._streams: dict[str, RequestStream] = {}
-        self._new: FairQueue[tuple[Prompt, SamplingParams | BeamSearchParams]] = FairQueue()
+        self._new: FairQueue[tuple] = FairQueue()  # (prompt, params, lora_request, priority) by tenant
         self._in_engine: dict[str, tuple[Tenant, int]] = {}  # requests let in: their tenant and sequences
         self._aborts: set[str] = set()
         self._lora_removals: set[int] = set()  # adapters to forget once no request uses them
@@ -151,23 +149,24 @@ class AsyncLLMEngine:
 
     # ------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
-                    tenant: Tenant = None, lora_request: LoRARequest | None = None) -> RequestStream:
+                    tenant: Tenant = None, lora_request: LoRARequest | None = None, priority: int = 0) -> RequestStream:
         """Validate and queue a request now (ValueError, QueueFullError, EngineDeadError are raised here,
         before any output), and return the stream of its outputs. `tenant` (an API key's name) is whose turn
-        it waits for; `lora_request` the adapter it runs with."""
+        it waits for; `lora_request` the adapter it runs with; `priority` its place in the engine's queues."""
         params = params or self.engine.get_default_sampling_params()
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
         if lora_request is not None and self.engine.runner.lora is None:
             raise ValueError(LORA_DISABLED)
         self.check_accepting(tenant)
+        check_priority(priority, self.engine.scheduler_config.policy)
         text, token_ids, params = self.engine.validate_request(prompt, params)  # the engine's copy: checked once
         self.start()
         grammar = getattr(params, "compiled_grammar", None)
         stream = self._streams[request_id] = RequestStream(request_id, self, grammar and grammar.field)
         salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
         prompt = {"prompt": text, "prompt_token_ids": token_ids, "cache_salt": salt}
-        self._new.push(tenant, request_id, (prompt, params, lora_request))
+        self._new.push(tenant, request_id, (prompt, params, lora_request, priority), priority)
         self._wakeup.set()
         return stream
 
@@ -249,9 +248,9 @@ class AsyncLLMEngine:
         for request_id in aborts:
             self._in_engine.pop(request_id, None)
         while (entry := self._new.pop_next(self._may_enter)) is not None:
-            tenant, request_id, (prompt, params, lora_request) = entry
+            tenant, request_id, (prompt, params, lora_request, priority) = entry
             try:
-                self.engine.add_request(request_id, prompt, params, lora_request=lora_request)
+                self.engine.add_request(request_id, prompt, params, lora_request=lora_request, priority=priority)
                 self._in_engine[request_id] = (tenant, _num_sequences(params))
             except ValueError as error:  # checked at add time; only a race could get here, and it hurts no one
                 self._streams.pop(request_id).put(error)

@@ -18,6 +18,7 @@ from jax_engine.models.rope import max_len_with_rope_scaling
 from jax_engine.spec_decode import SpeculativeConfig
 from jax_engine.target_platform import platform
 from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
+from reference.scheduling_policy import SCHEDULING_POLICIES
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # vLLM's names. Its "fp8" is e4m3; the 8-bit caches keep vLLM's default scale of 1.0 (no calibrated scales).
@@ -50,6 +51,9 @@ class EngineArgs:
         enable_prefix_caching: reuse the KV blocks of shared prompt prefixes.
         enable_chunked_prefill: split long prompts across steps, mixed with decodes.
         preemption_mode: "recompute" or "swap", when the cache runs out.
+        scheduling_policy: "fcfs" (first come, first served) or "priority": requests then run in order of the
+            priority each is given (add_request's, generate's), lowest first, and the lowest-priority running
+            request is preempted first (vLLM's policy); arrival breaks ties.
         swap_space: GiB of host memory for swapped-out blocks.
         attention_backend: "auto", "xla", "cpu" (a C++ paged-attention kernel, ragged) or "pallas".
         attention_self_test: whether start-up first runs the Pallas kernels once against the xla path, on a small
@@ -114,6 +118,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     preemption_mode: str = "recompute"
+    scheduling_policy: str = "fcfs"
     swap_space: float = 4.0
     attention_backend: str = "auto"
     attention_self_test: str = "auto"
@@ -158,6 +163,7 @@ class EngineArgs:
         check(0 < self.gpu_memory_utilization <= 1, "gpu_memory_utilization", "in (0, 1]")
         check(self.num_gpu_blocks_override is None or self.num_gpu_blocks_override >= 1, "num_gpu_blocks_override", ">= 1")
         check(self.preemption_mode in PREEMPTION_MODES, "preemption_mode", f"one of {PREEMPTION_MODES}")
+        check(self.scheduling_policy in SCHEDULING_POLICIES, "scheduling_policy", f"one of {SCHEDULING_POLICIES}")
         check(self.swap_space >= 0, "swap_space", ">= 0 (GiB)")
         check(self.attention_backend in ATTENTION_BACKENDS, "attention_backend", f"one of {ATTENTION_BACKENDS}")
         check(self.attention_self_test in ATTENTION_SELF_TESTS, "attention_self_test",
@@ -259,4 +265,4 @@ def resolve_scheduler_config(args: EngineArgs, cfg: ModelConfig) -> SchedulerCon
         budget = 2048 if args.enable_chunked_prefill else max(max_model_len, 2048)
     return SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=budget,
                            max_model_len=max_model_len, enable_chunked_prefill=args.enable_chunked_prefill,
-                           preemption_mode=args.preemption_mode)
+                           preemption_mode=args.preemption_mode, policy=args.scheduling_policy)

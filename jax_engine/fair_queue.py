@@ -10,6 +10,9 @@ that lets one client's burst (many prompts x n=16 x long outputs in one small re
 waiting queue, and another client's 5-token request waited 47.5 s. Here a burst waits in its own tenant's
 queue, outside the engine, while every other tenant's requests go in at their turn. One tenant alone gets
 the whole batch: the share only divides what several want.
+
+A tenant's own requests go in lowest priority value first, then in order of arrival: the order the engine's
+scheduler keeps under scheduling_policy "priority" (all are 0 under "fcfs").
 """
 
 from collections import OrderedDict
@@ -22,48 +25,51 @@ Tenant = str | None  # None: requests without an API key (or a server without ke
 
 class FairQueue(Generic[Item]):
     def __init__(self) -> None:
-        self._queues: OrderedDict[Tenant, OrderedDict[str, Item]] = OrderedDict()  # in turn order
-        self._tenant_of: dict[str, Tenant] = {}
+        # In turn order: each tenant's requests by priority, each priority's in order of arrival.
+        self._queues: OrderedDict[Tenant, dict[int, OrderedDict[str, Item]]] = OrderedDict()
+        self._place: dict[str, tuple[Tenant, int]] = {}  # request id -> its tenant and priority
 
     def __len__(self) -> int:
-        return len(self._tenant_of)
+        return len(self._place)
 
     def __contains__(self, request_id: str) -> bool:
-        return request_id in self._tenant_of
+        return request_id in self._place
 
     def count(self, tenant: Tenant) -> int:
-        return len(self._queues.get(tenant, ()))
+        return sum(map(len, self._queues.get(tenant, {}).values()))
 
     @property
     def tenants(self) -> set[Tenant]:
         return set(self._queues)
 
-    def push(self, tenant: Tenant, request_id: str, item: Item) -> None:
-        self._queues.setdefault(tenant, OrderedDict())[request_id] = item
-        self._tenant_of[request_id] = tenant
+    def push(self, tenant: Tenant, request_id: str, item: Item, priority: int = 0) -> None:
+        self._queues.setdefault(tenant, {}).setdefault(priority, OrderedDict())[request_id] = item
+        self._place[request_id] = (tenant, priority)
 
     def remove(self, request_id: str) -> bool:
         """Forget a queued request (aborted before it entered the engine); False if it is not queued."""
-        tenant = self._tenant_of.pop(request_id, None)
-        if request_id not in self._queues.get(tenant, {}):
+        if request_id not in self._place:
             return False
-        del self._queues[tenant][request_id]
-        if not self._queues[tenant]:
-            del self._queues[tenant]
+        tenant, priority = self._place.pop(request_id)
+        del self._queues[tenant][priority][request_id]
+        self._drop_empty(tenant, priority)
         return True
 
     def pop_next(self, may_enter: Callable[[Tenant], bool]) -> tuple[Tenant, str, Item] | None:
-        """The oldest request of the first tenant in turn that `may_enter`; that tenant's turn then goes to the
-        back. None if no tenant may."""
+        """The first request (lowest priority, then oldest) of the first tenant in turn that `may_enter`; that
+        tenant's turn then goes to the back. None if no tenant may."""
         for tenant in list(self._queues):
             if may_enter(tenant):
-                queue = self._queues.pop(tenant)
-                request_id, item = queue.popitem(last=False)
-                if queue:
-                    self._queues[tenant] = queue  # to the back of the turn order
-                del self._tenant_of[request_id]
+                self._queues.move_to_end(tenant)  # to the back of the turn order
+                priority = min(self._queues[tenant])
+                request_id, item = self._queues[tenant][priority].popitem(last=False)
+                del self._place[request_id]
+                self._drop_empty(tenant, priority)
                 return tenant, request_id, item
         return None
 
-    def items(self) -> list[tuple[str, Item]]:
-        return [(rid, item) for queue in self._queues.values() for rid, item in queue.items()]
+    def _drop_empty(self, tenant: Tenant, priority: int) -> None:
+        if not self._queues[tenant][priority]:
+            del self._queues[tenant][priority]
+        if not self._queues[tenant]:
+            del self._queues[tenant]

@@ -67,8 +67,8 @@ class LLM:
         return self.llm_engine.reset_prefix_cache()
 
     def generate(self, prompts: Prompt | Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
-                 ) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """Complete every prompt; returns one RequestOutput per prompt, in input order.
 
         Args:
@@ -78,9 +78,10 @@ class LLM:
             use_tqdm: show a progress bar with estimated input and output tokens per second.
             lora_request: the LoRA adapter of all prompts, or one per prompt (None: the base model); the
                 engine needs enable_lora=True.
+            priority: one per prompt, lowest served first, with scheduling_policy="priority" (vLLM's); None: 0.
         """
         sampling_params = self.get_default_sampling_params() if sampling_params is None else sampling_params
-        return self._add_and_run(prompts, sampling_params, "sampling_params", use_tqdm, lora_request)
+        return self._add_and_run(prompts, sampling_params, "sampling_params", use_tqdm, lora_request, priority)
 
     def encode(self, prompts: Prompt | Sequence[Prompt], pooling_params: PoolingParams | Sequence[PoolingParams] | None
                = None, use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
@@ -97,14 +98,15 @@ class LLM:
         return [EmbeddingRequestOutput.from_base(o) for o in self.encode(prompts, pooling_params, use_tqdm,
                                                                          lora_request)]
 
-    def _add_and_run(self, prompts, params, name: str, use_tqdm: bool, lora_request) -> list:
+    def _add_and_run(self, prompts, params, name: str, use_tqdm: bool, lora_request, priority=None) -> list:
         prompts = _as_prompt_list(prompts)
         params = _per_prompt(params, len(prompts), name)
         adapters = _per_prompt(lora_request, len(prompts), "lora_request")
+        priorities = _per_prompt(0 if priority is None else priority, len(prompts), "priority")
         ids = [str(next(self._counter)) for _ in prompts]
         try:
-            for request_id, prompt, p, adapter in zip(ids, prompts, params, adapters):
-                self.llm_engine.add_request(request_id, prompt, p, lora_request=adapter)
+            for request_id, prompt, p, adapter, rank in zip(ids, prompts, params, adapters, priorities):
+                self.llm_engine.add_request(request_id, prompt, p, lora_request=adapter, priority=rank)
         except ValueError:
             self.llm_engine.abort_request(ids)  # a bad prompt must not leave the others queued
             self.llm_engine.step()  # hands back (and so drops) the aborted requests' final outputs

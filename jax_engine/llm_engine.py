@@ -66,9 +66,8 @@ class LLMEngine(LoRAEngineMethods):
         if args.data_parallel_size > 1 and devices is None:
             raise ValueError(f"data_parallel_size > 1 (got {args.data_parallel_size}) is served by `jax-engine serve` "
                              "(DataParallelEngine); LLM and LLMEngine run one replica: leave data_parallel_size at 1")
-        # With tensor_parallel_size 1 the model uses no mesh, and its weights, KV cache and step inputs go to
-        # JAX's default device: an engine given its devices makes that its first one (a thread-local setting)
-        # while it builds and while it steps.
+        # With tensor_parallel_size 1 the model uses no mesh, and its weights, KV cache and step inputs go to JAX's
+        # default device: an engine given its devices makes that its first one (thread-local) to build and step.
         first = None if devices is None else devices[0]
         self._on_devices = contextlib.nullcontext if first is None else functools.partial(jax.default_device, first)
         with self._on_devices(), gc_heap.paused():  # start-up's objects all live on: see gc_heap.py
@@ -129,13 +128,14 @@ class LLMEngine(LoRAEngineMethods):
 
     # ------------------------------------------------------------------------------ requests
     def add_request(self, request_id: str, prompt: Prompt, params: RequestParams | None = None,
-                    arrival_time: float | None = None, lora_request: LoRARequest | None = None) -> None:
+                    arrival_time: float | None = None, lora_request: LoRARequest | None = None,
+                    priority: int = 0) -> None:
         """Validate and queue a request. Raises ValueError naming the bad field and its limit.
 
-        With SamplingParams(n=k) the prompt is computed once and forked into k sequences; with
-        BeamSearchParams the request runs beam search (see jax_engine/beam_search.py). With a LoRARequest it runs
-        with that adapter, read and checked here (the engine must have enable_lora). An engine started with
-        task="embed" takes PoolingParams (the default there) and reports the prompt's vector.
+        With SamplingParams(n=k) the prompt is computed once and forked into k sequences; with BeamSearchParams the
+        request runs beam search (jax_engine/beam_search.py). With a LoRARequest it runs with that adapter, read and
+        checked here (the engine must have enable_lora). An engine started with task="embed" takes PoolingParams (the
+        default there) and reports the prompt's vector. `priority`: lowest first, with scheduling_policy="priority".
         """
         params = params or (PoolingParams() if self.pooler else self.get_default_sampling_params())
         if request_id in self._groups:
@@ -147,10 +147,10 @@ class LLMEngine(LoRAEngineMethods):
         pooling = isinstance(params, PoolingParams)  # its sequence computes the prompt and then stops
         group = SequenceGroup.create(request_id, text, token_ids, SamplingParams(max_tokens=1) if pooling else params,
                                      self._arrivals, room, RequestMetrics(arrival_time or time.time()),
-                                     self._new_sequence, lora_request)
+                                     self._new_sequence, lora_request, priority)
+        self.scheduler.add_request(group.seqs, cache_salt(prompt))  # checks the priority against the policy
         if pooling:
             self.pooler.add(group.seqs[0].seq_id, params)
-        self.scheduler.add_request(group.seqs, cache_salt(prompt))
         self._groups[request_id] = group
         self._arrivals += 1
 

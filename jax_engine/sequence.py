@@ -29,6 +29,7 @@ class Sequence:
     detokenizer: IncrementalDetokenizer | None
     metrics: RequestMetrics
     all_token_ids: list[int] = field(default_factory=list)
+    priority: int = 0  # with arrival, its place in the scheduler's queues (reference/scheduling_policy.py)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int | None = None

@@ -38,7 +38,8 @@ class SequenceFactory:
         detokenizer = NoDetokenizer() if self.tokenizer is None else IncrementalDetokenizer(
             self.tokenizer, group.prompt_token_ids, params.skip_special_tokens)
         seq = Sequence(seq_id, group.request_id, index, group.prompt_token_ids, params, group.arrival,
-                       seed & 0xFFFFFFFF, params.max_tokens or max_tokens, self.eos_token_ids, detokenizer, metrics)
+                       seed & 0xFFFFFFFF, params.max_tokens or max_tokens, self.eos_token_ids, detokenizer, metrics,
+                       priority=group.priority)
         seq.lora_request = group.lora_request
         seq.logprobs = [] if params.logprobs is not None else None
         seq.prompt_logprobs = [None] if params.prompt_logprobs is not None else None
@@ -54,6 +55,7 @@ class SequenceGroup:
     prompt_token_ids: list[int]
     params: SamplingParams | BeamSearchParams
     arrival: int  # the engine's arrival count: the scheduler's FCFS order
+    priority: int  # vLLM's: lower runs first under scheduling_policy "priority" (0 under "fcfs")
     seqs: list[Sequence] = field(default_factory=list)  # every sequence, in output order
     completed_beams: list[BeamSearchSequence] = field(default_factory=list)
     lora_request: LoRARequest | None = None  # every sequence's adapter
@@ -61,9 +63,10 @@ class SequenceGroup:
     @classmethod
     def create(cls, request_id: str, prompt: str | None, token_ids: list[int],
                params: SamplingParams | BeamSearchParams, arrival: int, room: int, metrics: RequestMetrics,
-               new_sequence: SequenceFactory, lora_request: LoRARequest | None = None) -> "SequenceGroup":
+               new_sequence: SequenceFactory, lora_request: LoRARequest | None = None,
+               priority: int = 0) -> "SequenceGroup":
         """The group with its first sequence (to schedule) and, for n > 1, the samples that fork from it."""
-        group = cls(request_id, prompt, token_ids, params, arrival, lora_request=lora_request)
+        group = cls(request_id, prompt, token_ids, params, arrival, priority, lora_request=lora_request)
         if group.is_beam_search:  # beams read the top 2 x width logprobs of each step
             beam_params = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=True,
                                          logprobs=2 * params.beam_width)

@@ -1,8 +1,8 @@
 """The NumPy reference oracle of a PagedAttention serving engine.
 
-Read in this order: block_pool -> block_manager -> request -> scheduler -> paged_attention -> kv_cache ->
-llama -> sampler -> engine -> beam_search. reference/tutorial/ holds what only the tutorial needs (kv_memory,
-the memory accounting behind its fragmentation figures).
+Read in this order: block_pool -> block_manager -> request -> scheduling_policy -> scheduler -> paged_attention ->
+kv_cache -> llama -> sampler -> engine -> beam_search. reference/tutorial/ holds what only the tutorial needs
+(kv_memory, the memory accounting behind its fragmentation figures).
 Only NumPy and the standard library are imported here (a test enforces it).
 """
 

@@ -93,15 +93,17 @@ class ReferenceEngine:
         self._arrivals = 0
 
     # --------------------------------------------------------------------------------- requests
-    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams) -> None:
-        """Validate and queue one request; raise ValueError naming the bad field."""
+    def add_request(self, request_id: str, prompt: str | Sequence[int], params: SamplingParams,
+                    priority: int = 0) -> None:
+        """Validate and queue one request (`priority`: see scheduling_policy.py); raise ValueError naming the bad
+        field."""
         token_ids = self._tokenize(prompt)
         if not token_ids:
             raise ValueError("prompt must not be empty")
         bad = [t for t in token_ids if not 0 <= t < self.model.config.vocab_size]
         if bad:
             raise ValueError(f"prompt token ids must be in [0, vocab_size={self.model.config.vocab_size}); got {bad[:5]}")
-        self.scheduler.add_request(Request(request_id, token_ids, params, arrival=self._arrivals))
+        self.scheduler.add_request(Request(request_id, token_ids, params, arrival=self._arrivals, priority=priority))
         self._arrivals += 1
 
     def _tokenize(self, prompt: str | Sequence[int]) -> list[int]:

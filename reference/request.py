@@ -86,6 +86,7 @@ class Request:
     prompt_token_ids: list[int]
     sampling_params: SamplingParams
     arrival: int  # arrival order; earlier arrivals are served first and preempted last
+    priority: int = 0  # the "priority" policy serves lower values first (vLLM's); always 0 with "fcfs"
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0  # tokens whose K/V are in the cache

@@ -14,6 +14,9 @@ and leave the batch between steps, not between batches. The policy, in order:
 2. If nobody was preempted this step, SWAPPED requests come back, earliest first.
 3. If nobody was preempted and nothing is swapped out, WAITING requests are admitted, strictly FCFS.
 
+"Earliest arrival" is the "fcfs" policy's order; the "priority" policy puts a request's priority first
+(scheduling_policy.py).
+
 Budgets: at most `max_num_seqs` running requests and `max_num_batched_tokens` tokens per step. Without
 chunked prefill a prompt is computed whole or not at all; with it, a long prompt is split across steps.
 """
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 
 from reference.block_manager import BlockManager
 from reference.request import Request, RequestStatus
+from reference.scheduling_policy import SCHEDULING_POLICIES, check_priority, queue_order
 
 PREEMPTION_MODES = ("recompute", "swap")
 
@@ -39,6 +43,8 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = False
     # "swap" falls back to "recompute" when the host pool is full too.
     preemption_mode: str = "recompute"
+    # "fcfs": earliest arrival first; "priority": lowest priority value first, then earliest arrival.
+    policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -46,6 +52,8 @@ class SchedulerConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {self.preemption_mode!r}")
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"policy must be one of {SCHEDULING_POLICIES}, got {self.policy!r}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
@@ -107,6 +115,7 @@ class Scheduler:
                 f"request {request.request_id!r} needs {bm.num_blocks_for(request.max_num_tokens)} blocks "
                 f"but the KV cache has only num_blocks={bm.device.num_blocks}"
             )
+        check_priority(request.priority, self.config.policy)
         assert request.request_id not in self.requests, f"duplicate request_id {request.request_id!r}"
         self.requests[request.request_id] = request
         self._enqueue(self.waiting, request, RequestStatus.WAITING)
@@ -156,7 +165,7 @@ class Scheduler:
             n = self._with_drafts(request, n, budget)
             # --8<-- [start:schedule_running]
             while not bm.can_append_slots(request.request_id, request.num_computed_tokens, n):
-                self._preempt(self.running.pop(), out)  # the latest arrival goes first
+                self._preempt(self.running.pop(), out)  # the queue's last goes first
                 if request.status is not RequestStatus.RUNNING:
                     return used
             out.copies += bm.append_slots(request.request_id, request.num_computed_tokens, n)
@@ -234,10 +243,11 @@ class Scheduler:
     # --8<-- [end:preempt]
 
     def _enqueue(self, queue: list[Request], request: Request, status: RequestStatus) -> None:
-        """Insert keeping arrival order, so every queue is served earliest-arrival first."""
+        """Insert keeping the policy's order, so every queue is served earliest arrival (highest priority)
+        first."""
         request.status = status
         queue.append(request)
-        queue.sort(key=lambda r: r.arrival)
+        queue.sort(key=queue_order)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         for queue in (self.waiting, self.running, self.swapped):

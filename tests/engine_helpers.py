@@ -15,10 +15,10 @@ from jax_engine.sequence import Sequence
 
 
 def sequence(seq_id: str, prompt: list[int], max_tokens: int = 16, params: SamplingParams | None = None,
-             arrival: int = 0, eos_token_ids: tuple[int, ...] = ()) -> Sequence:
+             arrival: int = 0, eos_token_ids: tuple[int, ...] = (), priority: int = 0) -> Sequence:
     """A bare engine Sequence (no detokenizer) for driving the scheduler or the runner directly."""
     return Sequence(seq_id, seq_id, 0, list(prompt), params or SamplingParams(max_tokens=max_tokens), arrival, 0,
-                    max_tokens, eos_token_ids, None, RequestMetrics(0.0))
+                    max_tokens, eos_token_ids, None, RequestMetrics(0.0), priority=priority)
 
 
 def engine_logits(checkpoint, token_ids: list[int], chunk_sizes: list[int], block_size: int = 4,

@@ -11,8 +11,8 @@ import pathlib
 ROOT = pathlib.Path(__file__).parents[1]
 REFERENCE = ROOT / "reference"
 PACKAGES = [REFERENCE, ROOT / "jax_engine", ROOT / "pallas_kernels", ROOT / "simulator"]
-CORE = ["block_pool", "block_manager", "request", "scheduler", "paged_attention", "kv_cache", "llama", "sampler",
-        "engine", "beam_search", "speculative", "lora"]
+CORE = ["block_pool", "block_manager", "request", "scheduling_policy", "scheduler", "paged_attention", "kv_cache",
+        "llama", "sampler", "engine", "beam_search", "speculative", "lora"]
 # 1300 for the serving loop, plus issue 44's speculative decoding: the proposers and the exact rejection sampler
 # (speculative.py, 173 lines), the lookahead slots and roll-back in the scheduler and block manager and the
 # engine's verification step (about 80 lines), rounded up to the next 50; plus issue 46's LoRA: each row's

@@ -151,8 +151,9 @@ def test_sigterm_to_the_process_group_drains_then_stops_the_core(long_checkpoint
 
 @pytest.fixture(scope="module")
 def core_client(long_checkpoint_dir):
-    """An API server's client of a core process of its own, driven by hand."""
-    client = EngineCoreClient(EngineArgs(long_checkpoint_dir, **ARGS))
+    """An API server's client of a core process of its own, driven by hand; under the "priority" scheduling policy,
+    which serves requests of priority 0 (the default) as "fcfs" does."""
+    client = EngineCoreClient(EngineArgs(long_checkpoint_dir, scheduling_policy="priority", **ARGS))
     yield client
     client.shutdown()
 
@@ -183,6 +184,18 @@ def test_adds_count_as_waiting_until_the_core_reports_them(core_client):
 
     _outputs_until(client, all_finished)
     assert client.num_waiting_sequences() == 0 and not client.has_unfinished_requests()
+
+
+def test_a_priority_crosses_to_the_core_whose_scheduler_serves_it_first(core_client):
+    """While the one seat (max_num_seqs=1) is taken, requests of priority 5 and then -5 wait in the core's
+    scheduler: the second runs first."""
+    client, prompt = core_client, {"prompt": None, "prompt_token_ids": [5, 6, 7]}
+    client.add_request("seat", prompt, SamplingParams(max_tokens=400, temperature=0, ignore_eos=True))
+    _outputs_until(client, lambda outputs: len(outputs) > 0)  # it runs
+    for request_id, priority in (("later", 5), ("sooner", -5)):
+        client.add_request(request_id, prompt, SamplingParams(max_tokens=2, temperature=0), priority=priority)
+    outputs = _outputs_until(client, lambda outputs: sum(o.finished for o in outputs) == 3)
+    assert [o.request_id for o in outputs if o.finished] == ["seat", "sooner", "later"]
 
 
 def test_a_stop_string_found_in_the_api_server_stops_the_request_in_the_core(core_client):

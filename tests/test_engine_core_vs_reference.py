@@ -119,9 +119,9 @@ TestSameDecisions = SameDecisions.TestCase
 
 
 # ------------------------------------------------------------------------------- scheduler traces
-def _engine_sequence(request_id, prompt, max_tokens, arrival, prompt_logprobs):
+def _engine_sequence(request_id, prompt, max_tokens, arrival, prompt_logprobs, priority=0):
     params = SamplingParams(temperature=0, max_tokens=max_tokens, prompt_logprobs=prompt_logprobs)
-    return sequence(request_id, prompt, max_tokens, params, arrival, eos_token_ids=(99,))
+    return sequence(request_id, prompt, max_tokens, params, arrival, eos_token_ids=(99,), priority=priority)
 
 
 def _sampled(token: int) -> SampledToken:
@@ -131,7 +131,8 @@ def _sampled(token: int) -> SampledToken:
 @given(scheduler_traces(eos=99), st.lists(st.booleans(), min_size=8, max_size=8),
        st.lists(st.tuples(st.lists(st.sampled_from([0, 1, 99]), max_size=3), st.integers(0, 3)), min_size=1, max_size=6))
 def test_engine_scheduler_decides_like_the_reference(trace, prompt_logprobs, speculation):
-    """Request i asks for prompt logprobs when prompt_logprobs[i]: it computes every prompt token. With
+    """Under either scheduling policy (priorities drawn for "priority"), the same steps, preemptions and blocks.
+    Request i asks for prompt logprobs when prompt_logprobs[i]: it computes every prompt token. With
     `speculation`, decoding requests take turns drafting tokens, of which the step accepts a prefix: lookahead
     slots, roll-back and trimming must match too."""
     config, blocks, requests, sampled = trace
@@ -142,14 +143,15 @@ def test_engine_scheduler_decides_like_the_reference(trace, prompt_logprobs, spe
     step = 0
     while pending or ref.has_unfinished_requests():
         while pending and pending[0][1][0] <= step:
-            i, (_, prompt, max_tokens) = pending.pop(0)
+            i, (_, prompt, max_tokens, priority) = pending.pop(0)
             request = ReferenceRequest(f"r{i}", list(prompt), SamplingParams(temperature=0, max_tokens=max_tokens), i,
-                                       skip_reading_prefix_cache=prompt_logprobs[i])
+                                       priority, skip_reading_prefix_cache=prompt_logprobs[i])
             try:
                 ref.add_request(request)
             except ValueError:
                 continue  # the engine refuses the same requests before they reach its scheduler
-            fast_requests[f"r{i}"] = _engine_sequence(f"r{i}", prompt, max_tokens, i, 1 if prompt_logprobs[i] else None)
+            fast_requests[f"r{i}"] = _engine_sequence(f"r{i}", prompt, max_tokens, i, 1 if prompt_logprobs[i] else None,
+                                                      priority)
             fast.add_request([fast_requests[f"r{i}"]])
         ref_out, fast_out = ref.schedule(), fast.schedule()
         assert [(s.seq.seq_id, s.num_new_tokens, s.block_table) for s in fast_out.scheduled] == [(s.request_id, s.num_new_tokens, s.block_table) for s in ref_out.scheduled]

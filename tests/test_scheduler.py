@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given
 
 from reference import BlockManager, Request, RequestStatus, SamplingParams, Scheduler, SchedulerConfig
+from reference.scheduling_policy import queue_order
 from tests.strategies import scheduler_traces
 
 EOS = 99
@@ -16,8 +17,8 @@ def make_scheduler(num_blocks=8, block_size=2, num_host_blocks=8, caching=True, 
     return Scheduler(SchedulerConfig(**config), bm)
 
 
-def add(scheduler, request_id, prompt, max_tokens, arrival):
-    request = Request(request_id, list(prompt), SamplingParams(temperature=0, max_tokens=max_tokens), arrival)
+def add(scheduler, request_id, prompt, max_tokens, arrival, priority=0):
+    request = Request(request_id, list(prompt), SamplingParams(temperature=0, max_tokens=max_tokens), arrival, priority)
     scheduler.add_request(request)
     return request
 
@@ -107,6 +108,39 @@ def test_config_errors_name_the_argument():
         SchedulerConfig(max_num_batched_tokens=16, max_model_len=32)
 
 
+def test_priority_policy_admits_the_lowest_priority_value_first():
+    """vLLM's "priority" policy: waiting requests run lowest priority value first, arrival breaking ties."""
+    s = make_scheduler(policy="priority", max_num_seqs=1)
+    for arrival, (name, priority) in enumerate([("late", 1), ("urgent", -1), ("tie", 1)]):
+        add(s, name, [1, 2, 3], 1, arrival, priority)
+    admitted = []
+    while s.has_unfinished_requests():
+        admitted += [x.request_id for x in step(s)[0].scheduled]
+    assert admitted == ["urgent", "late", "tie"]
+
+
+@pytest.mark.parametrize("policy, victim", [("fcfs", "second"), ("priority", "first")])
+def test_blocks_run_out_the_priority_policy_preempts_the_lowest_priority(policy, victim):
+    """Two requests outgrow 4 blocks: FCFS preempts the later arrival, "priority" the one of higher value, though
+    it came first (and runs second, behind the other)."""
+    s = make_scheduler(num_blocks=4, policy=policy)
+    add(s, "first", [1, 2, 3], 5, 0, 1 if policy == "priority" else 0)
+    add(s, "second", [4, 5, 6], 5, 1)
+    preempted = []
+    while not preempted:
+        preempted = step(s)[0].preempted
+    assert preempted == [victim]
+
+
+def test_a_priority_needs_the_priority_policy():
+    with pytest.raises(ValueError, match="priority must be 0 unless scheduling_policy is 'priority'"):
+        add(make_scheduler(), "a", [1, 2], 1, 0, priority=3)
+    with pytest.raises(ValueError, match="priority must be an int"):
+        add(make_scheduler(policy="priority"), "a", [1, 2], 1, 0, priority=1.5)
+    with pytest.raises(ValueError, match="policy must be one of"):
+        SchedulerConfig(policy="lifo")
+
+
 def test_abort_frees_blocks_wherever_the_request_is():
     s = make_scheduler()
     add(s, "a", [1, 2, 3], 5, 0)
@@ -143,13 +177,13 @@ def _check_step(s: Scheduler, out, admitted_before: set[str]):
             assert bm.block_tables[x.request_id][position // bm.block_size].ref_cnt == 1
         if not config.enable_chunked_prefill:
             assert end == request.num_tokens  # whole prompts only
-    running_arrivals = [s.requests[x.request_id].arrival for x in out.scheduled]
-    for victim in out.preempted:  # victims are the latest arrivals
-        assert all(s.requests[victim].arrival > a for a in running_arrivals)
+    running_order = [queue_order(s.requests[x.request_id]) for x in out.scheduled]
+    for victim in out.preempted:  # victims are the latest arrivals (under "priority": the lowest priority, then)
+        assert all(queue_order(s.requests[victim]) > key for key in running_order)
     admitted = [x.request_id for x in out.scheduled if x.request_id not in admitted_before]
-    if admitted:  # strict FCFS: nobody still waiting arrived before someone admitted
-        latest = max(s.requests[r].arrival for r in admitted)
-        assert all(r.arrival > latest for r in s.waiting)
+    if admitted:  # strict FCFS (or priority order): nobody still waiting comes before someone admitted
+        last = max(queue_order(s.requests[r]) for r in admitted)
+        assert all(queue_order(r) > last for r in s.waiting)
         assert not out.preempted and not s.swapped
 
 
@@ -161,11 +195,11 @@ def test_random_traces_respect_budgets_and_every_request_that_fits_finishes(trac
     accepted, ever_running, step_no = [], set(), 0
     while pending or s.has_unfinished_requests():
         while pending and pending[0][1][0] <= step_no:
-            i, (_, prompt, max_tokens) = pending.pop(0)
+            i, (_, prompt, max_tokens, priority) = pending.pop(0)
             fits = (len(prompt) + max_tokens <= config.max_model_len
                     and s.block_manager.num_blocks_for(len(prompt) + max_tokens) <= blocks["num_blocks"])
             try:
-                add(s, f"r{i}", prompt, max_tokens, arrival=i + 100 * step_no)
+                add(s, f"r{i}", prompt, max_tokens, arrival=i + 100 * step_no, priority=priority)
                 accepted.append(f"r{i}")
             except ValueError:
                 assert not fits

@@ -292,3 +292,13 @@ def test_request_ids_name_the_answer_and_come_back_in_a_header(server, client):
         reply = httpx.post(f"{server}/v1/completions", json={**body, **param}, headers=bad)
         assert reply.status_code == 400 and reply.json()["error"]["param"] == (
             "X-Request-Id" if bad else "request_id"), reply.text
+
+
+def test_a_priority_needs_the_priority_scheduling_policy(client):
+    """vLLM's `priority` field: 0 (its default) is taken; any other value is a 400 naming it unless the server runs
+    --scheduling-policy priority (tests/test_scheduling_policy.py), and a priority that is not an int is too."""
+    assert forced_chat(client, "ok", priority=0).choices[0].message.content == "ok"
+    for priority, message in ((3, "priority must be 0 unless scheduling_policy is 'priority'"), (1.5, "priority")):
+        with pytest.raises(openai.BadRequestError, match=message) as error:
+            client.completions.create(model="tiny", prompt="Hi", max_tokens=2, extra_body={"priority": priority})
+        assert error.value.body["param"] == "priority"

@@ -1,8 +1,9 @@
 """Iteration-level scheduler: the reference's policy (reference/scheduler.py), built for speed.
 
-FCFS over waiting / running / swapped queues; running sequences first, earliest arrival first; when blocks
-run out the latest-arrived running sequence is preempted (recompute or swap); swapped sequences come back
-before new ones are admitted; nothing is admitted in a step that preempted.
+FCFS over waiting / running / swapped queues (or priority first: reference/scheduling_policy.py); running
+sequences first, earliest arrival first; when blocks run out the latest-arrived running sequence is preempted
+(recompute or swap); swapped sequences come back before new ones are admitted; nothing is admitted in a step
+that preempted.
 
 One thing the reference has no need of: a sequence may fork (the other samples of `n > 1`, the first beams of
 a beam search), so it is admitted only when it and its forks to come fit under max_num_seqs, as vLLM v0 admits a
@@ -22,6 +23,7 @@ from jax_engine.sequence import Sequence
 from jax_engine.structured_output.grammar import GrammarError
 from reference.request import RequestStatus
 from reference.scheduler import SchedulerConfig
+from reference.scheduling_policy import check_priority
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class Scheduler:
         """Queue a request: its first sequence waits to be scheduled, the others (parallel samples) fork from it
         later. `cache_salt` (vLLM's field) and the LoRA adapter root its prefix-cache hashes."""
         first = seqs[0]
+        check_priority(first.priority, self.config.policy)
         if first.skip_reading_prefix_cache:
             self.kv.skip_reading_cache(first.seq_id)
         lora_name = None if first.lora_request is None else first.lora_request.lora_name

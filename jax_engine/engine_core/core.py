@@ -141,7 +141,8 @@ class EngineCore:
         self._adds_applied[server] += 1
         params = request.params
         try:
-            self.engine.add_request(request.request_id, request.prompt, params, lora_request=request.lora_request)
+            self.engine.add_request(request.request_id, request.prompt, params, lora_request=request.lora_request,
+                                    priority=request.priority)
         except ValueError as error:  # checked in the API server: only a difference of state (or of two API
             self._outputs[server].send(encode("rejected", (request.request_id, error)))  # servers' ids) gets here
             return

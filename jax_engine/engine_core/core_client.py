@@ -122,7 +122,7 @@ class EngineCoreClient:
         return self.input_processor.process(prompt, params)
 
     def add_request(self, request_id: str, prompt: dict, params: RequestParams,
-                    lora_request: LoRARequest | None = None) -> None:
+                    lora_request: LoRARequest | None = None, priority: int = 0) -> None:
         """Send a checked request (AsyncLLMEngine's prompt dict: text, token ids, cache_salt) to the core."""
         grammar = getattr(params, "compiled_grammar", None)
         if grammar is not None:  # its matcher stays here; the core builds its own from the text
@@ -132,7 +132,7 @@ class EngineCoreClient:
         if lora_request is not None:
             self._adapter_of[request_id] = lora_request.lora_int_id
         self._adds_sent += 1
-        self._send("add", AddRequest(request_id, prompt, params, lora_request, grammar and grammar.text))
+        self._send("add", AddRequest(request_id, prompt, params, lora_request, grammar and grammar.text, priority))
 
     def abort_request(self, request_ids: list[str]) -> None:
         if request_ids:

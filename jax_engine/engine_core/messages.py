@@ -51,6 +51,7 @@ class AddRequest:
     params: object
     lora_request: LoRARequest | None = None
     grammar_text: str | None = None
+    priority: int = 0  # its place in the core's queues under scheduling_policy "priority"
 
 
 @dataclass

@@ -120,7 +120,8 @@ class ChatCompletions:
                                                                  body.chat_template_kwargs,
                                                                  body.continue_final_message))
         request_id = answer_id("chatcmpl", header_id, body.request_id)
-        streams = await add_streams(state, request_id, [prompt], params, cache_salt, tenant, body.model, "messages")
+        streams = await add_streams(state, request_id, [prompt], params, cache_salt, tenant, body.model, "messages",
+                                    body.priority)
         if body.stream:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), num_top)
         [final] = await collect(streams)

@@ -70,7 +70,8 @@ class Completions:
         params = await state.sampling_params(body, 1 if scoring_only else body.max_tokens, body.logprobs)
         prompts = prompt_list(body.prompt)
         request_id = answer_id("cmpl", header_id, body.request_id)
-        streams = await add_streams(state, request_id, prompts, params, cache_salt, tenant, body.model)
+        streams = await add_streams(state, request_id, prompts, params, cache_salt, tenant, body.model,
+                                    priority=body.priority)
         echoes = [await state.off_loop(lambda p=p: self._prompt_text(p)) if body.echo else "" for p in prompts]
         if body.stream and not scoring_only:
             return self._events(request_id, body, streams, DeltaTracker.for_params(params), echoes)

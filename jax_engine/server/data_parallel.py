@@ -95,13 +95,14 @@ class DataParallelEngine:
 
     # ------------------------------------------------------------------------------- requests
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | BeamSearchParams | None = None,
-                    tenant: str | None = None, lora_request: LoRARequest | None = None) -> RequestStream:
+                    tenant: str | None = None, lora_request: LoRARequest | None = None,
+                    priority: int = 0) -> RequestStream:
         """Queue the request on the least loaded replica (see AsyncLLMEngine.add_request)."""
         if request_id in self._replica_of:
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.check_accepting(tenant)
         replica = min(self.replicas, key=_unfinished)  # ties: the lowest index
-        stream = replica.add_request(request_id, prompt, params, tenant, lora_request)
+        stream = replica.add_request(request_id, prompt, params, tenant, lora_request, priority)
         stream._engine = self  # a stream left early aborts through the front, which then forgets the request
         self._replica_of[request_id] = replica
         return stream

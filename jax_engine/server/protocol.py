@@ -57,7 +57,7 @@ CONTINUE_FINAL_MESSAGE = ("vLLM's: the model goes on writing the last message (n
 # honour it (vLLM drops them silently).
 BEAM_SEARCH_FIELDS = frozenset({
     "model", "max_tokens", "max_completion_tokens", "n", "temperature", "ignore_eos", "use_beam_search",
-    "length_penalty", "stream", "stream_options", "user", "cache_salt", "request_id",
+    "length_penalty", "stream", "stream_options", "user", "cache_salt", "request_id", "priority",
     "prompt", "echo", "return_token_ids",  # completions
     "messages", "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs",
 })
@@ -93,6 +93,8 @@ class SamplingRequest(RequestBody):
     cache_salt: Text | None = Field(None, min_length=1, description="vLLM's: prefix-cache hits only between "
                                     "requests with the same salt")
     request_id: RequestId = None
+    priority: int = Field(0, ge=-(2**63), lt=2**63, description="vLLM's: with --scheduling-policy priority, lower "
+                          "runs first; else 0")
     return_tokens_as_token_ids: bool | None = Field(None, description="vLLM's: logprobs show tokens as "
                                                     "token_id:N; default: --return-tokens-as-token-ids")
     logit_bias: dict[str, Finite] | None = Field(None, description="token id (a string, as OpenAI's) -> bias "

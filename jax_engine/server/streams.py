@@ -67,7 +67,7 @@ def answer_id(prefix: str, header_id: str | None, body_id: str | None) -> str:
 
 async def add_streams(state: ServerState, request_id: str, prompts: list, params: SamplingParams | BeamSearchParams,
                       cache_salt: str | None = None, tenant: str | None = None,
-                      model: str | None = None, field: str = "prompt") -> list[RequestStream]:
+                      model: str | None = None, field: str = "prompt", priority: int = 0) -> list[RequestStream]:
     """Queue one engine request per prompt, in `tenant`'s turn (its API key's; see fair_queue.py); all or none
     (a bad prompt, or a request that would cost more than the server allows one, queues none). `model` may name
     one of the server's LoRA adapters, which the prompts then run with; `field` is the request field the prompts
@@ -91,7 +91,7 @@ async def add_streams(state: ServerState, request_id: str, prompts: list, params
         for i, (text, token_ids, engine_params) in enumerate(checked):
             prompt = {"prompt": text, "prompt_token_ids": token_ids, "cache_salt": cache_salt}
             streams.append(engine.add_request(f"{request_id}-{unique}-{i}", prompt, engine_params, tenant,
-                                              state.lora_request(model)))
+                                              state.lora_request(model), priority))
             if state.config.enable_log_requests:
                 _log_request(streams[-1].request_id, text, token_ids, engine_params, model,
                              state.config.max_log_len)
