@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from jax_engine.attention import ATTENTION_BACKENDS
 from jax_engine.linear import QUANTIZATIONS
+from jax_engine.loader.generation_config import check_override
 from jax_engine.model_config import ModelConfig
 from jax_engine.pooling_params import check_task_args
 from jax_engine.sampling_params import MAX_LOGPROBS
@@ -72,6 +73,8 @@ class EngineArgs:
             $JAX_ENGINE_CACHE_DIR/compiled (~/.cache/jax_engine/compiled), "" keeps nothing.
         generation_config: where requests' default sampling parameters come from: "auto", the model's
             generation_config.json (vLLM's default); "vllm", vLLM's own defaults; or a directory holding one.
+        override_generation_config: generation config values on top of those (vLLM's), e.g. {"temperature":
+            0.5, "max_new_tokens": 64}: temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens.
         tensor_parallel_size: devices each layer is split over, Megatron-style (jax_engine/distributed/); on
             several hosts, the devices of all of them.
         data_parallel_size: engine replicas, each on its own tensor_parallel_size devices, behind one server
@@ -127,6 +130,7 @@ class EngineArgs:
     enforce_eager: bool = False
     compilation_cache_dir: str = "auto"
     generation_config: str = "auto"
+    override_generation_config: dict | None = None
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     nnodes: int = 1
@@ -182,6 +186,7 @@ class EngineArgs:
         check(isinstance(self.max_lora_rank, int) and 1 <= self.max_lora_rank <= 512, "max_lora_rank", "in [1, 512]")
         check(self.max_cpu_loras is None or (isinstance(self.max_cpu_loras, int) and self.max_cpu_loras >= self.max_loras),
               "max_cpu_loras", f"None or >= max_loras ({self.max_loras})")
+        check_override(self.override_generation_config)
         speculative = SpeculativeConfig.from_dict(self.speculative_config)  # raises naming the bad key
         check_task_args(self.task, self.pooler_config, speculative)
         if self.enable_lora and (self.nnodes > 1 or (speculative is not None and speculative.method == "draft_model")):

@@ -87,7 +87,7 @@ class LLMEngine(LoRAEngineMethods):
         self.runner, self.attention_backend, self.dtype = loaded.runner, loaded.attention_backend, loaded.dtype
         self.scheduler = Scheduler(self.scheduler_config, loaded.cache_config, args.max_loras if args.enable_lora else 0)
         generation_config = resolve_generation_config(args.generation_config, checkpoint.generation_config)
-        self.default_sampling_fields = default_sampling_fields(args.generation_config, generation_config)
+        self.default_sampling_fields = default_sampling_fields(args, generation_config)
         self.eos_token_ids = tuple(dict.fromkeys(checkpoint.eos_token_ids +
                                                  token_ids(generation_config.get("eos_token_id"))))
         self.grammar_compiler = GrammarCompiler(self.tokenizer, cfg.vocab_size, self.eos_token_ids)

@@ -97,3 +97,29 @@ def test_the_server_applies_both(llm):
     expected = chat_prompt(llm.get_tokenizer(), CHAT)["prompt_token_ids"]
     assert reply.usage.prompt_tokens == len(expected) and expected.count(BOS) == 1
     assert reply.usage.completion_tokens == 5 and reply.choices[0].finish_reason == "length"
+
+
+def test_override_generation_config_goes_on_top_of_the_choice(checkpoint_dir):
+    """vLLM's override_generation_config (--override-generation-config JSON): merged into the model's defaults under
+    "auto", the only defaults under "vllm"; a name it does not know, or a value SamplingParams refuses, is an
+    error naming it before anything loads."""
+    import argparse
+
+    from jax_engine import EngineArgs
+
+    args = {**TINY_ENGINE_ARGS, "num_gpu_blocks_override": 16}
+    merged = LLM(str(checkpoint_dir), override_generation_config={"max_new_tokens": 3, "top_p": 0.5}, **args)
+    assert merged.get_default_sampling_params() == SamplingParams(temperature=0.0, top_k=20, max_tokens=3,
+                                                                   repetition_penalty=1.3, top_p=0.5)
+    [output] = merged.generate("Hello", use_tqdm=False)
+    assert len(output.outputs[0].token_ids) == 3
+    alone = LLM(str(checkpoint_dir), generation_config="vllm", override_generation_config={"temperature": 0.5},
+                **args)
+    assert alone.get_default_sampling_params() == SamplingParams(temperature=0.5)
+    for overrides, message in (({"do_sample": True}, "override_generation_config must be None or a dict of"),
+                               ({"top_p": 1.5}, "override_generation_config: top_p"), ([1], "a dict of")):
+        with pytest.raises(ValueError, match=message):
+            EngineArgs(str(checkpoint_dir), override_generation_config=overrides)
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    parsed = EngineArgs.from_cli_args(parser.parse_args(["--override-generation-config", '{"max_new_tokens": 2}']))
+    assert parsed.override_generation_config == {"max_new_tokens": 2}

@@ -5,6 +5,8 @@ vLLM's `generation_config` engine argument:
   top_k, min_p, repetition_penalty and max_tokens of requests that do not set their own;
 - "vllm": vLLM's neutral defaults (SamplingParams()) instead;
 - a directory: its generation_config.json instead of the model's.
+`override_generation_config` (vLLM's, a dict of the same names) goes on top of the choice: merged into the
+model's defaults under "auto", the only defaults under "vllm".
 The file's `eos_token_id` (often a list, e.g. Llama 3's <|eot_id|> beside <|end_of_text|>) ends generation
 whatever the choice, as in vLLM.
 """
@@ -46,19 +48,34 @@ def resolve_generation_config(choice: str, model_generation_config: dict) -> dic
     return read_generation_config(choice)
 
 
-def default_sampling_fields(choice: str, generation_config: dict) -> dict:
-    """SamplingParams fields that replace vLLM's defaults: {} for "vllm", else those the config sets. They are
-    checked here, once: a bad value fails the engine's start, not every request that takes the defaults."""
-    if choice == "vllm":
-        return {}
-    fields = {field: generation_config[name] for name, field in SAMPLING_FIELDS.items()
-              if generation_config.get(name) is not None}
+def check_override(overrides: dict | None) -> None:
+    """override_generation_config: None, or a dict of SAMPLING_FIELDS' names with values SamplingParams takes."""
+    if overrides is None:
+        return
+    check(isinstance(overrides, dict) and set(overrides) <= SAMPLING_FIELDS.keys(), "override_generation_config",
+          f"None or a dict of {sorted(SAMPLING_FIELDS)}", overrides)
+    try:
+        SamplingParams(**_sampling_fields(overrides))
+    except ValueError as error:
+        raise ValueError(f"override_generation_config: {error}") from None
+
+
+def _sampling_fields(config: dict) -> dict:
+    return {field: config[name] for name, field in SAMPLING_FIELDS.items() if config.get(name) is not None}
+
+
+def default_sampling_fields(args, generation_config: dict) -> dict:
+    """SamplingParams fields that replace vLLM's defaults under EngineArgs `args`: those the generation config
+    sets (none under generation_config "vllm"), then override_generation_config's. They are checked here, once:
+    a bad value fails the engine's start, not every request that takes the defaults."""
+    chosen = {} if args.generation_config == "vllm" else generation_config
+    fields = _sampling_fields({**chosen, **(args.override_generation_config or {})})
     if fields:
         try:
             SamplingParams(**fields)
         except ValueError as error:
             raise ValueError(f"the generation config's sampling defaults: {error}") from None
-        logger.info("default sampling parameters %s come from the model's generation config; "
-                    "generation_config='vllm' ignores them", fields)
+        logger.info("default sampling parameters %s come from the model's generation config (and "
+                    "override_generation_config); generation_config='vllm' ignores the model's", fields)
     return fields
 
