@@ -22,6 +22,10 @@ from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
 from reference.scheduling_policy import SCHEDULING_POLICIES
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# vLLM's values that mean what this engine does; its others (slow or Mistral tokenizers, PyTorch .bin files,
+# dummy weights, ...) are refused by name rather than ignored.
+TOKENIZER_MODES = ("auto", "hf")
+LOAD_FORMATS = ("auto", "safetensors", "gguf")
 # vLLM's names. Its "fp8" is e4m3; the 8-bit caches keep vLLM's default scale of 1.0 (no calibrated scales).
 KV_CACHE_DTYPES = {"auto": None, "bfloat16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn,
                    "fp8_e5m2": jnp.float8_e5m2}
@@ -98,6 +102,9 @@ class EngineArgs:
         tokenizer: a local HF tokenizer directory to use instead of the model's own (vLLM's flag: for a GGUF
             file, vLLM's advice is its base model's tokenizer; or a checkpoint shipped without tokenizer files);
             its vocabulary must fit the model's, and its chat template is the one used.
+        tokenizer_mode: vLLM's; "auto" (or "hf"): the checkpoint's fast tokenizer, the only kind loaded here.
+        load_format: vLLM's; "auto" reads a .gguf file or a directory's safetensors; "gguf" or "safetensors"
+            insist on that kind (a model of the other kind is refused).
         trust_remote_code: let transformers run the Python files of a checkpoint's tokenizer and config (their
             auto_map), as vLLM's flag does. The model itself is always this engine's own code.
         async_scheduling: plan each step while the device runs the one before (vLLM's flag), on one host,
@@ -144,6 +151,8 @@ class EngineArgs:
     max_cpu_loras: int | None = None
     skip_tokenizer_init: bool = False
     tokenizer: str | None = None
+    tokenizer_mode: str = "auto"
+    load_format: str = "auto"
     trust_remote_code: bool = False
     async_scheduling: bool = False
     task: str = "generate"
@@ -180,6 +189,8 @@ class EngineArgs:
         check(isinstance(self.node_rank, int) and 0 <= self.node_rank < self.nnodes, "node_rank", "in [0, nnodes)")
         check(self.quantization is None or self.quantization in QUANTIZATIONS, "quantization",
               f"None or one of {list(QUANTIZATIONS)}")
+        check(self.tokenizer_mode in TOKENIZER_MODES, "tokenizer_mode", f"one of {TOKENIZER_MODES} (a fast tokenizer)")
+        check(self.load_format in LOAD_FORMATS, "load_format", f"one of {LOAD_FORMATS}")
         check(not (self.tokenizer and self.skip_tokenizer_init), "tokenizer",
               "None with skip_tokenizer_init=True, which loads no tokenizer")
         check(isinstance(self.max_loras, int) and self.max_loras >= 1, "max_loras", ">= 1")

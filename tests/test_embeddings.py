@@ -163,6 +163,7 @@ def test_bad_embedding_requests_get_a_400_naming_the_field(embedding_server):
         (dict(input=[[70000]]), "input", r"input token ids must be in \[0, vocab_size="),
         (dict(input="hi", dimensions=65), "dimensions", "at most the model's hidden size"),
         (dict(input="hi", extra_body={"pooling": "CLS"}), "pooling", "not supported"),
+        (dict(input="hi", extra_body={"priority": 2}), "priority", "unless scheduling_policy is 'priority'"),
     ]
     for fields, param, message in cases:
         with pytest.raises(openai.BadRequestError, match=message) as error:

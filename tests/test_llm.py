@@ -274,6 +274,9 @@ def test_bad_sampling_params(kwargs, message):
     (dict(enable_lora=True, nnodes=2), r"enable_lora is not supported yet with nnodes > 1"),
     (dict(enable_lora=True, speculative_config={"model": "self", "num_speculative_tokens": 2}),
      r"enable_lora is not supported yet with .* a draft model"),
+    (dict(scheduling_policy="lifo"), r"scheduling_policy must be one of \('fcfs', 'priority'\)"),
+    (dict(tokenizer_mode="mistral"), r"tokenizer_mode must be one of \('auto', 'hf'\) \(a fast tokenizer\)"),
+    (dict(load_format="pt"), r"load_format must be one of \('auto', 'safetensors', 'gguf'\), got 'pt'"),
 ])
 def test_bad_engine_args(kwargs, message):
     with pytest.raises(ValueError, match=message):

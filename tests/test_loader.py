@@ -77,6 +77,20 @@ def test_bad_model_paths_and_configs_are_clear_errors(tmp_path):
         config_from_hf({"model_type": "llama", "rope_scaling": {"type": "longrope"}})
 
 
+def test_load_format_insists_on_its_kind_of_model(tiny_checkpoint_dir):
+    """vLLM's load_format: "auto" reads either kind; "gguf" or "safetensors" refuse a model of the other kind,
+    naming both, before anything is read."""
+    from jax_engine import EngineArgs
+    from jax_engine.loader import load_engine_checkpoint
+
+    for model, load_format in ((tiny_checkpoint_dir, "gguf"), (None, "safetensors")):
+        with pytest.raises(ValueError, match=f"load_format='{load_format}', but model={model!r} is a"):
+            load_engine_checkpoint(EngineArgs(model, load_format=load_format))
+    checkpoint = load_engine_checkpoint(EngineArgs(tiny_checkpoint_dir, load_format="safetensors",
+                                                   tokenizer_mode="hf"))
+    assert checkpoint.config.vocab_size == load_checkpoint(tiny_checkpoint_dir).config.vocab_size
+
+
 @pytest.mark.parametrize("save_dtype, max_shard_size", [("bfloat16", "100KB"), ("float16", None)])
 def test_16_bit_and_sharded_safetensors_load_as_float32(tmp_path, save_dtype, max_shard_size):
     """Most releases are bf16, large ones sharded: the loader reads both without torch, widened exactly."""

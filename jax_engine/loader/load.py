@@ -57,5 +57,11 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
 
 
 def load_engine_checkpoint(args) -> Checkpoint:
-    """The checkpoint an EngineArgs names: its model, with the tokenizer it asks for."""
+    """The checkpoint an EngineArgs names: its model (of its load_format), with the tokenizer it asks for."""
+    if args.load_format != "auto":
+        path = default_model_path() if args.model is None else os.path.expanduser(args.model)
+        kind = "gguf" if path.endswith(".gguf") else "safetensors"
+        if kind != args.load_format:
+            raise ValueError(f"load_format={args.load_format!r}, but model={args.model!r} is a "
+                             f"{'.gguf file' if kind == 'gguf' else 'checkpoint directory (safetensors)'}")
     return load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer, args.trust_remote_code)

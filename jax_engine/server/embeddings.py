@@ -43,7 +43,8 @@ class Embeddings:
         if any(isinstance(i, str) for i in inputs):
             state.require_tokenizer("input", "text")
         request_id = answer_id("embd", header_id, body.request_id)
-        streams = await add_streams(state, request_id, inputs, params, cache_salt, tenant, body.model, "input")
+        streams = await add_streams(state, request_id, inputs, params, cache_salt, tenant, body.model, "input",
+                                    body.priority)
         finals = await collect(streams)
         data = [{"object": "embedding", "index": i, "embedding": encoded(o.outputs.data, body.encoding_format)}
                 for i, o in enumerate(finals)]

@@ -21,6 +21,8 @@ from jax_engine.server.tools import tool_constraint
 from jax_engine.structured_output import StructuredOutputsParams
 
 Finite = Annotated[float, Field(allow_inf_nan=False)]
+Priority = Annotated[int, Field(ge=-(2**63), lt=2**63, description="vLLM's: with --scheduling-policy priority, lower "
+                                "runs first; else 0")]
 # vLLM's request_id (a body field, or the X-Request-Id header): the answer's id is its kind's prefix and this.
 # Visible ASCII only, as it is logged: no line breaks to forge log lines with.
 REQUEST_ID_PATTERN = "^[!-~]{1,256}$"
@@ -93,8 +95,7 @@ class SamplingRequest(RequestBody):
     cache_salt: Text | None = Field(None, min_length=1, description="vLLM's: prefix-cache hits only between "
                                     "requests with the same salt")
     request_id: RequestId = None
-    priority: int = Field(0, ge=-(2**63), lt=2**63, description="vLLM's: with --scheduling-policy priority, lower "
-                          "runs first; else 0")
+    priority: Priority = 0
     return_tokens_as_token_ids: bool | None = Field(None, description="vLLM's: logprobs show tokens as "
                                                     "token_id:N; default: --return-tokens-as-token-ids")
     logit_bias: dict[str, Finite] | None = Field(None, description="token id (a string, as OpenAI's) -> bias "
@@ -271,6 +272,7 @@ class EmbeddingRequest(RequestBody):
     normalize: bool | None = Field(None, description="vLLM's: unit length or not; default: the server's "
                                    "--pooler-config")
     request_id: RequestId = None
+    priority: Priority = 0
 
     def pooling_params(self) -> PoolingParams:
         return PoolingParams(self.normalize, self.dimensions, self.truncate_prompt_tokens)
