@@ -105,6 +105,8 @@ class EngineArgs:
         tokenizer_mode: vLLM's; "auto" (or "hf"): the checkpoint's fast tokenizer, the only kind loaded here.
         load_format: vLLM's; "auto" reads a .gguf file or a directory's safetensors; "gguf" or "safetensors"
             insist on that kind (a model of the other kind is refused).
+        hf_overrides: vLLM's; config.json keys to replace, e.g. {"max_position_embeddings": 4096} (a JSON object on
+            the command line), for a checkpoint directory (a GGUF file's configuration is its metadata).
         trust_remote_code: let transformers run the Python files of a checkpoint's tokenizer and config (their
             auto_map), as vLLM's flag does. The model itself is always this engine's own code.
         async_scheduling: plan each step while the device runs the one before (vLLM's flag), on one host,
@@ -153,6 +155,7 @@ class EngineArgs:
     tokenizer: str | None = None
     tokenizer_mode: str = "auto"
     load_format: str = "auto"
+    hf_overrides: dict | None = None
     trust_remote_code: bool = False
     async_scheduling: bool = False
     task: str = "generate"
@@ -191,6 +194,7 @@ class EngineArgs:
               f"None or one of {list(QUANTIZATIONS)}")
         check(self.tokenizer_mode in TOKENIZER_MODES, "tokenizer_mode", f"one of {TOKENIZER_MODES} (a fast tokenizer)")
         check(self.load_format in LOAD_FORMATS, "load_format", f"one of {LOAD_FORMATS}")
+        check(self.hf_overrides is None or isinstance(self.hf_overrides, dict), "hf_overrides", "None or a dict")
         check(not (self.tokenizer and self.skip_tokenizer_init), "tokenizer",
               "None with skip_tokenizer_init=True, which loads no tokenizer")
         check(isinstance(self.max_loras, int) and self.max_loras >= 1, "max_loras", ">= 1")

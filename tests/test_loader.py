@@ -201,3 +201,32 @@ def test_serve_with_trust_remote_code_hands_the_tokenizer_to_the_api_server(tmp_
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3, reply.text
     finally:
         stop_server_process(process)
+
+
+def test_hf_overrides_replace_config_json_keys(tiny_checkpoint_dir):
+    """vLLM's hf_overrides (--hf-overrides JSON): config.json keys replaced before the model is built; refused for a
+    GGUF file, whose configuration is its metadata, and when not a dict of keys."""
+    import argparse
+
+    from jax_engine import LLM, EngineArgs, SamplingParams
+    from jax_engine.loader import load_engine_checkpoint
+
+    plain = load_checkpoint(tiny_checkpoint_dir).config
+    # transformers 5 keeps rope_theta in rope_parameters: a key is replaced whole, as vLLM sets a config attribute
+    overrides = {"rope_parameters": {"rope_type": "default", "rope_theta": plain.rope_theta * 2},
+                 "max_position_embeddings": 64}
+    config = load_engine_checkpoint(EngineArgs(tiny_checkpoint_dir, hf_overrides=overrides)).config
+    assert (config.rope_theta, config.max_position_embeddings) == (plain.rope_theta * 2, 64)
+    assert config.hidden_size == plain.hidden_size
+    llm = LLM(tiny_checkpoint_dir, hf_overrides={"max_position_embeddings": 64}, num_gpu_blocks_override=16,
+              block_size=8, enforce_eager=True)
+    assert llm.llm_engine.scheduler_config.max_model_len == 64  # the overridden length is the model's
+    assert len(llm.generate([[256, 5, 6]], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)[0]
+               .outputs[0].token_ids) == 2
+    with pytest.raises(ValueError, match="hf_overrides replace a checkpoint directory's config.json keys"):
+        load_engine_checkpoint(EngineArgs(hf_overrides={"rope_theta": 1.0}))  # the default model: a GGUF file
+    with pytest.raises(ValueError, match="hf_overrides must be None or a dict, got"):
+        EngineArgs(tiny_checkpoint_dir, hf_overrides=[1])
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    parsed = EngineArgs.from_cli_args(parser.parse_args(["--hf-overrides", '{"rope_theta": 1000.0}']))
+    assert parsed.hf_overrides == {"rope_theta": 1000.0}

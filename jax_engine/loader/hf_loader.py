@@ -19,10 +19,12 @@ def config_from_hf(hf: dict) -> ModelConfig:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer.tiktoken", "spiece.model")
 
 
-def load_hf_directory(path: str, tokenizer: bool = True, trust_remote_code: bool = False) -> Checkpoint:
-    """Load config.json, the safetensors weights (one file or the shards of an index), the tokenizer (unless not
-    `tokenizer`) and generation_config.json from `path`. Weights are float32 when read, whatever the files store.
-    A directory without tokenizer files is refused unless `tokenizer` is False (skip_tokenizer_init)."""
+def load_hf_directory(path: str, tokenizer: bool = True, trust_remote_code: bool = False,
+                      hf_overrides: dict | None = None) -> Checkpoint:
+    """Load config.json (with `hf_overrides`' keys replaced, vLLM's), the safetensors weights (one file or the
+    shards of an index), the tokenizer (unless not `tokenizer`) and generation_config.json from `path`. Weights are
+    float32 when read, whatever the files store. A directory without tokenizer files is refused unless
+    `tokenizer` is False (skip_tokenizer_init)."""
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{path!r} has no config.json")
@@ -34,7 +36,7 @@ def load_hf_directory(path: str, tokenizer: bool = True, trust_remote_code: bool
     from transformers import AutoConfig, AutoTokenizer
 
     trust = {"local_files_only": True, "trust_remote_code": trust_remote_code}
-    config = config_from_hf(AutoConfig.from_pretrained(path, **trust).to_dict())
+    config = config_from_hf({**AutoConfig.from_pretrained(path, **trust).to_dict(), **(hf_overrides or {})})
     weights = SafetensorsWeights(checkpoint_files(path))
     if tokenizer and not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
         raise ValueError(f"{path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): add the model's "

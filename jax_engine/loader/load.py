@@ -27,7 +27,8 @@ def default_model_path() -> str:
 
 
 def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
-                    tokenizer: str | None = None, trust_remote_code: bool = False) -> Checkpoint:
+                    tokenizer: str | None = None, trust_remote_code: bool = False,
+                    hf_overrides: dict | None = None) -> Checkpoint:
     """Load a GGUF file or an HF checkpoint directory; `None` loads the default model.
 
     Args:
@@ -36,6 +37,7 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
         skip_tokenizer_init: load no tokenizer (Checkpoint.tokenizer is None).
         tokenizer: a tokenizer directory to load instead of the model's own (hf_loader.load_tokenizer).
         trust_remote_code: let transformers run a directory's own tokenizer and config code (EngineArgs').
+        hf_overrides: config.json keys to replace (vLLM's), for a checkpoint directory only.
 
     Returns:
         The checkpoint with float32 weights under Hugging Face parameter names.
@@ -43,9 +45,12 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
     path = default_model_path() if model is None else os.path.expanduser(model)
     own_tokenizer = not skip_tokenizer_init and tokenizer is None
     if os.path.isfile(path) and path.endswith(".gguf"):
+        if hf_overrides:
+            raise ValueError(f"hf_overrides replace a checkpoint directory's config.json keys; {path!r} is a GGUF "
+                             "file, whose configuration comes from its metadata")
         checkpoint = load_gguf(path, tokenizer=own_tokenizer)
     elif os.path.isdir(path):
-        checkpoint = load_hf_directory(path, tokenizer=own_tokenizer, trust_remote_code=trust_remote_code)
+        checkpoint = load_hf_directory(path, own_tokenizer, trust_remote_code, hf_overrides)
     else:
         raise FileNotFoundError(
             f"model={model!r} is neither a .gguf file nor a checkpoint directory "
@@ -64,4 +69,5 @@ def load_engine_checkpoint(args) -> Checkpoint:
         if kind != args.load_format:
             raise ValueError(f"load_format={args.load_format!r}, but model={args.model!r} is a "
                              f"{'.gguf file' if kind == 'gguf' else 'checkpoint directory (safetensors)'}")
-    return load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer, args.trust_remote_code)
+    return load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer, args.trust_remote_code,
+                           args.hf_overrides)
