@@ -11,10 +11,9 @@ import jax.numpy as jnp
 
 from jax_engine.attention import ATTENTION_BACKENDS
 from jax_engine.linear import QUANTIZATIONS
-from jax_engine.loader.generation_config import check_override
 from jax_engine.model_config import ModelConfig
 from jax_engine.pooling_params import check_task_args
-from jax_engine.sampling_params import MAX_LOGPROBS
+from jax_engine.sampling_params import MAX_LOGPROBS, check_generation_overrides
 from jax_engine.models.rope import max_len_with_rope_scaling
 from jax_engine.spec_decode import SpeculativeConfig
 from jax_engine.target_platform import platform
@@ -201,7 +200,7 @@ class EngineArgs:
         check(isinstance(self.max_lora_rank, int) and 1 <= self.max_lora_rank <= 512, "max_lora_rank", "in [1, 512]")
         check(self.max_cpu_loras is None or (isinstance(self.max_cpu_loras, int) and self.max_cpu_loras >= self.max_loras),
               "max_cpu_loras", f"None or >= max_loras ({self.max_loras})")
-        check_override(self.override_generation_config)
+        check_generation_overrides(self.override_generation_config)
         speculative = SpeculativeConfig.from_dict(self.speculative_config)  # raises naming the bad key
         check_task_args(self.task, self.pooler_config, speculative)
         if self.enable_lora and (self.nnodes > 1 or (speculative is not None and speculative.method == "draft_model")):

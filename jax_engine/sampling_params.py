@@ -165,3 +165,26 @@ class SamplingParams(_ReferenceSamplingParams):
     @property
     def uses_penalties(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+
+
+# generation_config.json name -> SamplingParams field; vLLM's ModelConfig.get_diff_sampling_param reads these.
+GENERATION_CONFIG_FIELDS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature",
+                            "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "max_new_tokens": "max_tokens"}
+
+
+def generation_config_fields(config: dict) -> dict:
+    """The SamplingParams fields a generation config (or EngineArgs.override_generation_config) sets."""
+    return {field: config[name] for name, field in GENERATION_CONFIG_FIELDS.items() if config.get(name) is not None}
+
+
+def check_generation_overrides(overrides: dict | None) -> None:
+    """EngineArgs.override_generation_config: None, or a dict of GENERATION_CONFIG_FIELDS' names whose values
+    SamplingParams takes (here, not in jax_engine.loader: checking flags must not import the tokenizers)."""
+    if overrides is None:
+        return
+    check(isinstance(overrides, dict) and set(overrides) <= GENERATION_CONFIG_FIELDS.keys(),
+          "override_generation_config", f"None or a dict of {sorted(GENERATION_CONFIG_FIELDS)}", overrides)
+    try:
+        SamplingParams(**generation_config_fields(overrides))
+    except ValueError as error:
+        raise ValueError(f"override_generation_config: {error}") from None

@@ -16,14 +16,11 @@ import logging
 import os
 
 from jax_engine.input_checks import check
-from jax_engine.sampling_params import SamplingParams
+from jax_engine.sampling_params import SamplingParams, generation_config_fields
 
 logger = logging.getLogger(__name__)
 
 FILE_NAME = "generation_config.json"
-# generation_config.json name -> SamplingParams field; vLLM's ModelConfig.get_diff_sampling_param reads these.
-SAMPLING_FIELDS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
-                   "top_p": "top_p", "min_p": "min_p", "max_new_tokens": "max_tokens"}
 
 
 def read_generation_config(directory: str) -> dict:
@@ -48,28 +45,12 @@ def resolve_generation_config(choice: str, model_generation_config: dict) -> dic
     return read_generation_config(choice)
 
 
-def check_override(overrides: dict | None) -> None:
-    """override_generation_config: None, or a dict of SAMPLING_FIELDS' names with values SamplingParams takes."""
-    if overrides is None:
-        return
-    check(isinstance(overrides, dict) and set(overrides) <= SAMPLING_FIELDS.keys(), "override_generation_config",
-          f"None or a dict of {sorted(SAMPLING_FIELDS)}", overrides)
-    try:
-        SamplingParams(**_sampling_fields(overrides))
-    except ValueError as error:
-        raise ValueError(f"override_generation_config: {error}") from None
-
-
-def _sampling_fields(config: dict) -> dict:
-    return {field: config[name] for name, field in SAMPLING_FIELDS.items() if config.get(name) is not None}
-
-
 def default_sampling_fields(args, generation_config: dict) -> dict:
     """SamplingParams fields that replace vLLM's defaults under EngineArgs `args`: those the generation config
     sets (none under generation_config "vllm"), then override_generation_config's. They are checked here, once:
     a bad value fails the engine's start, not every request that takes the defaults."""
     chosen = {} if args.generation_config == "vllm" else generation_config
-    fields = _sampling_fields({**chosen, **(args.override_generation_config or {})})
+    fields = generation_config_fields({**chosen, **(args.override_generation_config or {})})
     if fields:
         try:
             SamplingParams(**fields)
