@@ -28,7 +28,7 @@ def default_model_path() -> str:
 
 def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
                     tokenizer: str | None = None, trust_remote_code: bool = False,
-                    hf_overrides: dict | None = None) -> Checkpoint:
+                    hf_overrides: dict | None = None, load_format: str = "auto") -> Checkpoint:
     """Load a GGUF file or an HF checkpoint directory; `None` loads the default model.
 
     Args:
@@ -38,6 +38,7 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
         tokenizer: a tokenizer directory to load instead of the model's own (hf_loader.load_tokenizer).
         trust_remote_code: let transformers run a directory's own tokenizer and config code (EngineArgs').
         hf_overrides: config.json keys to replace (vLLM's), for a checkpoint directory only.
+        load_format: vLLM's; "gguf" or "safetensors" refuse a model of the other kind ("auto": either).
 
     Returns:
         The checkpoint with float32 weights under Hugging Face parameter names.
@@ -45,11 +46,13 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
     path = default_model_path() if model is None else os.path.expanduser(model)
     own_tokenizer = not skip_tokenizer_init and tokenizer is None
     if os.path.isfile(path) and path.endswith(".gguf"):
+        _check_load_format(load_format, "gguf", model)
         if hf_overrides:
             raise ValueError(f"hf_overrides replace a checkpoint directory's config.json keys; {path!r} is a GGUF "
                              "file, whose configuration comes from its metadata")
         checkpoint = load_gguf(path, tokenizer=own_tokenizer)
     elif os.path.isdir(path):
+        _check_load_format(load_format, "safetensors", model)
         checkpoint = load_hf_directory(path, own_tokenizer, trust_remote_code, hf_overrides)
     else:
         raise FileNotFoundError(
@@ -61,13 +64,14 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
     return checkpoint
 
 
+def _check_load_format(load_format: str, kind: str, model: str | None) -> None:
+    """A ValueError when load_format insists on the other kind of model than `kind` ("gguf" or "safetensors")."""
+    if load_format not in ("auto", kind):
+        raise ValueError(f"load_format={load_format!r}, but model={model!r} is a "
+                         f"{'.gguf file' if kind == 'gguf' else 'checkpoint directory (safetensors)'}")
+
+
 def load_engine_checkpoint(args) -> Checkpoint:
     """The checkpoint an EngineArgs names: its model (of its load_format), with the tokenizer it asks for."""
-    if args.load_format != "auto":
-        path = default_model_path() if args.model is None else os.path.expanduser(args.model)
-        kind = "gguf" if path.endswith(".gguf") else "safetensors"
-        if kind != args.load_format:
-            raise ValueError(f"load_format={args.load_format!r}, but model={args.model!r} is a "
-                             f"{'.gguf file' if kind == 'gguf' else 'checkpoint directory (safetensors)'}")
     return load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer, args.trust_remote_code,
-                           args.hf_overrides)
+                           args.hf_overrides, args.load_format)
