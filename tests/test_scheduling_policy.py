@@ -11,6 +11,7 @@ from tests.server_helpers import (TINY_ENGINE_ARGS, cli_flags, metric, start_ser
                                   wait_for)
 
 GREEDY = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+LARGEST = 2**63 - 1  # the request field's bound (protocol.Priority)
 PROMPTS = [[256, 5, 6], [256, 7, 8], [256, 9, 10], [256, 11, 12]]
 
 
@@ -49,7 +50,8 @@ def test_a_priority_needs_the_priority_policy(tiny_checkpoint_dir):
 
 def test_a_priority_server_lets_the_lowest_priority_in_first(long_checkpoint_dir, tmp_path):
     """`jax-engine serve --scheduling-policy priority`, one request at a time: while a long answer runs, a request
-    of priority 5 and then one of priority -5 wait; the second runs first. Through the official openai client and
+    of the largest priority and then one of the smallest (a signed 64-bit int's ends) wait; the second runs first,
+    and the one running meanwhile is undisturbed. Through the official openai client and
     the engine core process (the priority crosses to it with the request)."""
     flags = cli_flags(**{**TINY_ENGINE_ARGS, "max_num_seqs": 1, "max_model_len": 512, "max_num_batched_tokens": 512})
     process, url = start_server_process(long_checkpoint_dir, *flags, "--scheduling-policy", "priority",
@@ -67,10 +69,10 @@ def test_a_priority_server_lets_the_lowest_priority_in_first(long_checkpoint_dir
             finished.append(priority)
 
         with ThreadPoolExecutor(2) as pool:
-            for waiting, priority in enumerate((5, -5), start=1):
+            for waiting, priority in enumerate((LARGEST, -LARGEST - 1), start=1):
                 pool.submit(ask, priority)
                 wait_for(lambda n=waiting: metric(url, "vllm:num_requests_waiting") >= n, 30, f"{waiting} waiting")
             assert sum(1 for _ in long) > 0  # the long answer ends only now, after both came
-        assert finished == [-5, 5]
+        assert finished == [-LARGEST - 1, LARGEST]
     finally:
         stop_server_process(process)

@@ -298,7 +298,8 @@ def test_a_priority_needs_the_priority_scheduling_policy(client):
     """vLLM's `priority` field: 0 (its default) is taken; any other value is a 400 naming it unless the server runs
     --scheduling-policy priority (tests/test_scheduling_policy.py), and a priority that is not an int is too."""
     assert forced_chat(client, "ok", priority=0).choices[0].message.content == "ok"
-    for priority, message in ((3, "priority must be 0 unless scheduling_policy is 'priority'"), (1.5, "priority")):
+    for priority, message in ((3, "priority must be 0 unless scheduling_policy is 'priority'"), (1.5, "priority"),
+                              (2**63, "priority")):
         with pytest.raises(openai.BadRequestError, match=message) as error:
             client.completions.create(model="tiny", prompt="Hi", max_tokens=2, extra_body={"priority": priority})
         assert error.value.body["param"] == "priority"
