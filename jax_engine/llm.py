@@ -7,7 +7,8 @@ from tqdm.auto import tqdm
 
 from jax_engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from jax_engine.config import EngineArgs
-from jax_engine.chat_template import chat_prompt
+from jax_engine.chat_content import resolve_content_format, template_messages, template_text
+from jax_engine.chat_template import chat_prompt, check_has_template
 from jax_engine.llm_engine import LLMEngine, Prompt
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import EmbeddingRequestOutput, PoolingRequestOutput, RequestOutput
@@ -127,20 +128,26 @@ class LLM:
     def chat(self, messages: Conversation | Sequence[Conversation], sampling_params=None, use_tqdm: bool = True,
              add_generation_prompt: bool = True, lora_request: LoRARequest | None = None,
              chat_template_kwargs: dict | None = None, *, chat_template: str | None = None,
-             continue_final_message: bool = False, tools: list[dict] | None = None) -> list[RequestOutput]:
+             continue_final_message: bool = False, tools: list[dict] | None = None,
+             chat_template_content_format: str = "auto") -> list[RequestOutput]:
         """Apply the chat template to one conversation or a list of them, then generate, as vLLM's LLM.chat.
 
         `chat_template`: a template's text, instead of the model's own (which a base model may lack).
         `chat_template_kwargs`: extra variables for the template (Qwen3's enable_thinking=False, say).
         `continue_final_message`: the model goes on writing the last message (with add_generation_prompt=False).
         `tools`: function definitions for templates that render them.
+        `chat_template_content_format`: how each message's content (a string, or a list of text parts) reaches
+        the template: "string", "openai" or "auto" (jax_engine/chat_content.py).
         """
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
         if tokenizer is None:
             raise ValueError("chat needs the model's chat template and tokenizer, which skip_tokenizer_init=True "
                              "does not load: give token ids to generate instead")
-        prompts = [chat_prompt(tokenizer, c, add_generation_prompt, tools=tools,
+        check_has_template(tokenizer, chat_template)
+        content_format = resolve_content_format(chat_template_content_format,
+                                                template_text(tokenizer, chat_template, tools))
+        prompts = [chat_prompt(tokenizer, template_messages(c, content_format), add_generation_prompt, tools=tools,
                                chat_template_kwargs=chat_template_kwargs, chat_template=chat_template,
                                continue_final_message=continue_final_message)
                    for c in conversations]

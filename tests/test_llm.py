@@ -84,6 +84,30 @@ def test_chat_takes_a_template_and_continues_a_final_message(llm, tiny_checkpoin
     assert chat_prompt(base, question, chat_template=CHAT_TEMPLATE) == chat_prompt(tiny_checkpoint.tokenizer, question)
 
 
+def test_chat_content_parts_reach_the_template_in_the_form_it_reads(llm):
+    """vLLM's chat_template_content_format: SmolLM2's template prints a message's content, so "auto" joins its text
+    parts with newlines; a template that loops over the parts gets a list (a string content as one part); a part
+    that is no text is refused naming it, before anything runs."""
+    parts = [{"role": "user", "content": [{"type": "text", "text": "What is the capital"},
+                                          {"type": "text", "text": "of France?"}]}]
+    one_token = SamplingParams(max_tokens=1)
+    [from_parts], [from_text] = (llm.chat(m, one_token, use_tqdm=False) for m in (
+        parts, [{"role": "user", "content": "What is the capital\nof France?"}]))
+    assert from_parts.prompt == from_text.prompt and "capital\nof France?<|im_end|>" in from_parts.prompt
+    loop = "{% for m in messages %}{% for p in m['content'] %}[{{ p.text }}]{% endfor %}{% endfor %}"
+    [looped] = llm.chat([*parts, {"role": "user", "content": "Paris?"}], one_token, use_tqdm=False, chat_template=loop)
+    assert looped.prompt == "[What is the capital][of France?][Paris?]"
+    [joined] = llm.chat(parts, one_token, use_tqdm=False, chat_template="{{ messages[0]['content'] }}|",
+                        chat_template_content_format="string")
+    assert joined.prompt == "What is the capital\nof France?|"
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    with pytest.raises(ValueError, match=r"messages\[0\].content\[1\] must be .*no images.*got 'image_url'"):
+        llm.chat([{"role": "user", "content": [parts[0]["content"][0], image]}], one_token, use_tqdm=False)
+    with pytest.raises(ValueError, match="chat_template_content_format must be one of auto, string, openai"):
+        llm.chat(parts, one_token, use_tqdm=False, chat_template_content_format="text")
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
 def test_sampling_params_clone_is_deep():
     """vLLM's clone: an equal copy whose dicts are its own (the other fields are stored as tuples already)."""
     params = SamplingParams(temperature=0.5, stop=["x"], logit_bias={3: 1.0}, allowed_token_ids=[1, 2, 3],

@@ -78,6 +78,19 @@ def test_chat_template_kwargs_reach_the_template(client):
     assert error.value.body["param"] == "chat_template_kwargs"
 
 
+def test_text_parts_are_joined_with_newlines_for_a_template_that_prints_content(server, client, tiny_checkpoint):
+    """The tiny template prints a message's content, so (--chat-template-content-format auto) a list of text
+    parts reaches it joined with newlines, as vLLM joins them: in /tokenize and in a chat."""
+    parts = [{"role": "system", "content": [{"type": "text", "text": "Be"}, {"type": "text", "text": "brief."}]},
+             {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]
+    joined = [{"role": "system", "content": "Be\nbrief."}, {"role": "user", "content": "Hel\nlo"}]
+    tokens = [httpx.post(f"{server}/tokenize", json={"messages": m}).json()["tokens"] for m in (parts, joined)]
+    assert tokens[0] == tokens[1] and "Hel\nlo" in tiny_checkpoint.tokenizer.decode(tokens[0])
+    counts = [client.chat.completions.create(model="tiny", messages=m, max_tokens=1).usage.prompt_tokens
+              for m in (parts, joined)]
+    assert counts == [len(tokens[0])] * 2
+
+
 def test_stop_reason_names_what_stopped_the_answer(client, tiny_checkpoint):
     """A stop string, a stop token id, and the end-of-sequence token (None, as vLLM)."""
     e = tiny_checkpoint.tokenizer.convert_tokens_to_ids("e")
@@ -185,13 +198,17 @@ def test_a_server_started_for_text_refuses_embeddings_naming_the_task(client):
 
 ROLE_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                  "{% if add_generation_prompt %}assistant:{% endif %}")
+# ROLE_TEMPLATE reading OpenAI's content parts: --chat-template-content-format auto gives it lists.
+PARTS_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {% for p in m['content'] %}{{ p['text'] }}{% endfor %}"
+                  "{{ '\\n' }}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
 
 
 def test_chat_template_flag_serves_a_model_without_one(templateless_checkpoint_dir, tiny_checkpoint, tmp_path):
     """vLLM's --chat-template (a file here) renders the chat requests of a checkpoint that has no template; with
     continue_final_message the model goes on writing the last message, which add_generation_prompt excludes
-    (a 400 naming the field). /tokenize renders with the same template."""
-    (tmp_path / "template.jinja").write_text(ROLE_TEMPLATE)
+    (a 400 naming the field). /tokenize renders with the same template. The template loops over each message's
+    content parts, so it is given lists: a string content as one part, text parts as they came."""
+    (tmp_path / "template.jinja").write_text(PARTS_TEMPLATE)
     process, url = start_server_process(templateless_checkpoint_dir, *cli_flags(**ENGINE), "--served-model-name",
                                         "tiny", "--chat-template", str(tmp_path / "template.jinja"),
                                         log_path=str(tmp_path / "server.log"))
@@ -201,6 +218,9 @@ def test_chat_template_flag_serves_a_model_without_one(templateless_checkpoint_d
         answer = forced_chat(client, "hello there")
         assert answer.choices[0].message.content == "hello there"
         assert answer.usage.prompt_tokens == len(encode("user: Hello\nassistant:"))
+        split = [{"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]
+        assert httpx.post(f"{url}/tokenize", json={"messages": split}).json()["tokens"] == encode(
+            "user: Hello\nassistant:")
         started = [*HELLO, {"role": "assistant", "content": "Hi th"}]
         continued = {"messages": started, "add_generation_prompt": False, "continue_final_message": True}
         assert httpx.post(f"{url}/tokenize", json=continued).json()["tokens"] == encode("user: Hello\nassistant: Hi th")

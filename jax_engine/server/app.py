@@ -154,7 +154,8 @@ def _add_vllm_routes(app: FastAPI, state: ServerState) -> None:
         def encode() -> list[int]:
             if body.messages is not None:
                 # vLLM's chat tokenize request: the template's special tokens only (add_special_tokens=False)
-                return render_chat_prompt(state, conversation(body.messages), body.add_generation_prompt,
+                messages = conversation(body.messages, state.content_format)
+                return render_chat_prompt(state, messages, body.add_generation_prompt,
                                           continue_final_message=body.continue_final_message)["prompt_token_ids"]
             state.check_text_fits(body.prompt, "prompt")
             return state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)

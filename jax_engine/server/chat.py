@@ -43,7 +43,7 @@ def render_chat_prompt(state: ServerState, messages: list[dict], add_generation_
     template = state.config.chat_template
     renders_tools = "tools" in (template or state.tokenizer.chat_template or "")
     if tools:
-        messages = with_tools(messages, tools, renders_tools)
+        messages = with_tools(messages, tools, renders_tools, state.content_format)
     _checked("chat_template_kwargs", check_template_kwargs, template_kwargs)
     _checked("continue_final_message", check_continuation, add_generation_prompt, continue_final_message)
     _checked("messages", check_has_template, state.tokenizer, template)
@@ -115,7 +115,8 @@ class ChatCompletions:
         refuse_if_busy(state.engine, tenant)
         tools, tool_choice = body.tool_list, body.effective_tool_choice
         shown_tools = tools if tool_choice != "none" else None
-        prompt = await state.off_loop(lambda: render_chat_prompt(state, body.conversation(), body.add_generation_prompt,
+        prompt = await state.off_loop(lambda: render_chat_prompt(state, body.conversation(state.content_format),
+                                                                 body.add_generation_prompt,
                                                                  body.add_special_tokens, shown_tools,
                                                                  body.chat_template_kwargs,
                                                                  body.continue_final_message))

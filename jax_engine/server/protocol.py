@@ -240,8 +240,8 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: Annotated[dict[str, Any], Shallow] | None = Field(
         None, description="vLLM's: extra variables for the chat template (Qwen3's enable_thinking, say)")
 
-    def conversation(self) -> list[dict[str, str]]:
-        return conversation(self.messages)
+    def conversation(self, content_format: str) -> list[dict]:
+        return conversation(self.messages, content_format)
 
     @property
     def tool_list(self) -> list[dict]:

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from jax_engine.chat_content import template_content
 from jax_engine.server.json_fields import Shallow, Text
 from jax_engine.server.tools import TOOL_CALL_END, TOOL_CALL_START
 
@@ -73,14 +74,19 @@ class ChatMessage(APIModel):
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
 
-    def text(self) -> str:
-        """The content as the template sees it; an assistant's tool calls are written as the model writes them."""
-        text = "".join(part.text for part in self.content) if isinstance(self.content, list) else self.content or ""
+    def template_content(self, content_format: str) -> str | list[dict]:
+        """The content in the form the template reads (jax_engine/chat_content.py); an assistant's tool calls
+        follow it, written as the model writes them."""
+        texts = [part.text for part in self.content] if isinstance(self.content, list) else \
+            [] if self.content is None else [self.content]
+        calls = ""
         if self.tool_calls:
-            calls = [{"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}
-                     for c in self.tool_calls]
-            text += f"{TOOL_CALL_START}{json.dumps(calls)}{TOOL_CALL_END}"
-        return text
+            calls = json.dumps([{"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}
+                                for c in self.tool_calls])
+            calls = f"{TOOL_CALL_START}{calls}{TOOL_CALL_END}"
+        if content_format == "openai":
+            return template_content(texts + [calls] if calls else texts, content_format)
+        return template_content(texts, content_format) + calls
 
 
 def _json_or_text(arguments: str):
@@ -90,9 +96,9 @@ def _json_or_text(arguments: str):
         return arguments
 
 
-def conversation(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """Messages as the chat template takes them (text parts joined)."""
-    return [{"role": m.role, "content": m.text()} for m in messages]
+def conversation(messages: list[ChatMessage], content_format: str) -> list[dict]:
+    """Messages as the chat template takes them, their content in `content_format` ("string" or "openai")."""
+    return [{"role": m.role, "content": m.template_content(content_format)} for m in messages]
 
 
 class FunctionDefinition(APIModel):

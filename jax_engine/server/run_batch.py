@@ -115,7 +115,8 @@ def main(ns: argparse.Namespace) -> None:
         lines = [line for line in f if line.strip()]
     args = EngineArgs.from_cli_args(ns, model=ns.model_tag or ns.model)
     config = ServerConfig(ns.served_model_name or args.model or DEFAULT_MODEL_NAME,
-                          chat_template=load_chat_template(ns.chat_template))
+                          chat_template=load_chat_template(ns.chat_template),
+                          chat_template_content_format=ns.chat_template_content_format)
     results = asyncio.run(run_batch(AsyncLLMEngine.from_engine_args(args), config, lines))
     with open(ns.output_file, "w") as f:
         for result in results:

@@ -5,6 +5,7 @@ import argparse
 import os
 from dataclasses import dataclass
 
+from jax_engine.chat_content import CONTENT_FORMATS, check_content_format
 from jax_engine.server.reasoning import REASONING_PARSERS
 
 PREFIX_CACHE_ISOLATION = ("none", "api-key")
@@ -52,6 +53,8 @@ class ServerConfig:
             reasoning_content (server/reasoning.py); None: all of the text is content.
         chat_template: the chat template's text (--chat-template: a file, or the template itself), used instead
             of the model's own; None: the model's.
+        chat_template_content_format: how messages' content reaches the template: "string", "openai" (a list
+            of text parts) or "auto" (read from the template), as vLLM's flag (jax_engine/chat_content.py).
         allowed_origins: the web origins whose pages may call the server from a browser (CORS, vLLM's flag);
             "*" for any. Empty (the default, unlike vLLM's "*"): none, since a server on this machine would
             otherwise answer the scripts of every site its user visits.
@@ -97,6 +100,7 @@ class ServerConfig:
     enable_prompt_tokens_details: bool = False
     reasoning_parser: str | None = None
     chat_template: str | None = None
+    chat_template_content_format: str = "auto"
     allowed_origins: tuple[str, ...] = ()
     allow_credentials: bool = False
     allowed_methods: tuple[str, ...] = ("*",)
@@ -123,6 +127,7 @@ class ServerConfig:
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be None or one of {list(REASONING_PARSERS)}, got "
                              f"{self.reasoning_parser!r}")
+        check_content_format(self.chat_template_content_format)
         if (self.ssl_keyfile is None) != (self.ssl_certfile is None):
             raise ValueError("ssl_keyfile and ssl_certfile go together: give both for HTTPS, or neither")
         for name in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"):
@@ -137,10 +142,15 @@ class ServerConfig:
 
 
 def add_chat_template_argument(parser: argparse.ArgumentParser) -> None:
-    """--chat-template, for serve and run-batch (read by chat_template.load_chat_template)."""
+    """--chat-template and --chat-template-content-format, for serve and run-batch (jax_engine/chat_template.py,
+    jax_engine/chat_content.py)."""
     parser.add_argument("--chat-template", default=None, metavar="FILE_OR_TEMPLATE",
                         help="the chat template to render chat requests with, instead of the model's own (a base "
                              "model may have none): a Jinja file, or the template itself")
+    parser.add_argument("--chat-template-content-format", default="auto", choices=CONTENT_FORMATS,
+                        help="how messages' content reaches the chat template: 'string' (text parts joined with "
+                             "newlines), 'openai' (a list of {type: text, text} parts) or 'auto' (whichever the "
+                             "template reads)")
 
 
 def log_stats_interval() -> float:

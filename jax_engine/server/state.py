@@ -12,6 +12,7 @@ from starlette.requests import Request
 
 from jax_engine.async_llm_engine import AsyncLLMEngine
 from jax_engine.beam_search import BeamSearchParams
+from jax_engine.chat_content import resolve_content_format, template_text
 from jax_engine.pooling_params import PoolingParams
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.lora.request import LoRARequest
@@ -36,6 +37,9 @@ class ServerState:
         self.tokenizer = engine.engine.tokenizer
         self.max_model_len = engine.engine.scheduler_config.max_model_len
         self.vocab_size = engine.engine.model_config.vocab_size
+        # How messages' content reaches the chat template (jax_engine/chat_content.py), read once from it.
+        self.content_format = resolve_content_format(config.chat_template_content_format,
+                                                     template_text(self.tokenizer, config.chat_template))
         # One thread: HF tokenizers are not safe to call from several threads at once.
         self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenizer")
         # Grammars compile on a thread of their own (waiting on the grammar worker process): a costly one never

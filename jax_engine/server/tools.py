@@ -18,6 +18,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from jax_engine.chat_content import template_content
 from jax_engine.structured_output import StructuredOutputsParams
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
@@ -53,14 +54,19 @@ class ToolCall:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
-def with_tools(messages: list[dict], tools: list[dict], template_renders_tools: bool) -> list[dict]:
+def with_tools(messages: list[dict], tools: list[dict], template_renders_tools: bool,
+               content_format: str) -> list[dict]:
     """The conversation the template sees: unchanged when the template renders `tools` itself, else with the
-    tools described in the system message (appended to one the user wrote)."""
+    tools described in the system message (appended to one the user wrote), in `content_format`
+    (jax_engine/chat_content.py)."""
     if template_renders_tools:
         return messages
-    prompt = _TOOLS_PROMPT.format(tools=json.dumps([t["function"] for t in tools]))
+    prompt = template_content([_TOOLS_PROMPT.format(tools=json.dumps([t["function"] for t in tools]))],
+                              content_format)
     if messages and messages[0]["role"] == "system":
-        return [{"role": "system", "content": f"{messages[0]['content']}\n\n{prompt}"}, *messages[1:]]
+        written = messages[0]["content"]
+        content = written + prompt if content_format == "openai" else f"{written}\n\n{prompt}"
+        return [{"role": "system", "content": content}, *messages[1:]]
     return [{"role": "system", "content": prompt}, *messages]
 
 
