@@ -37,7 +37,11 @@ class EngineArgs:
     """Everything `LLM(...)` and `jax-engine` accept. Invalid values raise ValueError naming the argument.
 
     Args:
-        model: a .gguf file or HF checkpoint directory; None loads SmolLM2-135M-Instruct.
+        model: a .gguf file, an HF checkpoint directory or a hub name already in the HF cache (never
+            downloaded: jax_engine/loader/hub_cache.py); None loads SmolLM2-135M-Instruct.
+        download_dir: vLLM's; the HF cache a hub name is read from (default: HF's own, ~/.cache/huggingface/hub).
+        revision: vLLM's; the branch, tag or commit of a hub name's snapshot (default: "main").
+        tokenizer_revision: vLLM's; the same for a hub name given as the tokenizer.
         dtype: "auto" (float32 on CPU, bfloat16 on GPU), "float32", "bfloat16" or "float16".
         block_size: tokens per KV block; None picks the attention backend's default (64 for cpu, else 16).
         max_model_len: longest prompt + output; None uses the model's own limit.
@@ -152,6 +156,9 @@ class EngineArgs:
     max_cpu_loras: int | None = None
     skip_tokenizer_init: bool = False
     tokenizer: str | None = None
+    download_dir: str | None = None
+    revision: str | None = None
+    tokenizer_revision: str | None = None
     tokenizer_mode: str = "auto"
     load_format: str = "auto"
     hf_overrides: dict | None = None

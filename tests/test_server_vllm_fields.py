@@ -2,7 +2,8 @@
 a regex (structured_outputs) makes known: chat_template_kwargs, --reasoning-parser's reasoning_content (streamed
 and not), stop_reason, usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details), /version,
 --chat-template and continue_final_message, the periodic stats line, several served names, use_beam_search,
-request_id and X-Request-Id."""
+request_id and X-Request-Id, --chat-template-content-format, a model named by its hub id (--download-dir,
+--revision)."""
 
 import re
 import subprocess
@@ -17,6 +18,7 @@ import pytest
 from jax_engine.chat_template import load_chat_template
 from jax_engine.server.server_config import LOG_STATS_INTERVAL_ENV
 from tests.server_helpers import cli_flags, start_server_process, stop_server_process, wait_for
+from tests.tiny_checkpoints import snapshot_in_hub_cache
 
 ENGINE = {"num_gpu_blocks_override": 64, "block_size": 8, "max_model_len": 128, "max_num_seqs": 4,
           "max_num_batched_tokens": 64, "enforce_eager": True}
@@ -30,9 +32,13 @@ def server_log(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_checkpoint_dir, server_log):
-    log = server_log
-    process, url = start_server_process(tiny_checkpoint_dir, *cli_flags(**ENGINE), "--reasoning-parser", "qwen3",
+def server(tiny_checkpoint_dir, server_log, tmp_path_factory):
+    """The tiny model served by a hub name, as vLLM's command lines give it: from a Hugging Face cache
+    (--download-dir) holding it at tag v1 only, so the engine core must be given --revision to find it."""
+    log, cache = server_log, tmp_path_factory.mktemp("hub-cache")
+    snapshot_in_hub_cache(cache, "org/tiny", tiny_checkpoint_dir, refs=("v1",))
+    process, url = start_server_process("org/tiny", "--download-dir", str(cache), "--revision", "v1",
+                                        *cli_flags(**ENGINE), "--reasoning-parser", "qwen3",
                                         "--enable-prompt-tokens-details", "--served-model-name", "tiny", "tiny-2",
                                         "--enable-request-id-headers",
                                         log_path=str(log), env={LOG_STATS_INTERVAL_ENV: "0.5"})

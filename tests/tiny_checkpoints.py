@@ -126,3 +126,18 @@ def hf_vector(model, token_ids: list[int], pooling: str, normalize: bool = True)
         rows = model(torch.tensor([token_ids]), output_hidden_states=True).hidden_states[-1][0].double().numpy()
     vector = rows[-1] if pooling == "LAST" else rows.mean(axis=0)
     return vector / np.linalg.norm(vector) if normalize else vector
+
+
+def snapshot_in_hub_cache(cache: pathlib.Path, repo_id: str, directory: pathlib.Path, refs: tuple[str, ...] = ("main",),
+                          commit: str = "0123456789abcdef0123456789abcdef01234567") -> pathlib.Path:
+    """`directory`'s files laid out as huggingface_hub caches a download of `repo_id` at `commit` (which each of
+    `refs` names, as a branch or tag does): what `huggingface-cli download` leaves. Returns the snapshot."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for file in pathlib.Path(directory).iterdir():
+        (snapshot / file.name).symlink_to(file.resolve())
+    (repo / "refs").mkdir(exist_ok=True)
+    for ref in refs:
+        (repo / "refs" / ref).write_text(commit)
+    return snapshot

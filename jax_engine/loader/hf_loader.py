@@ -56,7 +56,7 @@ def load_tokenizer(path: str, vocab_size: int, trust_remote_code: bool = False):
     path = os.path.expanduser(path)
     if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
         raise ValueError(f"tokenizer={path!r} is not a directory holding tokenizer files (one of "
-                         f"{', '.join(TOKENIZER_FILES)}); hub names are not downloaded")
+                         f"{', '.join(TOKENIZER_FILES)})")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     if len(tokenizer) > vocab_size:
         raise ValueError(f"tokenizer={path!r} has {len(tokenizer)} tokens, more than the model's vocab_size "

