@@ -6,7 +6,10 @@ with and without the new token, and emit the difference, holding text back while
 UTF-8 sequence (decoded as U+FFFD).
 """
 
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # not imported: the engine core process imports this module and needs no transformers
+    from transformers import PreTrainedTokenizerBase
 
 # Start the window with a few prompt tokens so the first output token's spacing is right.
 _PROMPT_WINDOW = 5
@@ -53,7 +56,7 @@ class NoDetokenizer:
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, prompt_token_ids: list[int],
+    def __init__(self, tokenizer: "PreTrainedTokenizerBase", prompt_token_ids: list[int],
                  skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         # Looked up once: transformers rebuilds its special-token list on every call that skips them.

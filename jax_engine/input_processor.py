@@ -60,8 +60,12 @@ def _check_needs_no_tokenizer(params: SamplingParams | BeamSearchParams) -> None
 
 class InputProcessor:
     def __init__(self, tokenizer, model_config: ModelConfig, scheduler_config: SchedulerConfig,
-                 grammar_compiler: GrammarCompiler, max_logprobs: int = MAX_LOGPROBS) -> None:
+                 grammar_compiler: GrammarCompiler, max_logprobs: int = MAX_LOGPROBS,
+                 tokenized_elsewhere: bool = False) -> None:
+        """`tokenized_elsewhere`: requests come checked and tokenized by an API server, which holds the tokenizer
+        (an engine core's, which has none): what needs the tokenizer (stop strings, bad words) was done there."""
         self.tokenizer = tokenizer
+        self.tokenized_elsewhere = tokenized_elsewhere
         self.max_logprobs = max_logprobs
         self.grammar_compiler = grammar_compiler
         self.vocab_size = model_config.vocab_size
@@ -105,7 +109,7 @@ class InputProcessor:
             raise ValueError(f"max_tokens ({params.max_tokens}) + prompt ({len(token_ids)} tokens) exceeds "
                              f"max_model_len={limit}")
         self._check_params_fit(params, room)
-        if self.tokenizer is None:
+        if self.tokenizer is None and not self.tokenized_elsewhere:
             _check_needs_no_tokenizer(params)
         return ProcessedRequest(text, token_ids, self._engine_params(params))
 
@@ -161,7 +165,7 @@ class InputProcessor:
         derived = {}
         if params.structured_outputs is not None and params.compiled_grammar is None:
             derived["compiled_grammar"] = self.grammar_compiler.compile(params.structured_outputs)
-        if params.bad_words:
+        if params.bad_words and not self.tokenized_elsewhere:  # else the API server's copy carries their ids
             words = params.bad_words_tokens(self.tokenizer)
             check(all(t < self.vocab_size for w in words for t in w), "bad_words",
                   f"words whose token ids are below vocab_size ({self.vocab_size})", params.bad_words)

@@ -59,8 +59,8 @@ class LLMEngine(LoRAEngineMethods):
 
         `devices`: the devices to run on, the mesh taking the first tensor_parallel_size of them (default:
         jax.devices()); a data-parallel replica gets its own (jax_engine/server/data_parallel.py).
-        `detokenize=False`: outputs carry token ids and logprobs but no text, and stop strings are not checked: an
-        engine core's API server does both (jax_engine/engine_core/text_processor.py).
+        `detokenize=False` (an engine core's): no tokenizer loaded, no text made, no stop string checked: its API
+        server does all three (engine_core/text_processor.py) and sends the grammars' tokenizer (use_tokenizer_json).
         `background_loads`: stored device programs load after this returns, on a thread (a server's: compile_shapes.py).
         """
         if args.data_parallel_size > 1 and devices is None:
@@ -79,7 +79,7 @@ class LLMEngine(LoRAEngineMethods):
         self.pooler, args = Pooler.for_engine(args)  # task="embed": vectors instead of tokens (pooler.py)
         self.args = args
         mesh = init_devices(args, devices)  # checked before anything loads
-        checkpoint = checkpoint or load_engine_checkpoint(args)
+        checkpoint = checkpoint or load_engine_checkpoint(args, tokenizer=detokenize)
         self.model_config = cfg = checkpoint.config
         self.tokenizer = None if args.skip_tokenizer_init else checkpoint.tokenizer
         self.scheduler_config = resolve_scheduler_config(args, cfg)
@@ -92,7 +92,7 @@ class LLMEngine(LoRAEngineMethods):
                                                  token_ids(generation_config.get("eos_token_id"))))
         self.grammar_compiler = GrammarCompiler(self.tokenizer, cfg.vocab_size, self.eos_token_ids)
         self.input_processor = InputProcessor(self.tokenizer, cfg, self.scheduler_config, self.grammar_compiler,
-                                              args.max_logprobs)
+                                              args.max_logprobs, tokenized_elsewhere=not detokenize)
         text_tokenizer = self.tokenizer if detokenize else None
         self.output_processor = OutputProcessor(text_tokenizer, self.eos_token_ids)
         self._new_sequence = SequenceFactory(text_tokenizer, self.eos_token_ids, args.seed, self.grammar_compiler)

@@ -68,3 +68,15 @@ def test_serve_parses_its_flags_without_importing_the_server():
               "print(ns.port, ns.quantization, heavy)")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.stdout.split("\n")[0] == "9 int8 []", result.stderr
+
+
+def test_the_engine_core_loads_a_gguf_model_without_transformers():
+    """The engine core loads no tokenizer (its API server does, and sends the grammars' tokenizer as JSON), so
+    transformers (~0.6 s to import) is not on its way to ready: the core's module, then the engine on the default
+    GGUF model as run_engine_core builds it (detokenize=False; eager, to compile nothing)."""
+    script = ("import sys; import jax_engine.engine_core.core; from jax_engine.config import EngineArgs; "
+              "from jax_engine.llm_engine import LLMEngine; "
+              "engine = LLMEngine(EngineArgs(max_model_len=256, enforce_eager=True), detokenize=False); "
+              "print(engine.tokenizer, engine.model_config.vocab_size, 'transformers' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.stdout.split("\n")[0] == "None 49152 False", result.stderr[-3000:]

@@ -95,6 +95,9 @@ class EngineCore:
             self.engine.stop_sequences(body)
         elif kind in ("add_lora", "remove_lora"):
             self._update_adapters(kind, body)
+        elif kind == "tokenizer":  # each API server's first word: the grammars' tokenizer, as JSON
+            self.engine.grammar_compiler.use_tokenizer_json(body)
+            self._builds.prepare()
         elif kind == "shutdown":  # that API server is gone: its requests (none, after a drain) end with it
             self._attached.discard(server)
             self.engine.abort_request([r for r, s in self._server_of.items() if s == server])
@@ -162,7 +165,7 @@ class EngineCore:
 
 def engine_facts(engine: LLMEngine) -> EngineFacts:
     lora = engine.runner.lora
-    return EngineFacts(engine.model_config, engine.scheduler_config, engine.tokenizer, engine.eos_token_ids,
+    return EngineFacts(engine.model_config, engine.scheduler_config, engine.eos_token_ids,
                        engine.default_sampling_fields, engine.speculator is not None, lora and lora.checker,
                        engine.startup_compile_seconds, engine.stats())
 

@@ -2,9 +2,10 @@
 
 It offers what AsyncLLMEngine and the server use of an LLMEngine (add_request, abort_request, the waiting and
 running counts, stats, request checks and the tokenizer), and, in place of step(), `next_outputs`: the next
-outputs the engine core process sent (core.py). Requests are checked and tokenized here, on the tokenizer and
-configs the core sent once it was ready (messages.EngineFacts), and outputs get their text and stop strings here
-(text_processor.py); the core only schedules, steps and samples.
+outputs the engine core process sent (core.py). The tokenizer is loaded here, as in vLLM v1, while the core loads
+the weights without it (and without importing transformers); the core gets it as JSON for its grammars. Requests
+are checked and tokenized here, and outputs get their text and stop strings (text_processor.py), on it and the
+configs the core sent once ready (messages.EngineFacts); the core only schedules, steps and samples.
 
 A client starts its own core process and stops it, or, with `--api-server-count N`, binds the sockets of a core
 that jax_engine/server/api_servers.py started for N API servers, and only tells it that it leaves.
@@ -28,12 +29,14 @@ from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts
 from jax_engine.engine_core.output_deltas import DeltaDecoder
 from jax_engine.engine_core.text_processor import TextProcessor
 from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, RequestParams
+from jax_engine.loader.hf_loader import check_tokenizer_fits
+from jax_engine.loader.load import load_engine_tokenizer
 from jax_engine.lora.engine_methods import LORA_DISABLED
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import CompletionOutput, RequestOutput
 from jax_engine.pooler import Pooler, check_task
 from jax_engine.sampling_params import SamplingParams
-from jax_engine.structured_output.grammar import GrammarCompiler
+from jax_engine.structured_output.grammar import GrammarCompiler, tokenizer_json
 
 logger = logging.getLogger(__name__)
 LIVENESS_CHECK_S = 1.0  # how often a client waiting on the core checks that its process is alive
@@ -62,11 +65,6 @@ class EngineCoreClient:
         else:  # `started` by `jax-engine serve` before its imports, or now
             started = started or start_engine_core(args, log_level, replica)
             self._process, self._dir, (inputs, outputs) = started.process, started.directory, started.addresses
-        if args.trust_remote_code:  # the core's tokenizer may be a checkpoint's own class, which comes pickled:
-            # transformers imports such classes from its module cache, which this process must see too
-            from transformers.dynamic_module_utils import init_hf_modules
-
-            init_hf_modules()
         self._context = zmq.Context()
         self._to_core = self._bound(zmq.PUSH, inputs)
         self._from_core = self._bound(zmq.PULL, outputs)
@@ -78,7 +76,12 @@ class EngineCoreClient:
         self._receiving: asyncio.Future | None = None
         self._async_from_core: zmq.asyncio.Socket | None = None
         try:
-            self._take_facts(self._wait_ready())
+            self.tokenizer = load_engine_tokenizer(args)  # while the core loads the model
+            as_json = None if self.tokenizer is None else tokenizer_json(self.tokenizer)
+            facts = self._wait_ready()
+            if as_json is not None:  # now: a send waits until the core has connected
+                self._send("tokenizer", as_json)
+            self._take_facts(facts, as_json)
         except BaseException:
             self.shutdown()
             raise
@@ -97,9 +100,11 @@ class EngineCoreClient:
             raise self._died(kind, body)
         return body
 
-    def _take_facts(self, facts: EngineFacts) -> None:
+    def _take_facts(self, facts: EngineFacts, as_json: str | None) -> None:
         self.model_config, self.scheduler_config = facts.model_config, facts.scheduler_config
-        self.tokenizer, self.eos_token_ids = facts.tokenizer, facts.eos_token_ids
+        if self.tokenizer is not None and self.args.tokenizer:  # the model's size is known now
+            check_tokenizer_fits(self.tokenizer, self.model_config.vocab_size, self.args.tokenizer)
+        self.eos_token_ids = facts.eos_token_ids
         self._text = TextProcessor(self.tokenizer)
         self.default_sampling_fields = facts.default_sampling_fields
         self.startup_compile_seconds = facts.startup_compile_seconds
@@ -109,6 +114,8 @@ class EngineCoreClient:
         self.runner = types.SimpleNamespace(lora=facts.lora_checker)  # what the server asks of runner.lora: check
         self.grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids,
                                                 builds_matchers=False)  # the core builds them (grammar_builds.py)
+        if as_json is not None:
+            self.grammar_compiler.use_tokenizer_json(as_json)
         self.input_processor = InputProcessor(self.tokenizer, self.model_config, self.scheduler_config,
                                               self.grammar_compiler, self.args.max_logprobs)
 

@@ -21,9 +21,13 @@ class GrammarBuilds:
     """Build grammars in a thread, one at a time, in the order their requests came."""
 
     def __init__(self, build: Callable[[str], CompiledGrammar], prepare: Callable[[], None]) -> None:
-        self._build = build
+        self._build, self._prepare = build, prepare
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-build")
-        self._pool.submit(prepare)  # GrammarCompiler.prepare: the library's tokenizer, before any request waits on it
+        self.prepare()
+
+    def prepare(self) -> None:
+        """GrammarCompiler.prepare (the library's tokenizer) in the thread, before any build that comes after."""
+        self._pool.submit(self._prepare)
         self._pending: dict[str, tuple[int, AddRequest, Future]] = {}  # request id -> (API server, request, build)
         self._aborted: set[str] = set()  # pending requests aborted meanwhile (they join the engine aborted)
 

@@ -2,7 +2,8 @@
 
     API server -> engine core (one socket)         engine core -> API server (another socket)
     ---------------------------------------        ------------------------------------------
-    ("add", AddRequest)                            ("ready", EngineFacts)        once, after start-up
+    ("tokenizer", tokenizer JSON)  on "ready"      ("ready", EngineFacts)        once, after start-up
+    ("add", AddRequest)
     ("abort", [request ids])                       ("outputs", CoreOutputs)      after every step or input
     ("stop", [(request id, index, stop string)])   ("rejected", (request id, error))  an add it refused
     ("add_lora", LoRARequest)                      ("dead", traceback text)      the core's loop failed
@@ -29,7 +30,6 @@ class EngineFacts:
 
     model_config: ModelConfig
     scheduler_config: SchedulerConfig
-    tokenizer: object | None  # the HF tokenizer (None with skip_tokenizer_init)
     eos_token_ids: tuple[int, ...]
     default_sampling_fields: dict
     speculative: bool  # whether speculative decoding is on (its counters come with the outputs)

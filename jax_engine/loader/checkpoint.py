@@ -3,11 +3,15 @@
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from transformers import PreTrainedTokenizerBase
 
 from jax_engine.linear.gguf_blocks import BlockRows
 from jax_engine.model_config import ModelConfig
+
+if TYPE_CHECKING:  # not imported: an engine core loading a GGUF file runs without transformers (~0.6 s to import)
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass
@@ -17,7 +21,7 @@ class Checkpoint:
     config: ModelConfig
     # A dict, or SafetensorsWeights / GGUFWeights, which read (and dequantize) each tensor when asked for it.
     weights: Mapping[str, np.ndarray]
-    tokenizer: PreTrainedTokenizerBase | None  # None: loaded with skip_tokenizer_init
+    tokenizer: "PreTrainedTokenizerBase | None"  # None: loaded with skip_tokenizer_init
     # A GGUF file's matrices in the block formats the engine keeps, as the file stores them (each its format and
     # raw rows, uint8 [out, row bytes], views of the mapped file), under the same names: what quantization="gguf"
     # keeps instead of the float32 weights.

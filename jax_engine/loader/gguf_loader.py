@@ -11,7 +11,6 @@ from jax_engine.loader.checkpoint import Checkpoint
 from jax_engine.loader.gguf_dequantize import dequantize
 from jax_engine.loader.gguf_file import GGUFFile, GGUFTensor
 from jax_engine.loader.gguf_families import GGUFFamily, gguf_family
-from jax_engine.loader.gguf_tokenizer import tokenizer_from_gguf
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.rope import RopeScaling
 
@@ -147,5 +146,19 @@ def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
     # rope_freqs.weight is read into config.rope_freq_factors
     tensors = {_hf_name(t.name, family): t for t in gguf_file.tensors if t.name != _ROPE_FREQS}
     blocks = {name: kept for name, t in tensors.items() if (kept := _kept_blocks(t, family, config)) is not None}
-    return Checkpoint(config, GGUFWeights(tensors, family, config),
-                      tokenizer_from_gguf(gguf_file, family.chat_template) if tokenizer else None, blocks)
+    hf_tokenizer = _tokenizer(gguf_file, family) if tokenizer else None
+    return Checkpoint(config, GGUFWeights(tensors, family, config), hf_tokenizer, blocks)
+
+
+def gguf_tokenizer(path: str):
+    """A GGUF file's tokenizer alone (an API server's, whose engine core loads the weights)."""
+    gguf_file = GGUFFile(path)
+    return _tokenizer(gguf_file, gguf_family(gguf_file.fields.get("general.architecture"),
+                                             [t.name for t in gguf_file.tensors]))
+
+
+def _tokenizer(gguf_file: GGUFFile, family: GGUFFamily):
+    # Imported here: transformers takes ~0.6 s to import, which an engine core that loads no tokenizer never needs.
+    from jax_engine.loader.gguf_tokenizer import tokenizer_from_gguf
+
+    return tokenizer_from_gguf(gguf_file, family.chat_template)

@@ -33,24 +33,31 @@ def load_hf_directory(path: str, tokenizer: bool = True, trust_remote_code: bool
     # Imported here: transformers' AutoTokenizer pulls in torch where it is installed (~2 s), which loading
     # a GGUF file (the default model) never needs. AutoConfig fills in each family's defaults for the fields
     # a config.json leaves out, and reads older spellings (rotary_pct, rope_scaling) as transformers does.
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     trust = {"local_files_only": True, "trust_remote_code": trust_remote_code}
     config = config_from_hf({**AutoConfig.from_pretrained(path, **trust).to_dict(), **(hf_overrides or {})})
     weights = SafetensorsWeights(checkpoint_files(path))
-    if tokenizer and not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
-        raise ValueError(f"{path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): add the model's "
-                         "tokenizer files, or pass skip_tokenizer_init=True (--skip-tokenizer-init) to send token "
-                         "ids and get token ids back")
-    # AutoTokenizer reads the chat template from chat_template.jinja or tokenizer_config.json.
-    hf_tokenizer = AutoTokenizer.from_pretrained(path, **trust) if tokenizer else None
+    hf_tokenizer = directory_tokenizer(path, trust_remote_code) if tokenizer else None
     return Checkpoint(config, weights, hf_tokenizer, generation_config=read_generation_config(path))
 
 
-def load_tokenizer(path: str, vocab_size: int, trust_remote_code: bool = False):
-    """The tokenizer of directory `path` (its chat template with it), for a model of `vocab_size` tokens: the
-    `tokenizer` argument. Refused, naming it, when the directory holds no tokenizer or more tokens than the
-    model has rows for."""
+def directory_tokenizer(path: str, trust_remote_code: bool = False):
+    """A checkpoint directory's tokenizer (AutoTokenizer reads the chat template from chat_template.jinja or
+    tokenizer_config.json); a directory without tokenizer files is refused, naming skip_tokenizer_init."""
+    from transformers import AutoTokenizer
+
+    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        raise ValueError(f"{path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): add the model's "
+                         "tokenizer files, or pass skip_tokenizer_init=True (--skip-tokenizer-init) to send token "
+                         "ids and get token ids back")
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+
+
+def load_tokenizer(path: str, vocab_size: int | None = None, trust_remote_code: bool = False):
+    """The tokenizer of directory `path` (its chat template with it): the `tokenizer` argument. Refused, naming it,
+    when the directory holds no tokenizer, or (given the model's `vocab_size`) more tokens than the model has rows
+    for (check_tokenizer_fits)."""
     from transformers import AutoTokenizer
 
     path = os.path.expanduser(path)
@@ -58,7 +65,12 @@ def load_tokenizer(path: str, vocab_size: int, trust_remote_code: bool = False):
         raise ValueError(f"tokenizer={path!r} is not a directory holding tokenizer files (one of "
                          f"{', '.join(TOKENIZER_FILES)})")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    if vocab_size is not None:
+        check_tokenizer_fits(tokenizer, vocab_size, path)
+    return tokenizer
+
+
+def check_tokenizer_fits(tokenizer, vocab_size: int, path: str) -> None:
     if len(tokenizer) > vocab_size:
         raise ValueError(f"tokenizer={path!r} has {len(tokenizer)} tokens, more than the model's vocab_size "
                          f"{vocab_size}: it is not this model's tokenizer")
-    return tokenizer

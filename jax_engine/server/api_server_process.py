@@ -36,7 +36,8 @@ def main() -> int | str:
     listener = socket.socket(fileno=listener_fd)
     try:  # one engine per core; each waits for its core, which all load at once
         engines = [AsyncLLMEngine(EngineCoreClient(args, log_level.upper(), shared_core=a)) for a in addresses]
-    except ValueError as error:  # the core refused its flags or model: a line, as `jax-engine serve` prints it
+    except (ValueError, FileNotFoundError) as error:  # the model or its tokenizer could not load (here, or in the
+        # core): a line, as `jax-engine serve` prints it
         return f"jax-engine: error: {error}"
     engine = engines[0] if len(engines) == 1 else DataParallelEngine(engines)
     wait_for_the_others(start_fds)

@@ -72,6 +72,7 @@ class GrammarCompiler:
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.builds_matchers = builds_matchers
+        self._json: str | None = None  # the tokenizer as JSON (tokenizer_json): made from `tokenizer`, or given
         self._worker: GrammarWorker | None = None
         self._executor = llguidance.LLExecutor()
         self._masks = MaskBudget(self._executor)
@@ -80,12 +81,20 @@ class GrammarCompiler:
     def tokenizer(self) -> llguidance.LLTokenizer:  # built on first use (~0.25 s for 49k tokens)
         return llguidance.LLTokenizer(self._tokenizer_json, n_vocab=self.vocab_size, eos_token=list(self.eos_token_ids))
 
+    def use_tokenizer_json(self, text: str) -> None:
+        """The tokenizer as JSON (tokenizer_json's form), made already (an API server's), or the only form an
+        engine core has of it (its API server holds the tokenizer and sends this before any request)."""
+        if self._json is None:
+            self._json = text
+
     def prepare(self) -> None:
         """Build the library's tokenizer and the worker's first message now: ~0.4 s that hold the GIL, which the
         first request with a grammar would otherwise make every other request wait (a server calls this at start,
         on its grammar thread). The worker process itself still starts on first use."""
         if self._hf_tokenizer is not None:
             _ = self.worker, self.builds_matchers and self.tokenizer
+        elif self._json is not None and self.builds_matchers:  # an engine core, which compiles nothing itself
+            _ = self.tokenizer
 
     @property
     def worker(self) -> GrammarWorker:
@@ -93,9 +102,11 @@ class GrammarCompiler:
             self._worker = GrammarWorker(self._tokenizer_json, self.vocab_size, list(self.eos_token_ids))
         return self._worker
 
-    @functools.cached_property
-    def _tokenizer_json(self) -> str:  # ~0.12 s, for the tokenizer and the worker's first message
-        return tokenizer_json(self._hf_tokenizer)
+    @property
+    def _tokenizer_json(self) -> str:  # ~0.12 s to make, for the tokenizer and the worker's first message
+        if self._json is None:
+            self._json = tokenizer_json(self._hf_tokenizer)
+        return self._json
 
     def compile(self, params: StructuredOutputsParams, field: str | None = None) -> CompiledGrammar:
         """The compiled grammar for `params`; ValueError naming `field` (default: structured_outputs.<kind>)
