@@ -23,13 +23,13 @@ class GrammarBuilds:
     def __init__(self, build: Callable[[str], CompiledGrammar], prepare: Callable[[], None]) -> None:
         self._build, self._prepare = build, prepare
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-build")
+        self._pending: dict[str, tuple[int, AddRequest, Future]] = {}  # request id -> (API server, request, build)
+        self._aborted: set[str] = set()  # pending requests aborted meanwhile (they join the engine aborted)
         self.prepare()
 
     def prepare(self) -> None:
         """GrammarCompiler.prepare (the library's tokenizer) in the thread, before any build that comes after."""
         self._pool.submit(self._prepare)
-        self._pending: dict[str, tuple[int, AddRequest, Future]] = {}  # request id -> (API server, request, build)
-        self._aborted: set[str] = set()  # pending requests aborted meanwhile (they join the engine aborted)
 
     def submit(self, server: int, request: AddRequest) -> None:
         self._pending[request.request_id] = (server, request, self._pool.submit(self._build, request.grammar_text))
