@@ -46,29 +46,31 @@ def load_hf_directory(path: str, tokenizer: bool = True, trust_remote_code: bool
 def directory_tokenizer(path: str, trust_remote_code: bool = False):
     """A checkpoint directory's tokenizer (AutoTokenizer reads the chat template from chat_template.jinja or
     tokenizer_config.json); a directory without tokenizer files is refused, naming skip_tokenizer_init."""
-    from transformers import AutoTokenizer
-
-    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
-        raise ValueError(f"{path!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}): add the model's "
-                         "tokenizer files, or pass skip_tokenizer_init=True (--skip-tokenizer-init) to send token "
-                         "ids and get token ids back")
-    return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    return _read_tokenizer(path, trust_remote_code, f"{path!r} has no tokenizer (none of "
+                           f"{', '.join(TOKENIZER_FILES)}): add the model's tokenizer files, or pass "
+                           "skip_tokenizer_init=True (--skip-tokenizer-init) to send token ids and get token ids back")
 
 
 def load_tokenizer(path: str, vocab_size: int | None = None, trust_remote_code: bool = False):
     """The tokenizer of directory `path` (its chat template with it): the `tokenizer` argument. Refused, naming it,
     when the directory holds no tokenizer, or (given the model's `vocab_size`) more tokens than the model has rows
     for (check_tokenizer_fits)."""
-    from transformers import AutoTokenizer
-
     path = os.path.expanduser(path)
-    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
-        raise ValueError(f"tokenizer={path!r} is not a directory holding tokenizer files (one of "
-                         f"{', '.join(TOKENIZER_FILES)})")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    tokenizer = _read_tokenizer(path, trust_remote_code, f"tokenizer={path!r} is not a directory holding tokenizer "
+                                f"files (one of {', '.join(TOKENIZER_FILES)})")
     if vocab_size is not None:
         check_tokenizer_fits(tokenizer, vocab_size, path)
     return tokenizer
+
+
+def _read_tokenizer(path: str, trust_remote_code: bool, refusal: str):
+    """AutoTokenizer's tokenizer of directory `path`, or a ValueError saying `refusal` if it holds no tokenizer
+    files."""
+    from transformers import AutoTokenizer
+
+    if not any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES):
+        raise ValueError(refusal)
+    return AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
 
 
 def check_tokenizer_fits(tokenizer, vocab_size: int, path: str) -> None:

@@ -49,39 +49,38 @@ def load_checkpoint(model: str | None = None, skip_tokenizer_init: bool = False,
     """
     path = default_model_path() if model is None else local_model_path(model)
     own_tokenizer = not skip_tokenizer_init and tokenizer is None
-    if os.path.isfile(path) and path.endswith(".gguf"):
-        _check_load_format(load_format, "gguf", model)
+    kind = _model_kind(path, model)
+    if load_format not in ("auto", kind):
+        raise ValueError(f"load_format={load_format!r}, but model={model!r} is a "
+                         f"{'.gguf file' if kind == 'gguf' else 'checkpoint directory (safetensors)'}")
+    if kind == "gguf":
         if hf_overrides:
             raise ValueError(f"hf_overrides replace a checkpoint directory's config.json keys; {path!r} is a GGUF "
                              "file, whose configuration comes from its metadata")
         checkpoint = load_gguf(path, tokenizer=own_tokenizer)
-    elif os.path.isdir(path):
-        _check_load_format(load_format, "safetensors", model)
-        checkpoint = load_hf_directory(path, own_tokenizer, trust_remote_code, hf_overrides)
     else:
-        raise FileNotFoundError(f"model={model!r} is neither a .gguf file nor a checkpoint directory")
+        checkpoint = load_hf_directory(path, own_tokenizer, trust_remote_code, hf_overrides)
     if tokenizer is not None:
         tokenizer = local_model_path(tokenizer, field="tokenizer")
         checkpoint.tokenizer = load_tokenizer(tokenizer, checkpoint.config.vocab_size, trust_remote_code)
     return checkpoint
 
 
-def _check_load_format(load_format: str, kind: str, model: str | None) -> None:
-    """A ValueError when load_format insists on the other kind of model than `kind` ("gguf" or "safetensors")."""
-    if load_format not in ("auto", kind):
-        raise ValueError(f"load_format={load_format!r}, but model={model!r} is a "
-                         f"{'.gguf file' if kind == 'gguf' else 'checkpoint directory (safetensors)'}")
+def _model_kind(path: str, model: str | None) -> str:
+    """"gguf" for a .gguf file, "safetensors" for a checkpoint directory; a FileNotFoundError for anything else."""
+    if os.path.isfile(path) and path.endswith(".gguf"):
+        return "gguf"
+    if os.path.isdir(path):
+        return "safetensors"
+    raise FileNotFoundError(f"model={model!r} is neither a .gguf file nor a checkpoint directory")
 
 
 def load_engine_checkpoint(args, tokenizer: bool = True) -> Checkpoint:
     """The checkpoint an EngineArgs names: its model (of its load_format), with the tokenizer it asks for (none
-    when not `tokenizer`: an engine core's API server loads it, load_engine_tokenizer); hub names at their
-    revisions in its download_dir (hub_cache.py)."""
-    model = args.model and local_model_path(args.model, args.download_dir, args.revision)
-    other = tokenizer and args.tokenizer and local_model_path(args.tokenizer, args.download_dir,
-                                                              args.tokenizer_revision, "tokenizer")
-    return load_checkpoint(model, args.skip_tokenizer_init or not tokenizer, other or None, args.trust_remote_code,
-                           args.hf_overrides, args.load_format)
+    when not `tokenizer`: an engine core's API server loads it, load_engine_tokenizer)."""
+    model, other = _engine_paths(args)
+    return load_checkpoint(model, args.skip_tokenizer_init or not tokenizer, other if tokenizer else None,
+                           args.trust_remote_code, args.hf_overrides, args.load_format)
 
 
 def load_engine_tokenizer(args):
@@ -92,18 +91,20 @@ def load_engine_tokenizer(args):
     once, fail ("cannot import name 'AutoTokenizer' from 'transformers'")."""
     if args.skip_tokenizer_init:
         return None
+    model, other = _engine_paths(args)
     with _LOADING_TOKENIZER:
-        return _engine_tokenizer(args)
-
-
-def _engine_tokenizer(args):
-    if args.tokenizer:
-        return load_tokenizer(local_model_path(args.tokenizer, args.download_dir, args.tokenizer_revision,
-                                               "tokenizer"), trust_remote_code=args.trust_remote_code)
-    path = default_model_path() if args.model is None else local_model_path(args.model, args.download_dir,
-                                                                             args.revision)
-    if os.path.isfile(path) and path.endswith(".gguf"):
-        return gguf_tokenizer(path)
-    if os.path.isdir(path):
+        if other is not None:
+            return load_tokenizer(other, trust_remote_code=args.trust_remote_code)
+        path = default_model_path() if model is None else model
+        if _model_kind(path, args.model) == "gguf":
+            return gguf_tokenizer(path)
         return directory_tokenizer(path, args.trust_remote_code)
-    raise FileNotFoundError(f"model={args.model!r} is neither a .gguf file nor a checkpoint directory")
+
+
+def _engine_paths(args) -> tuple[str | None, str | None]:
+    """The paths of an EngineArgs' model and tokenizer (None: the default model, its own tokenizer), hub names
+    read at their revisions from its download_dir (hub_cache.py)."""
+    model = args.model and local_model_path(args.model, args.download_dir, args.revision)
+    tokenizer = args.tokenizer and local_model_path(args.tokenizer, args.download_dir, args.tokenizer_revision,
+                                                    "tokenizer")
+    return model or None, tokenizer or None
