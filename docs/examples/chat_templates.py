@@ -17,3 +17,12 @@ started = [*question, {"role": "assistant", "content": "The capital of France is
                        continue_final_message=True)
 print(repr(continued.prompt[-40:]), "->", repr(continued.outputs[0].text))
 assert not continued.prompt.endswith("<|im_end|>\n")
+
+# Content as OpenAI's list of text parts: SmolLM2's template prints a message's
+# content, so "auto" (chat_template_content_format) gives it the parts' texts
+# joined with newlines; a template that loops over the parts would get the list.
+parts = [{"type": "text", "text": "Name the capital"},
+         {"type": "text", "text": "of France."}]
+[joined] = llm.chat([{"role": "user", "content": parts}], greedy, use_tqdm=False)
+user_turn = joined.prompt.split("user\n")[-1].split("<|im_end|>")[0]
+print(repr(user_turn), "->", repr(joined.outputs[0].text))
