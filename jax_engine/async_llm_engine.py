@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.config import EngineArgs
 from jax_engine.fair_queue import FairQueue, Tenant
-from jax_engine.llm_engine import LLMEngine, Prompt
+from jax_engine.input_processor import Prompt
 from jax_engine.lora.engine_methods import LORA_DISABLED
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestOutput
@@ -85,7 +85,7 @@ class AsyncLLMEngine:
     """Continuous batching for concurrent callers: each `generate` streams its own outputs.
 
     Args:
-        engine: the engine to drive.
+        engine: the engine to drive: an LLMEngine, or an EngineCoreClient (the engine in a core process).
         max_waiting_requests: add_request raises QueueFullError while this many requests wait to start
             (None: no limit).
         max_waiting_per_tenant: the same for one tenant's requests (None: no limit of its own).
@@ -94,7 +94,7 @@ class AsyncLLMEngine:
     most its share of max_num_seqs sequences in the engine, and the rest of its requests wait outside it.
     """
 
-    def __init__(self, engine: LLMEngine, max_waiting_requests: int | None = None,
+    def __init__(self, engine, max_waiting_requests: int | None = None,
                  max_waiting_per_tenant: int | None = None) -> None:
         self.engine = engine
         self._remote = hasattr(engine, "next_outputs")  # an EngineCoreClient: the engine is in another process
@@ -113,6 +113,7 @@ class AsyncLLMEngine:
 
     @classmethod
     def from_engine_args(cls, args: EngineArgs, **kwargs) -> "AsyncLLMEngine":
+        from jax_engine.llm_engine import LLMEngine  # JAX, which an API server of an engine core never imports
         return cls(LLMEngine(args), **kwargs)
 
     # ------------------------------------------------------------------------------ lifecycle

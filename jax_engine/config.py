@@ -7,27 +7,19 @@ import re
 import typing
 from dataclasses import dataclass
 
-import jax.numpy as jnp
-
-from jax_engine.attention import ATTENTION_BACKENDS
-from jax_engine.linear import QUANTIZATIONS
+from jax_engine.arg_choices import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS
 from jax_engine.model_config import ModelConfig
 from jax_engine.pooling_params import check_task_args
 from jax_engine.sampling_params import MAX_LOGPROBS, check_generation_overrides
-from jax_engine.models.rope import max_len_with_rope_scaling
+from jax_engine.models.rope_scaling import max_len_with_rope_scaling
 from jax_engine.spec_decode import SpeculativeConfig
-from jax_engine.target_platform import platform
 from reference.scheduler import PREEMPTION_MODES, SchedulerConfig
 from reference.scheduling_policy import SCHEDULING_POLICIES
 
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 # vLLM's values that mean what this engine does; its others (slow or Mistral tokenizers, PyTorch .bin files,
 # dummy weights, ...) are refused by name rather than ignored.
 TOKENIZER_MODES = ("auto", "hf")
 LOAD_FORMATS = ("auto", "safetensors", "gguf")
-# vLLM's names. Its "fp8" is e4m3; the 8-bit caches keep vLLM's default scale of 1.0 (no calibrated scales).
-KV_CACHE_DTYPES = {"auto": None, "bfloat16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn,
-                   "fp8_e5m2": jnp.float8_e5m2}
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 ATTENTION_SELF_TESTS = ("auto", "fallback", "error", "off")
 
@@ -271,12 +263,6 @@ def _args_section(doc: str) -> dict[str, str]:
         elif line.strip() and helps:
             helps[name] += " " + line.strip()
     return {name: text.replace("%", "%%") for name, text in helps.items()}
-
-
-def resolve_dtype(name: str):
-    if name == "auto":
-        return jnp.float32 if platform() == "cpu" else jnp.bfloat16
-    return DTYPES[name]
 
 
 def resolve_scheduler_config(args: EngineArgs, cfg: ModelConfig) -> SchedulerConfig:

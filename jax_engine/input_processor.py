@@ -11,7 +11,7 @@ from jax_engine.beam_search import BeamSearchParams
 from jax_engine.input_checks import check, is_int, is_unicode
 from jax_engine.model_config import ModelConfig
 from jax_engine.pooling_params import PoolingParams
-from jax_engine.sample.sampling_batch import allowed_token_mask
+from jax_engine.sample.allowed_tokens import allowed_token_mask
 from jax_engine.sampling_params import MAX_LOGPROBS, SamplingParams
 from jax_engine.structured_output.grammar import GrammarCompiler
 from reference.scheduler import SchedulerConfig

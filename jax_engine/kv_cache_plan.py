@@ -15,15 +15,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_engine.attention import AttentionBackend
-from jax_engine.config import KV_CACHE_DTYPES, EngineArgs
+from jax_engine.config import EngineArgs
 from jax_engine.model_config import ModelConfig
 from jax_engine.target_platform import platform
 from simulator import capacity
 
 if typing.TYPE_CHECKING:
-    from jax_engine.models import CausalLM
+    from jax_engine.models.causal_lm import CausalLM
 
 logger = logging.getLogger(__name__)
+
+KV_CACHE_DTYPES = {"bfloat16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn, "fp8_e4m3": jnp.float8_e4m3fn,
+                   "fp8_e5m2": jnp.float8_e5m2}  # arg_choices.KV_CACHE_DTYPES, less "auto"
 
 GiB = 1 << 30
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * GiB

@@ -34,8 +34,8 @@ from jax_engine.loader.generation_config import default_sampling_fields, resolve
 from jax_engine.model_config import token_ids
 from jax_engine.output_processor import OutputProcessor
 from jax_engine.outputs import RequestMetrics, RequestOutput
-from jax_engine.pooler import Pooler, check_task
-from jax_engine.pooling_params import PoolingParams
+from jax_engine.pooler import Pooler
+from jax_engine.pooling_params import PoolingParams, check_task
 from jax_engine.runner.model_runner import StepInputs
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence
@@ -161,7 +161,7 @@ class LLMEngine(LoRAEngineMethods):
 
     def validate_request(self, prompt: Prompt, params: RequestParams) -> ProcessedRequest:
         """Tokenize and check a request without queuing it (see InputProcessor); safe while a step runs."""
-        check_task(self.pooler, params)
+        check_task(self.pooler is not None, params)
         return self.input_processor.process(prompt, params)
 
     def abort_request(self, request_id: str | list[str]) -> None:

@@ -8,10 +8,8 @@ Defaults are Llama's.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # at run time this would import the models package, whose modules import this one
-    from jax_engine.models.rope import RopeScaling
+from jax_engine.models.rope_scaling import RopeScaling
 
 
 @dataclass(frozen=True)

@@ -30,17 +30,6 @@ from reference.request import RequestStatus
 logger = logging.getLogger(__name__)
 
 
-def check_task(pooler: "Pooler | None", params) -> None:
-    """A ValueError unless the request fits the engine: PoolingParams for task "embed", others for "generate"."""
-    if isinstance(params, PoolingParams) == (pooler is not None):
-        return
-    if pooler is not None:
-        raise ValueError("task: this engine was started with task='embed', for embeddings (LLM.embed, /v1/embeddings),"
-                         " not text; start one with task='generate' to generate")
-    raise ValueError("task: embeddings need an engine started with task='embed' (--task embed); this one "
-                     "generates text")
-
-
 class Pooler:
     def __init__(self, config: PoolerConfig) -> None:
         self.config = config

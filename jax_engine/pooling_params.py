@@ -78,3 +78,15 @@ class PoolingParams:
         check_int(self.dimensions, "dimensions", 1, optional=True)
         if self.truncate_prompt_tokens != -1:
             check_int(self.truncate_prompt_tokens, "truncate_prompt_tokens", 1, optional=True)
+
+
+def check_task(embeds: bool, params) -> None:
+    """A ValueError unless the request fits the engine (`embeds`: started with task "embed"): PoolingParams for
+    task "embed", others for "generate"."""
+    if isinstance(params, PoolingParams) == embeds:
+        return
+    if embeds:
+        raise ValueError("task: this engine was started with task='embed', for embeddings (LLM.embed, /v1/embeddings),"
+                         " not text; start one with task='generate' to generate")
+    raise ValueError("task: embeddings need an engine started with task='embed' (--task embed); this one "
+                     "generates text")

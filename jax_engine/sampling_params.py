@@ -77,7 +77,7 @@ class SamplingParams(_ReferenceSamplingParams):
     # Not fields (no user sets them), and never set on the user's object: the input processor sets them on the
     # engine's copy (`derived`). compiled_grammar is the llguidance grammar compiled from structured_outputs
     # (jax_engine/structured_output/grammar.py; the server compiles it into the params it builds itself);
-    # allowed_mask is allowed_token_ids as a vocabulary-wide bitmask (sampling_batch.allowed_token_mask).
+    # allowed_mask is allowed_token_ids as a vocabulary-wide bitmask (sample/allowed_tokens.py).
     compiled_grammar = None
     allowed_mask = None
 

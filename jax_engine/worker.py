@@ -9,11 +9,12 @@ cache's shape to its scheduler (CacheConfig) and compiles the runner's programs.
 
 from dataclasses import dataclass
 
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jax_engine.attention import AttentionBackend, get_attention_backend
 from jax_engine.runner.compile_shapes import compile_step_shapes, use_compilation_cache
-from jax_engine.config import EngineArgs, platform, resolve_dtype
+from jax_engine.config import EngineArgs
 from jax_engine.core.kv_cache_manager import CacheConfig
 from jax_engine.distributed import multihost
 from jax_engine.distributed.tensor_parallel import make_mesh
@@ -23,8 +24,9 @@ from jax_engine.lora.layout import LoRALayout
 from jax_engine.runner.attention_self_test import AttentionShapes, checked_backend
 from jax_engine.runner.device_programs import DRAFT_PROGRAMS, POOLING_PROGRAMS, TARGET_PROGRAMS
 from jax_engine.runner.model_runner import ModelRunner
-from jax_engine.models import CausalLM
+from jax_engine.models.causal_lm import CausalLM
 from jax_engine.spec_decode.draft_model import load_draft_model
+from jax_engine.target_platform import platform
 from reference.scheduler import SchedulerConfig
 
 
@@ -40,6 +42,13 @@ class LoadedModel:
     def runners(self) -> list[ModelRunner]:
         """Every runner start-up compiles programs for."""
         return [self.runner] + ([] if self.draft_runner is None else [self.draft_runner])
+
+
+def resolve_dtype(name: str):
+    """The weights' and activations' dtype EngineArgs.dtype names (arg_choices.DTYPES, or "auto")."""
+    if name == "auto":
+        return jnp.float32 if platform() == "cpu" else jnp.bfloat16
+    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}[name]
 
 
 def init_devices(args: EngineArgs, devices: list | None) -> Mesh | None:

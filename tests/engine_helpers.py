@@ -8,7 +8,7 @@ from jax_engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from jax_engine.lora.layout import LoRALayout
 from jax_engine.lora.request import LoRARequest
 from jax_engine.runner.model_runner import ModelRunner
-from jax_engine.models import CausalLM
+from jax_engine.models.causal_lm import CausalLM
 from jax_engine.outputs import RequestMetrics
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.sequence import Sequence

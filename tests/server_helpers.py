@@ -94,6 +94,12 @@ def child_processes(pid: int) -> list[tuple[int, str]]:
     return children
 
 
+def maps_jaxlib(pid: int) -> bool:
+    """Whether process `pid` has JAX's compiled libraries (jaxlib/*.so) mapped: whether it imported JAX."""
+    with open(f"/proc/{pid}/maps") as maps:
+        return any("/jaxlib/" in line for line in maps)
+
+
 class ThreadedServer:
     """The server `jax-engine serve` runs (uvicorn with the same settings), from a thread of the test process."""
 

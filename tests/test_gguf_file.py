@@ -116,7 +116,7 @@ class _CountingReads(dict):
 def test_gguf_quantization_dequantizes_only_what_it_stores_as_floats():
     """quantization="gguf" keeps the file's blocks: the float32 matrices are never made (they were 2.3 s of the
     default model's start-up), only the norms; and each tensor's shape is known without reading it."""
-    from jax_engine.models import CausalLM
+    from jax_engine.models.causal_lm import CausalLM
 
     checkpoint = load_checkpoint(skip_tokenizer_init=True)
     weights = checkpoint.weights

@@ -18,7 +18,8 @@ from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 from jax_engine.loader import load_checkpoint
 from jax_engine.loader.gguf_file import GGUFFile
 from jax_engine.loader.gguf_tokenizer import PRE_TOKENIZERS, tokenizer_from_gguf
-from jax_engine.models.rope import RopeScaling, rope_frequencies
+from jax_engine.models.rope import rope_frequencies
+from jax_engine.models.rope_scaling import RopeScaling
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Don't panic! I'M HERE, you're there, we'll see, they'd go.",

@@ -9,10 +9,12 @@ from gguf import GGMLQuantizationType
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jax_engine.linear import (FEW_ROWS, GGUF_FEW_ROWS, few_rows_matmul,
-                               kernel_unavailable_reason, linear, quantize, uses_few_rows_kernel)
 from jax_engine.linear import matmul  # the module: tests set its MANY_ROWS_KERNEL
-from jax_engine.linear.gguf_blocks import FORMATS, as_q8_0, dequantize_blocks
+from jax_engine.linear.gguf_blocks import dequantize_blocks
+from jax_engine.linear.gguf_format import FORMATS, as_q8_0
+from jax_engine.linear.matmul import (FEW_ROWS, GGUF_FEW_ROWS, few_rows_matmul, kernel_unavailable_reason, linear,
+                                     uses_few_rows_kernel)
+from jax_engine.linear.quantization import quantize
 from tests.engine_helpers import engine_logits
 
 needs_kernel = pytest.mark.skipif(jax.default_backend() != "cpu" or kernel_unavailable_reason() is not None,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jax_engine.loader import default_model_path, load_checkpoint
-from jax_engine.models import CausalLM
+from jax_engine.models.causal_lm import CausalLM
 from jax_engine.loader.hf_loader import config_from_hf
 from tests.tiny_checkpoints import make_tiny_checkpoint
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from jax_engine import LLM, SamplingParams
 from jax_engine.loader import load_checkpoint
-from jax_engine.models import CausalLM
+from jax_engine.models.causal_lm import CausalLM
 from jax_engine.models.registry import ARCHITECTURES
 from tests.engine_helpers import engine_logits
 from tests.test_llama_vs_hf import PROMPT, hf_logits

@@ -11,8 +11,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from jax_engine.config import EngineArgs, resolve_scheduler_config
 from jax_engine.loader import load_checkpoint
 from jax_engine.loader.hf_loader import config_from_hf
-from jax_engine.models.rope import (ROPE_SCALING_TYPES, apply_rope, max_len_with_rope_scaling, rope_config_from_hf,
-                                    rope_frequencies, rope_tables)
+from jax_engine.models.rope import apply_rope, rope_frequencies, rope_tables
+from jax_engine.models.rope_scaling import ROPE_SCALING_TYPES, max_len_with_rope_scaling, rope_config_from_hf
 from reference.llama import rope as reference_rope
 from tests.engine_helpers import engine_logits
 from tests.test_llama_vs_hf import hf_logits

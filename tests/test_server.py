@@ -11,8 +11,10 @@ import httpx
 import openai
 import pytest
 
+from jax_engine.engine_core.launch import CORE_MODULE
 from jax_engine.server.server_config import LOG_STATS_INTERVAL_ENV
-from tests.server_helpers import cli_flags, metric, start_server_process, stop_server_process, wait_for
+from tests.server_helpers import (child_processes, cli_flags, maps_jaxlib, metric, start_server_process,
+                                  stop_server_process, wait_for)
 
 API_KEY = "sk-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -31,16 +33,21 @@ def server_log(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(server_log):
+def server_process(server_log):
     log = server_log
     process, url = start_server_process(
         *cli_flags(api_key=API_KEY, max_model_len=256, num_gpu_blocks_override=256, max_num_seqs=8,
                    max_num_batched_tokens=256, max_waiting_requests=64, enforce_eager=True,
                    allowed_origins=json.dumps([WEB_APP]), disable_log_stats=True, disable_uvicorn_access_log=True),
         log_path=str(log), env={LOG_STATS_INTERVAL_ENV: "0.5"})
-    yield url
+    yield process, url
     stop_server_process(process)
     assert "Traceback" not in log.read_text(), log.read_text()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def server(server_process):
+    return server_process[1]
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +66,15 @@ def test_models_lists_the_served_model(client, server):
     # vLLM's run-time LoRA routes exist only with VLLM_ALLOW_RUNTIME_LORA_UPDATING set (tests/test_server_lora.py)
     load = {"lora_name": "a", "lora_path": "/tmp"}
     assert httpx.post(f"{server}/v1/load_lora_adapter", json=load, headers=AUTH).status_code == 404
+
+
+def test_the_model_runs_in_the_core_process_alone(server_process, client):
+    """The server's process (HTTP, tokenizer, detokenizer) never imports JAX (~1.4 s of CPU at start-up, beside
+    the core loading the model); its engine core process runs the model."""
+    process, _ = server_process
+    assert client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, temperature=0).choices[0].text
+    [core] = [pid for pid, command in child_processes(process.pid) if CORE_MODULE in command]
+    assert (maps_jaxlib(process.pid), maps_jaxlib(core)) == (False, True)
 
 
 def test_streamed_text_equals_non_streamed_text(client):

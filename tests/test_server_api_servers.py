@@ -21,8 +21,8 @@ from jax_engine import LLM, SamplingParams, cli
 from jax_engine.engine_core.launch import CORE_MODULE, MULTIPROCESSING_ENV
 from jax_engine.server.api_servers import API_SERVER_MODULE
 from jax_engine.server.server_config import LOG_STATS_INTERVAL_ENV
-from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, events_after, metric,
-                                  start_server_process, stop_server_process, wait_for, wait_for_api_servers)
+from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, events_after, maps_jaxlib,
+                                  metric, start_server_process, stop_server_process, wait_for, wait_for_api_servers)
 from tests.test_engine_core import LONG, _gone
 
 ARGS = {**TINY_ENGINE_ARGS, "num_gpu_blocks_override": 520, "max_model_len": 4096}
@@ -61,8 +61,8 @@ def two_api_servers(long_checkpoint_dir, tmp_path_factory):
 def test_requests_on_many_connections_are_served_by_both_api_servers_as_in_process(two_api_servers,
                                                                                    long_checkpoint_dir):
     process, url, log = two_api_servers
-    api_servers = _children(process.pid, API_SERVER_MODULE)
-    assert len(api_servers) == 2 and len(_children(process.pid, CORE_MODULE)) == 1
+    api_servers, cores = _children(process.pid, API_SERVER_MODULE), _children(process.pid, CORE_MODULE)
+    assert len(api_servers) == 2 and len(cores) == 1
 
     def complete(prompt: str) -> str:  # a client of its own: a connection of its own
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
@@ -77,6 +77,8 @@ def test_requests_on_many_connections_are_served_by_both_api_servers_as_in_proce
     assert sum(served) == prompt_tokens and all(served), served  # each API server took some of the connections
     for _ in range(4):  # whichever API server answers /metrics, it sums them all
         assert metric(url, "vllm:prompt_tokens_total") == prompt_tokens
+    # Only the core runs the model: the API servers and the supervisor never import JAX (~1.4 s of CPU each).
+    assert [maps_jaxlib(pid) for pid in (process.pid, *api_servers, *cores)] == [False, False, False, True]
     # The periodic stats line comes from the first API server alone, which counts the others' tokens too.
     wait_for(lambda: "api-server-0 jax_engine.server.stats_logger: Avg prompt" in log.read_text(), 10,
              "the first API server's stats line")

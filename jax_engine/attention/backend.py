@@ -3,12 +3,12 @@
 import functools
 import logging
 
+from jax_engine.arg_choices import ATTENTION_BACKENDS
 from jax_engine.attention import cpu, pallas, xla
 from jax_engine.attention.metadata import AttentionBackend
 
 logger = logging.getLogger(__name__)
 
-ATTENTION_BACKENDS = ("auto", "xla", "cpu", "pallas")
 # 16 tokens per block is vLLM's GPU default. The cpu kernel streams each sequence's blocks from memory, and
 # scattered small blocks read slower than long runs: attention alone over 256 sequences x 320 tokens (30
 # layers, 6 GB cache) took 220-250 ms with scattered 16-token blocks, 160-190 ms with 64 or 128, 147 ms in

@@ -34,7 +34,7 @@ from jax_engine.loader.load import load_engine_tokenizer
 from jax_engine.lora.engine_methods import LORA_DISABLED
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import CompletionOutput, RequestOutput
-from jax_engine.pooler import Pooler, check_task
+from jax_engine.pooling_params import check_task
 from jax_engine.sampling_params import SamplingParams
 from jax_engine.structured_output.grammar import GrammarCompiler, tokenizer_json
 
@@ -110,7 +110,6 @@ class EngineCoreClient:
         self.startup_compile_seconds = facts.startup_compile_seconds
         self._state = CoreOutputs([], 0, 0, 0, facts.stats)
         self.speculator = _CoreSpeculator(self) if facts.speculative else None
-        self.pooler, _ = Pooler.for_engine(self.args)
         self.runner = types.SimpleNamespace(lora=facts.lora_checker)  # what the server asks of runner.lora: check
         self.grammar_compiler = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids,
                                                 builds_matchers=False)  # the core builds them (grammar_builds.py)
@@ -125,7 +124,7 @@ class EngineCoreClient:
 
     def validate_request(self, prompt: Prompt, params: RequestParams) -> ProcessedRequest:
         """Tokenize and check a request here, in the API server process (LLMEngine.validate_request)."""
-        check_task(self.pooler, params)
+        check_task(self.args.task == "embed", params)
         return self.input_processor.process(prompt, params)
 
     def add_request(self, request_id: str, prompt: dict, params: RequestParams,

@@ -1,8 +1,5 @@
-"""Linear layers: the matmul every projection and the LM head run, and the weight formats it reads."""
+"""Linear layers: the matmul every projection and the LM head run (matmul.py), and the weight formats it reads
+(quantization.py; GGUF's blocks: gguf_format.py, gguf_blocks.py).
 
-from jax_engine.linear.matmul import (FEW_ROWS, GGUF_FEW_ROWS, few_rows_matmul, kernel_unavailable_reason, linear,
-                                     uses_few_rows_kernel)
-from jax_engine.linear.quantization import QUANTIZATIONS, dequantize, quantize
-
-__all__ = ["FEW_ROWS", "GGUF_FEW_ROWS", "QUANTIZATIONS", "dequantize", "few_rows_matmul", "kernel_unavailable_reason",
-           "linear", "quantize", "uses_few_rows_kernel"]
+Import the modules themselves: the loader reads gguf_format.py's NumPy block layout without importing JAX.
+"""

@@ -2,7 +2,7 @@
 many rows of weights it reads in place), XLA's dot otherwise.
 
 Weights are float32, bfloat16, float16, int8 (with a scale per output feature) or GGUF blocks (uint8 rows,
-with each layer's block format named beside them: gguf_blocks.py).
+with each layer's block format named beside them: gguf_format.py).
 
 Weights keep the checkpoint's [out, in] layout. A decode step of a small batch multiplies a handful of rows by
 every weight of the model, so its cost is reading the weights from memory; XLA's CPU dot copies each weight
@@ -23,7 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax_engine import native
 from jax_engine.target_platform import platform
-from jax_engine.linear.gguf_blocks import FORMATS, dequantize_layer
+from jax_engine.linear.gguf_blocks import dequantize_layer
+from jax_engine.linear.gguf_format import FORMATS
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 float32 stays the reference. "bf16" keeps each weight's top 16 bits (half the bytes, ~3 significant digits);
 "int8" stores each output feature's row as int8 with one float32 scale (the row's largest magnitude / 127),
 a quarter of the bytes; "gguf" keeps a GGUF file's Q8_0/Q4_0/Q4_1/Q5_0 blocks and K-quants as the file stores them
-(gguf_blocks.py; the shipped SmolLM2 file reads 97 MB a token) and its other matrices in the engine's dtype.
+(gguf_format.py; the shipped SmolLM2 file reads 97 MB a token) and its other matrices in the engine's dtype.
 Activations, the KV cache and the arithmetic keep the engine's dtype: a weight is widened as it is read,
 except that int8 weights and GGUF blocks multiply x rounded to 16 bits per row (integer multiply-adds, see
 matmul.round_rows_to_int16), ~1.5e-5 of the row's largest value. At small batch a decode step's time is the
@@ -14,9 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_engine.arg_choices import QUANTIZATIONS
 from jax_engine.linear.gguf_blocks import dequantize_blocks
-
-QUANTIZATIONS = ("bf16", "int8", "gguf")  # and None: the weights keep the engine's dtype
 
 
 def quantize(w: np.ndarray, quantization: str | None, dtype) -> tuple[np.ndarray, np.ndarray | None]:

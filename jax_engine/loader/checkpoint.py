@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jax_engine.linear.gguf_blocks import BlockRows
+from jax_engine.linear.gguf_format import BlockRows
 from jax_engine.model_config import ModelConfig
 
 if TYPE_CHECKING:  # not imported: an engine core loading a GGUF file runs without transformers (~0.6 s to import)

@@ -6,13 +6,13 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 from gguf import GGMLQuantizationType
 
-from jax_engine.linear.gguf_blocks import FORMATS, BlockRows
+from jax_engine.linear.gguf_format import FORMATS, BlockRows
 from jax_engine.loader.checkpoint import Checkpoint
 from jax_engine.loader.gguf_dequantize import dequantize
 from jax_engine.loader.gguf_file import GGUFFile, GGUFTensor
 from jax_engine.loader.gguf_families import GGUFFamily, gguf_family
 from jax_engine.model_config import ModelConfig
-from jax_engine.models.rope import RopeScaling
+from jax_engine.models.rope_scaling import RopeScaling
 
 _LAYER_PATTERN = re.compile(r"blk\.(\d+)\.(.+)")
 # Llama 3.1+ files: the llama3 rope scaling as one divisor per rotating pair (ModelConfig.rope_freq_factors).
@@ -139,7 +139,7 @@ def _kept_blocks(tensor: GGUFTensor, family: GGUFFamily, config: ModelConfig) ->
 def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
     """Load a GGUF file: its config, its weights under HF names (float32, dequantized as they are read), its
     tokenizer (unless not `tokenizer`), and the raw blocks of its matrices in the formats the engine keeps
-    (linear/gguf_blocks.py: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K)."""
+    (linear/gguf_format.py: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K)."""
     gguf_file = GGUFFile(path)
     family = gguf_family(gguf_file.fields.get("general.architecture"), [t.name for t in gguf_file.tensors])
     config = _read_config(gguf_file, family)

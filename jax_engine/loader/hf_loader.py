@@ -7,12 +7,20 @@ from jax_engine.loader.checkpoint import Checkpoint
 from jax_engine.loader.generation_config import read_generation_config
 from jax_engine.loader.safetensors_file import SafetensorsWeights, checkpoint_files
 from jax_engine.model_config import ModelConfig
-from jax_engine.models.registry import architecture
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
     """Translate an HF config.json dictionary into a ModelConfig, by its family (models/registry.py)."""
     return architecture(hf.get("model_type")).config(hf)
+
+
+def architecture(model_type: str | None):
+    """The family of `model_type` (models/registry.py), refused by name when none is."""
+    # Imported here: a family's module also builds its Flax model, so the registry imports JAX (~1.4 s of CPU),
+    # which an API server, loading only a tokenizer from this package, never needs.
+    from jax_engine.models.registry import architecture as family
+
+    return family(model_type)
 
 
 # The files one of which a directory's tokenizer is read from (fast, SentencePiece, GPT-2's BPE, tiktoken).

@@ -1,5 +1,5 @@
-"""Flax NNX models: one decoder skeleton (causal_lm.py) and a file per family (models/registry.py lists them)."""
+"""Flax NNX models: one decoder skeleton (causal_lm.py) and a file per family (models/registry.py lists them).
 
-from jax_engine.models.causal_lm import CausalLM
-
-__all__ = ["CausalLM"]
+Import the modules themselves: the loaders read a family's configuration (rope_scaling.py, alibi.py) without
+importing Flax or JAX.
+"""

@@ -28,7 +28,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from jax_engine.attention.metadata import NO_WINDOW, AttentionFn, AttentionMetadata
 from jax_engine.distributed.tensor_parallel import AXIS, TensorParallel
-from jax_engine.linear import dequantize, linear
+from jax_engine.linear.matmul import linear
+from jax_engine.linear.quantization import dequantize
 from jax_engine.models.lora import LoRABatch
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.layers import ACTIVATIONS, StepContext, normalize
@@ -92,7 +93,7 @@ class CausalLM(nnx.Module):
 
         `quantization` ("bf16", "int8", "gguf" or None) is how the projections, the embedding and the LM head
         are stored; norms and biases keep `dtype`. "gguf" keeps the matrices found in `blocks` (a GGUF file's
-        raw rows in the formats of linear/gguf_blocks.py) as they are, and the rest in `dtype`. `mesh`: a "tp" mesh of more than one
+        raw rows in the formats of linear/gguf_format.py) as they are, and the rest in `dtype`. `mesh`: a "tp" mesh of more than one
         device splits the model over it (tensor parallelism).
         """
         if quantization == "gguf" and not blocks:

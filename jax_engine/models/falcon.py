@@ -18,7 +18,7 @@ from jax_engine.model_config import ModelConfig
 from jax_engine.models.alibi import bloom_slopes
 from jax_engine.models.architecture import Architecture, lm_head, special_token_fields
 from jax_engine.models.layers import mlp, norm, self_attention
-from jax_engine.models.rope import rope_config_from_hf
+from jax_engine.models.rope_scaling import rope_config_from_hf
 from jax_engine.models.weights import WeightMap, derived, first_of, hf, ungroup_qkv
 
 

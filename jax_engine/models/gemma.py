@@ -13,7 +13,7 @@ import math
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.architecture import Architecture, lm_head, special_token_fields
 from jax_engine.models.layers import pre_norm_layer
-from jax_engine.models.rope import rope_config_from_hf
+from jax_engine.models.rope_scaling import rope_config_from_hf
 from jax_engine.models.weights import WeightMap, derived, hf
 
 

@@ -17,7 +17,7 @@ from jax_engine.model_config import ModelConfig
 from jax_engine.models.architecture import Architecture, lm_head, special_token_fields, unsupported
 from jax_engine.models.gemma import plus_one
 from jax_engine.models.layers import StepContext, mlp, norm, self_attention
-from jax_engine.models.rope import rope_config_from_hf
+from jax_engine.models.rope_scaling import rope_config_from_hf
 from jax_engine.models.weights import WeightMap, hf
 
 LAYER_KINDS = ("sliding_attention", "full_attention")

@@ -16,7 +16,7 @@ from jax_engine.model_config import ModelConfig
 from jax_engine.models.architecture import Architecture
 from jax_engine.models.gemma import plus_one
 from jax_engine.models.gemma2 import gemma2_family_fields, layer_weights, sandwich_layer, top_weights
-from jax_engine.models.rope import rope_config_from_hf
+from jax_engine.models.rope_scaling import rope_config_from_hf
 from jax_engine.models.weights import WeightMap
 
 

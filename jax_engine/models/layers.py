@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_engine.attention.metadata import AttentionFn, AttentionMetadata
-from jax_engine.linear import linear
+from jax_engine.linear.matmul import linear
 from jax_engine.models.lora import LoRABatch
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.rope import apply_rope

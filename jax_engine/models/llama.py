@@ -10,7 +10,7 @@ Mistral adds a sliding window, Qwen2 biases on q, k and v, Qwen3 an RMSNorm on e
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.architecture import Architecture, lm_head, special_token_fields, unsupported
 from jax_engine.models.layers import pre_norm_layer
-from jax_engine.models.rope import rope_config_from_hf
+from jax_engine.models.rope_scaling import rope_config_from_hf
 from jax_engine.models.weights import WeightMap, hf
 
 

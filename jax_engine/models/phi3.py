@@ -11,7 +11,7 @@ pieces use already. The 128k-context variants' "longrope" scaling is not support
 from jax_engine.model_config import ModelConfig
 from jax_engine.models.architecture import Architecture, lm_head, special_token_fields
 from jax_engine.models.layers import pre_norm_layer
-from jax_engine.models.rope import rope_config_from_hf
+from jax_engine.models.rope_scaling import rope_config_from_hf
 from jax_engine.models.weights import WeightMap, hf
 
 

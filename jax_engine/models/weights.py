@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import jax
 import numpy as np
 
-from jax_engine.linear import quantize
-from jax_engine.linear.gguf_blocks import BlockRows, as_q8_0
+from jax_engine.linear.quantization import quantize
+from jax_engine.linear.gguf_format import BlockRows, as_q8_0
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class StoredWeights:
     def _store(self, name: str, source: Source, prefixes: list[str], stack: bool = True) -> dict[str, jax.Array]:
         matrix = name.startswith("w_") or name in ("embed", "lm_head")
         kept = self._kept_blocks(source, prefixes) if matrix else None
-        if kept is not None:  # a stack of layers in several formats pads the narrower rows (gguf_blocks.py)
+        if kept is not None:  # a stack of layers in several formats pads the narrower rows (gguf_format.py)
             self.block_formats[name] = tuple(layer.format for layer in kept)
             width = max(layer.rows.shape[1] for layer in kept)
             rows = ({name: np.pad(r, ((0, 0), (0, width - r.shape[1]))) if r.shape[1] < width else r}

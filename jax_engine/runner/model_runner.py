@@ -23,7 +23,7 @@ from jax_engine.runner.device_programs import (ALL_LOGITS, COPIED, COPY, DEVICE_
                                                SCORED_ROWS, STEP, SWAP_IN, SWAP_OUT, SWAPPED, TARGET_PROGRAMS,
                                                TOKEN_LOGPROBS, TOKENS, DeviceProgram, block_move_bucket)
 from jax_engine.lora.manager import LoRAManager
-from jax_engine.models import CausalLM
+from jax_engine.models.causal_lm import CausalLM
 from jax_engine.runner.padded_layout import padded_kind_rows, padded_table_rows
 from jax_engine.runner.program_cache import ProgramCache
 from jax_engine.runner.recycled_buffers import RecycledBuffers

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from jax_engine.input_checks import MAX_LOGIT_BIAS
+from jax_engine.sample.allowed_tokens import allowed_token_mask
 from jax_engine.structured_output.grammar import ALL_ALLOWED, bitmask_width
 
 # The optional stages of the sampler, in the order they run. The general program has all of them compiled in,
@@ -158,18 +159,6 @@ def token_mask(seqs: list, vocab_size: int, grammar_bitmask: np.ndarray | None) 
         if seq.grammar is None or row.any():
             mask[i] = row.view(np.int32)
     return mask
-
-
-def allowed_token_mask(params, vocab_size: int) -> np.ndarray:
-    """[bitmask_width] uint32: the bits of params.allowed_token_ids, made once per request (a request may
-    list up to 2^20 ids; its rows then cost one AND per step)."""
-    if getattr(params, "allowed_mask", None) is None:
-        ids = np.unique(np.asarray(params.allowed_token_ids, np.int64))
-        ids = ids[ids < vocab_size]
-        row = np.zeros(bitmask_width(vocab_size), np.uint32)
-        np.bitwise_or.at(row, ids // 32, (np.uint32(1) << (ids % 32).astype(np.uint32)))
-        params._set("allowed_mask", row)
-    return params.allowed_mask
 
 
 def _bias_arrays(params: list, num_rows: int, vocab_size: int) -> dict:

@@ -16,8 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from jax_engine.async_llm_engine import AsyncLLMEngine, QueueFullError, RequestStream
 from jax_engine.beam_search import BeamSearchParams
 from jax_engine.config import EngineArgs
-from jax_engine.distributed.replica_devices import replica_devices
-from jax_engine.llm_engine import LLMEngine, Prompt
+from jax_engine.input_processor import Prompt
 from jax_engine.loader import Checkpoint, load_engine_checkpoint
 from jax_engine.lora.request import LoRARequest
 from jax_engine.outputs import RequestOutput
@@ -50,7 +49,11 @@ class DataParallelEngine:
     @classmethod
     def from_engine_args(cls, args: EngineArgs, checkpoint: Checkpoint | None = None,
                          **kwargs) -> "DataParallelEngine":
-        """Load the checkpoint once and build args.data_parallel_size replicas of it."""
+        """Load the checkpoint once and build args.data_parallel_size replicas of it, in this process."""
+        # Imported here: the in-process engine imports JAX, which a server of engine core processes never needs.
+        from jax_engine.distributed.replica_devices import replica_devices
+        from jax_engine.llm_engine import LLMEngine
+
         devices = replica_devices(args)  # before the slow part
         checkpoint = checkpoint or load_engine_checkpoint(args)
         return cls([AsyncLLMEngine(LLMEngine(args, checkpoint, devices=d)) for d in devices], **kwargs)

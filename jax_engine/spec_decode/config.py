@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from jax_engine.linear import QUANTIZATIONS
+from jax_engine.arg_choices import QUANTIZATIONS
 
 # Drafts verified per sequence and step. Each is one more logits row through the sampler and one more token
 # through the step, and the sampler's row buckets are compiled at start-up up to max_num_seqs x (1 + k).

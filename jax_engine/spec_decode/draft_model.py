@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from jax_engine.core.kv_cache_manager import KVCacheManager
 from jax_engine.core.scheduler_output import ScheduledSequence, SchedulerOutput
 from jax_engine.loader import Checkpoint, load_checkpoint
-from jax_engine.models import CausalLM
+from jax_engine.models.causal_lm import CausalLM
 from jax_engine.runner.model_runner import ModelRunner
 from jax_engine.sequence import Sequence
 from jax_engine.spec_decode.config import SpeculativeConfig
