@@ -60,10 +60,11 @@ def test_a_core_without_arguments_exits_when_its_server_is_gone():
 
 def test_serve_parses_its_flags_without_importing_the_server():
     """What `serve` needs before it hands the early core its arguments (server/serve.py, `_engine`): its flags
-    parsed without the HTTP server, the tokenizers or the benchmarks imported, which take ~0.7 s more."""
+    parsed without the HTTP server, the tokenizers or the benchmarks imported, which take ~0.7 s more, or JAX,
+    which only the core runs (~1.4 s)."""
     script = ("import sys; from jax_engine.cli import build_parser; "
               "ns = build_parser(for_serve=True).parse_args(['serve', '--quantization', 'int8', '--port', '9']); "
-              "heavy = [m for m in ('fastapi', 'uvicorn', 'transformers', 'jax_engine.server.app', "
+              "heavy = [m for m in ('jax', 'fastapi', 'uvicorn', 'transformers', 'jax_engine.server.app', "
               "'jax_engine.async_llm_engine', 'jax_engine.bench.serve') if m in sys.modules]; "
               "print(ns.port, ns.quantization, heavy)")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
