@@ -141,7 +141,7 @@ def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
     tokenizer (unless not `tokenizer`), and the raw blocks of its matrices in the formats the engine keeps
     (linear/gguf_format.py: Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K)."""
     gguf_file = GGUFFile(path)
-    family = gguf_family(gguf_file.fields.get("general.architecture"), [t.name for t in gguf_file.tensors])
+    family = _family(gguf_file)
     config = _read_config(gguf_file, family)
     # rope_freqs.weight is read into config.rope_freq_factors
     tensors = {_hf_name(t.name, family): t for t in gguf_file.tensors if t.name != _ROPE_FREQS}
@@ -153,8 +153,11 @@ def load_gguf(path: str, tokenizer: bool = True) -> Checkpoint:
 def gguf_tokenizer(path: str):
     """A GGUF file's tokenizer alone (an API server's, whose engine core loads the weights)."""
     gguf_file = GGUFFile(path)
-    return _tokenizer(gguf_file, gguf_family(gguf_file.fields.get("general.architecture"),
-                                             [t.name for t in gguf_file.tensors]))
+    return _tokenizer(gguf_file, _family(gguf_file))
+
+
+def _family(gguf_file: GGUFFile) -> GGUFFamily:
+    return gguf_family(gguf_file.fields.get("general.architecture"), [t.name for t in gguf_file.tensors])
 
 
 def _tokenizer(gguf_file: GGUFFile, family: GGUFFamily):
