@@ -522,12 +522,6 @@ inline void block_int8_vnni(const Problem& p, int64_t m0, const int8_t* w, float
 constexpr bool kSplitsBytes = false;
 #endif
 
-// The same for GGUF blocks: per run of 32 weights, exact int32 sums of products, times the run's scale(s)
-// (float32); minimums times the run's sum of x. Row f of the weights starts at w + f x p.block_row_bytes.
-//
-// (An AVX-512 version, a run of 32 int16 weights in one register, one vpmaddwd per run and row instead of two,
-// was slower on a 2-core Xeon with AVX-512 BW: Gemma 3 270M's Q8_0 LM head, 262144 x 640, took 42 / 82 / 312 ms
-// at 1 / 8 / 32 rows against 30 / 75 / 280 with AVX2, timed in turns.)
 // Blocks are prefetched at every kPrefetchEvery-th one, a line (64 bytes) at a time from its start: fewer than 64
 // bytes apart, so every line is reached, without a branch on where lines start. (Prefetching each line once, at the
 // block it starts in, took such a branch per block and weight row, which the predictor missed: on a 2-core Zen 4,
@@ -536,6 +530,12 @@ constexpr bool kSplitsBytes = false;
 template <typename T>
 constexpr int64_t kPrefetchEvery = T::kBytes >= 64 ? 1 : 64 / T::kBytes;
 
+// block_int8 for GGUF blocks: per run of 32 weights, exact int32 sums of products, times the run's scale(s)
+// (float32); minimums times the run's sum of x. Row f of the weights starts at w + f x p.block_row_bytes.
+//
+// (An AVX-512 version, a run of 32 int16 weights in one register, one vpmaddwd per run and row instead of two,
+// was slower on a 2-core Xeon with AVX-512 BW: Gemma 3 270M's Q8_0 LM head, 262144 x 640, took 42 / 82 / 312 ms
+// at 1 / 8 / 32 rows against 30 / 75 / 280 with AVX2, timed in turns.)
 template <typename T, int ROWS, int FEATURES>
 inline void block_gguf(const Problem& p, int64_t m0, const uint8_t* w, float* y) {
   constexpr int kRuns = T::kWeights / kBlock, kScales = kRuns * (T::kScalesPer16 ? 2 : 1);
