@@ -60,14 +60,29 @@ def test_kernel_matches_the_reference(case, cache_dtype, variant: Variant):
 
 
 @pytest.mark.parametrize("cache_dtype", [jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn])
-@pytest.mark.parametrize("head_dim, group", [(48, 3), (64, 9)])
+@pytest.mark.parametrize("head_dim, group", [(48, 3), (64, 17)])
 def test_the_loops_for_other_shapes(cache_dtype, head_dim, group):
-    """Head dims other than 64, 80, 96, 128 and 256 take the kernel's loop with a run-time head dim; an 8-bit
-    cache with more than 8 query heads per KV head scores its keys one at a time (not 16 at a time)."""
+    """Head dims other than 64, 80, 96, 128 and 256 take the kernel's loop with a run-time head dim; more than 16
+    query heads per KV head score their keys one at a time (not 16 at a time)."""
     case = (16, head_dim, group, 2, [40, 1, 0, 37], [1, 1, 0, 5], 7)  # decode rows and a prefill chunk
     q, want, k, v, tables, query_seq, context_lens = kernel_case(case, cache_dtype)
     out = run_kernel(q, k, v, tables, query_seq, context_lens, case[0])
     assert np.abs(out - want).max() < 2e-5
+
+
+@pytest.mark.parametrize("cache_dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("head_dim, group, num_kv_heads", [(256, 4, 1), (64, 3, 3)])  # Gemma 3, SmolLM2
+def test_a_rows_output_does_not_depend_on_the_other_rows(cache_dtype, head_dim, group, num_kv_heads):
+    """The kernel shares a step's work out by whole rows when there are many, by KV head when few, and splits a KV
+    head's query heads among the threads when there are fewer groups than threads (one row of Gemma 3, one KV
+    head): each row's output is the same to the bit either way, so batching never changes a greedy token."""
+    case = (16, head_dim, group, num_kv_heads, [70 + 3 * i for i in range(64)], [1] * 64, 3)
+    q, want, k, v, tables, query_seq, context_lens = kernel_case(case, cache_dtype)
+    together = run_kernel(q, k, v, tables, query_seq, context_lens, 16)
+    assert np.abs(together - want).max() < 2e-5
+    for row in (0, 37):
+        alone = run_kernel(q[row:row + 1], k, v, tables, query_seq[row:row + 1], context_lens[row:row + 1], 16)
+        np.testing.assert_array_equal(alone[0], together[row])
 
 
 @pytest.mark.parametrize("cache_dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])

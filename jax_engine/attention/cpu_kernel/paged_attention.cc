@@ -12,14 +12,21 @@
 // contiguous), or with fewer rows than twice the threads one KV head of a row and the G query heads that
 // share it: with whole rows a decode step of one sequence ran on one thread, ~1 ms of a batch-1 SmolLM2
 // step at a context of 230 tokens (int8 weights, 2 cores: 110-112 tok/s with whole rows, 118-127 per KV
-// head). Not always per KV head: batch-8 decode ran ~8% slower so (a third of the work per slot visited).
-// Items are shared out over XLA's own intra-op thread pool. Within an item, a 16-bit cache's keys are walked
-// once per KV head: walking all heads of each slot at once left a bfloat16 cache, half a float32 one's bytes, bound
+// head). Not always per KV head: batch-8 decode ran ~8% slower so (a third of the work per slot visited). With
+// fewer KV heads in the step than threads (one row of Gemma 3, which has one KV head) an item is part of a KV
+// head's query heads, which divide among the threads (heads_per_item). Whatever the item, a row's output is the
+// same to the bit. Items are shared out over XLA's own intra-op thread pool.
+// Within an item, a 16-bit cache's keys are walked once per KV head: walking all heads of each slot at once left
+// a bfloat16 cache, half a float32 one's bytes, bound
 // by the arithmetic, no faster than float32 (`bench kernels`, 256 decode rows of SmolLM2 over 320 tokens:
 // 134-155 ms), and once per KV head it takes 111-123. The head dims models use are fixed at compile time:
 // with a run-time head dim that loop ran at 180-200 ms. A float32 cache's keys keep whole slots (768 contiguous
 // bytes of SmolLM2's), faster at small batches (8 and 32 rows: 4.5 and 17-18 ms against 4.8 and 19-21 per
-// KV head), as fast at 256 (131-143 ms).
+// KV head), as fast at 256 (131-143 ms). They are scored 16 keys at a time like the narrower caches'
+// (score_keys): Gemma 3's 18 layers of attention for one row, from memory, 0.96-1.05 -> 0.75-0.85 ms at a
+// context of 192 (in four runs of five; one saw no change) and 2.2-2.3 -> 1.6 at 600, with the query heads split
+// between the threads (2-core Zen 4, in turns, medians of 60-100); SmolLM2's within the runs' spread (0.93-1.04x)
+// at 1 to 256 rows.
 // The values (pass 2) are walked once per KV head and few query heads of every cache, their sums in
 // registers (sum_values): on a 2-core Xeon, `bench kernels` as above, old and new in turns, bfloat16 158-183 ->
 // 145-166 ms, float32 232-261 -> 209-225, and no slower at 1 to 32 rows nor on Gemma 3's one 256-wide KV head.
@@ -301,47 +308,59 @@ inline Floats sum_lanes_of_16(const Floats* v) {
   return add_halves<1>(twos[0], twos[1]);
 }
 
-// Pass 1 for a 16- or 8-bit cache and at most kMaxGroupScored query heads per KV head: scores[g * m + t] =
-// scale * q[g] . k[t] over the keys begin <= t < n of one KV head (`keys`: its slot 0). Each key is widened
-// once for all G heads, and each head's dot products are summed 16 keys at a time (sum_lanes_of_16): summed
-// one key at a time, those sums took most of an 8-bit cache's pass (`bench kernels` as at the top: 190 ms,
-// 104 so); a bfloat16 cache's whole kernel, in a C++ harness, went from 132 to 124 ms (6 GB) and 64 to 59 (L2).
-constexpr int64_t kMaxGroupScored = 8;
+// Pass 1 for a head dim fixed at compile time: scores[h * m + t] = scale * q[h] . k[t, h / G] over the keys
+// begin <= t < n of `kv_walked` KV heads side by side (`keys`: the first one's slot 0), G query heads each
+// (h < H = kv_walked x G <= kMaxHeadsScored). Each key is widened once for its G heads, and each head's dot
+// products are summed 16 keys at a time (sum_lanes_of_16): summed one key at a time, those sums took most of an
+// 8-bit cache's pass (`bench kernels` as at the top: 190 ms, 104 so); a bfloat16 cache's whole kernel, in a C++
+// harness, went from 132 to 124 ms (6 GB) and 64 to 59 (L2). A head's scores come out the same whatever else is
+// walked with it: a work item's shape (attend) never changes a row's result.
+constexpr int64_t kMaxHeadsScored = 16;
 template <typename T, int D>
 void score_keys(const Problem& p, const int32_t* table, int64_t begin, int64_t n, const T* keys, const float* q,
-                int64_t G, float* scores, int64_t m) {
+                int64_t kv_walked, int64_t G, float* scores, int64_t m) {
   constexpr int V = D / kLanes;
-  const int64_t slot_stride = p.num_kv_heads * D;
+  const int64_t slot_stride = p.num_kv_heads * D, H = kv_walked * G;
   const float scale = p.scale * kRowScale<T, D>;
-  Floats queries[kMaxGroupScored][V];  // in the widened keys' lane order
-  for (int64_t g = 0; g < G; ++g) {
+  Floats queries[kMaxHeadsScored][V];  // in the widened keys' lane order
+  for (int64_t h = 0; h < H; ++h) {
     for (int i = 0; i < V; ++i) {
-      for (int lane = 0; lane < kLanes; ++lane) queries[g][i][lane] = q[g * D + dim_of<T, D>(i, lane)];
+      for (int lane = 0; lane < kLanes; ++lane) queries[h][i][lane] = q[h * D + dim_of<T, D>(i, lane)];
     }
   }
-  Floats partial[kMaxGroupScored][kLanes];
+  Floats partial[kMaxHeadsScored][kLanes];
   int count = 0;
   int64_t first = begin;
   auto flush = [&] {
-    for (int64_t g = 0; g < G; ++g) {
-      for (int i = count; i < kLanes; ++i) partial[g][i] = Floats{};
-      const Floats sums = sum_lanes_of_16(partial[g]) * scale;
-      std::memcpy(scores + g * m + first, &sums, count * sizeof(float));
+    for (int64_t h = 0; h < H; ++h) {
+      for (int i = count; i < kLanes; ++i) partial[h][i] = Floats{};
+      const Floats sums = sum_lanes_of_16(partial[h]) * scale;
+      std::memcpy(scores + h * m + first, &sums, count * sizeof(float));
     }
     count = 0;
   };
-  for_each_slot(table, begin, n, p.block_size, keys, slot_stride * sizeof(T), D * sizeof(T),
-                [&](int64_t t, int64_t slot) {
-    if (count == 0) first = t;
-    Floats x[V];
-    load_row<T, D>(keys + slot * slot_stride, x);
-    for (int64_t g = 0; g < G; ++g) {
-      Floats sum = queries[g][0] * x[0];
-      for (int i = 1; i < V; ++i) sum += queries[g][i] * x[i];
-      partial[g][count] = sum;
-    }
-    if (++count == kLanes) flush();
-  });
+  auto walk = [&](auto walked) {  // walked: kv_walked, a compile-time 1 where it is one (an unrolled prefetch)
+    for_each_slot(table, begin, n, p.block_size, keys, slot_stride * sizeof(T), walked * D * sizeof(T),
+                  [&](int64_t t, int64_t slot) {
+      if (count == 0) first = t;
+      for (int64_t j = 0; j < walked; ++j) {
+        Floats x[V];
+        load_row<T, D>(keys + slot * slot_stride + j * D, x);
+        for (int64_t g = 0; g < G; ++g) {
+          const Floats* qh = queries[j * G + g];
+          Floats sum = qh[0] * x[0];
+          for (int i = 1; i < V; ++i) sum += qh[i] * x[i];
+          partial[j * G + g][count] = sum;
+        }
+      }
+      if (++count == kLanes) flush();
+    });
+  };
+  if (kv_walked == 1) {
+    walk(std::integral_constant<int64_t, 1>{});
+  } else {
+    walk(kv_walked);
+  }
   if (count) flush();
 }
 
@@ -379,21 +398,23 @@ void sum_values(const Problem& p, const int32_t* table, int64_t begin, int64_t n
   }
 }
 
-// Attend one query row's heads that share KV heads kv .. kv + kv_count - 1 (H = kv_count x G query heads)
-// over its context. `scores` and `acc` are scratch reused between items. HeadDim: the head dim fixed at compile
-// time, or 0 to read it from the problem.
+// Attend one query row's H query heads first_head .. first_head + H - 1 over its context: whole groups of the
+// G heads that share a KV head (H = kv_count x G), or some heads of one group (H < G, kv_count = 1). `scores` and
+// `acc` are scratch reused between items. HeadDim: the head dim fixed at compile time, or 0 to read it from the
+// problem.
 template <typename T, int HeadDim>
-void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::vector<float>& scores,
+void attend(const Problem& p, int64_t row, int64_t first_head, int64_t H, std::vector<float>& scores,
             std::vector<float>& acc) {
-  const int64_t N = p.num_heads, K = p.num_kv_heads, D = HeadDim ? HeadDim : p.head_dim, G = N / K;
-  const int64_t H = kv_count * G;
+  const int64_t N = p.num_heads, K = p.num_kv_heads, D = HeadDim ? HeadDim : p.head_dim;
+  const int64_t G = std::min(N / K, H);  // query heads per KV head walked
+  const int64_t kv = first_head / (N / K), kv_count = H / G;
   const int64_t n = p.context_lens[row];  // keys 0..n-1; the query is at position n - 1
-  float* out = p.out + (row * N + kv * G) * D;
+  float* out = p.out + (row * N + first_head) * D;
   if (n <= 0) {
     std::fill(out, out + H * D, 0.0f);
     return;
   }
-  const float* q = p.q + (row * N + kv * G) * D;
+  const float* q = p.q + (row * N + first_head) * D;
   const int32_t* table = p.tables + p.query_seq[row] * p.max_blocks;
   const T* keys = static_cast<const T*>(p.k_layer) + kv * D;  // KV head kv of slot 0
   const T* values = static_cast<const T*>(p.v_layer) + kv * D;
@@ -408,13 +429,15 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
   const int64_t heads_per_walk = sizeof(T) < 4 ? 1 : kv_count;
   const int64_t walk_bytes = heads_per_walk * D * sizeof(T);
 
-  // Pass 1: scores[h, t - begin] = scale * q[h] . k[t, h / G]
-  bool scored = false;  // by score_keys: a 16- or 8-bit cache, a head dim fixed at compile time, G <= 8
-  if constexpr (sizeof(T) < 4 && HeadDim > 0 && HeadDim % kLanes == 0) {
-    scored = G <= kMaxGroupScored;
-    for (int64_t first = 0; scored && first < kv_count; ++first) {
-      score_keys<T, HeadDim>(p, table, begin, n, keys + first * D, q + first * G * D, G,
-                             scores.data() + first * G * m - begin, m);
+  // Pass 1: scores[h, t - begin] = scale * q[h] . k[t, h / G]. By score_keys where the head dim is fixed at
+  // compile time and a KV head's whole group fits it (so whether it does never depends on the item's shape).
+  bool scored = false;
+  if constexpr (HeadDim > 0 && HeadDim % kLanes == 0) {
+    scored = N / K <= kMaxHeadsScored;
+    const int64_t kv_walked = std::max<int64_t>(1, std::min(heads_per_walk, kMaxHeadsScored / G));
+    for (int64_t first = 0; scored && first < kv_count; first += kv_walked) {
+      score_keys<T, HeadDim>(p, table, begin, n, keys + first * D, q + first * G * D,
+                             std::min(kv_walked, kv_count - first), G, scores.data() + first * G * m - begin, m);
     }
   }
   for (int64_t first = 0; !scored && first < kv_count; first += heads_per_walk) {
@@ -439,7 +462,7 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
   for (int64_t h = 0; h < H; ++h) {
     float* row_scores = scores.data() + h * m;
     if (p.logits_soft_cap > 0.0f) soft_cap(row_scores, m, p.logits_soft_cap);
-    if (p.alibi_slopes) add_alibi(row_scores, m, p.alibi_slopes[kv * G + h], begin, n - 1);
+    if (p.alibi_slopes) add_alibi(row_scores, m, p.alibi_slopes[first_head + h], begin, n - 1);
     const float peak = *std::max_element(row_scores, row_scores + m);
     for (int64_t t = 0; t < m; ++t) row_scores[t] = std::exp(row_scores[t] - peak);  // a loop of its own: vectorized
     float total = 0.0f;
@@ -481,15 +504,15 @@ void attend(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::ve
 
 // attend<T> with the head dim fixed at compile time for the common ones.
 template <typename T>
-void attend_any(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std::vector<float>& scores,
+void attend_any(const Problem& p, int64_t row, int64_t first_head, int64_t H, std::vector<float>& scores,
                 std::vector<float>& acc) {
   switch (p.head_dim) {
-    case 64: return attend<T, 64>(p, row, kv, kv_count, scores, acc);
-    case 80: return attend<T, 80>(p, row, kv, kv_count, scores, acc);
-    case 96: return attend<T, 96>(p, row, kv, kv_count, scores, acc);
-    case 128: return attend<T, 128>(p, row, kv, kv_count, scores, acc);
-    case 256: return attend<T, 256>(p, row, kv, kv_count, scores, acc);
-    default: return attend<T, 0>(p, row, kv, kv_count, scores, acc);
+    case 64: return attend<T, 64>(p, row, first_head, H, scores, acc);
+    case 80: return attend<T, 80>(p, row, first_head, H, scores, acc);
+    case 96: return attend<T, 96>(p, row, first_head, H, scores, acc);
+    case 128: return attend<T, 128>(p, row, first_head, H, scores, acc);
+    case 256: return attend<T, 256>(p, row, first_head, H, scores, acc);
+    default: return attend<T, 0>(p, row, first_head, H, scores, acc);
   }
 }
 
@@ -498,31 +521,46 @@ void attend_any(const Problem& p, int64_t row, int64_t kv, int64_t kv_count, std
 struct WorkQueue {
   Problem problem;
   ffi::DataType dtype;
-  int64_t kv_per_item;  // num_kv_heads (whole rows) or 1
-  int64_t num_items;  // num_rows x num_kv_heads / kv_per_item
+  int64_t heads_per_item;  // num_heads (whole rows), G (a KV head's group) or a part of a group
+  int64_t num_items;  // num_rows x num_heads / heads_per_item
   std::atomic<int64_t> next{0};
   std::atomic<int64_t> done{0};
 
   void run() {
     std::vector<float> scores, acc;
-    const int64_t per_row = problem.num_kv_heads / kv_per_item;
+    const int64_t per_row = problem.num_heads / heads_per_item;
     for (int64_t item; (item = next.fetch_add(1)) < num_items;) {
-      const int64_t row = item / per_row, kv = item % per_row * kv_per_item;
+      const int64_t row = item / per_row, first_head = item % per_row * heads_per_item;
       if (dtype == ffi::DataType::BF16) {
-        attend_any<BFloat16>(problem, row, kv, kv_per_item, scores, acc);
+        attend_any<BFloat16>(problem, row, first_head, heads_per_item, scores, acc);
       } else if (dtype == ffi::DataType::F8E4M3FN) {
-        attend_any<Float8E4M3>(problem, row, kv, kv_per_item, scores, acc);
+        attend_any<Float8E4M3>(problem, row, first_head, heads_per_item, scores, acc);
       } else if (dtype == ffi::DataType::F8E5M2) {
-        attend_any<Float8E5M2>(problem, row, kv, kv_per_item, scores, acc);
+        attend_any<Float8E5M2>(problem, row, first_head, heads_per_item, scores, acc);
       } else if (dtype == ffi::DataType::F16) {
-        attend_any<Half>(problem, row, kv, kv_per_item, scores, acc);
+        attend_any<Half>(problem, row, first_head, heads_per_item, scores, acc);
       } else {
-        attend_any<float>(problem, row, kv, kv_per_item, scores, acc);
+        attend_any<float>(problem, row, first_head, heads_per_item, scores, acc);
       }
       done.fetch_add(1, std::memory_order_release);
     }
   }
 };
+
+// Query heads per work item: whole rows (a slot's KV heads side by side: contiguous reads) when there are rows
+// enough to keep every thread busy, else one KV head's group of G, else, when even the groups are fewer than the
+// threads, parts of a group (its heads divide among the threads; each part reads the group's keys and values).
+// Gemma 3 has one KV head: at batch 1 each layer's attention was one item, on one thread, while the other waited.
+int64_t heads_per_item(int64_t num_rows, int64_t num_heads, int64_t num_kv_heads, int64_t num_threads) {
+  if (num_rows >= 2 * num_threads) return num_heads;
+  const int64_t G = num_heads / num_kv_heads;
+  int64_t parts = 1;  // of a group: the fewest that divide it and give every thread an item
+  while (num_rows * num_kv_heads * parts < num_threads && parts < G) {
+    for (++parts; G % parts; ++parts) {
+    }
+  }
+  return G / parts;
+}
 
 // The blocks any query of each sequence reads (from its earliest window's block to its longest context's last),
 // checked against its table before anything is read. Blocks before every window are not read, so not checked.
@@ -620,8 +658,8 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
                           num_rows, num_heads, num_kv_heads, head_dim, max_blocks, block_size, sliding_window, scale,
                           logits_soft_cap};
   work->dtype = dtype;
-  work->kv_per_item = num_rows < 2 * pool.num_threads() ? 1 : num_kv_heads;
-  work->num_items = num_rows * (num_kv_heads / work->kv_per_item);
+  work->heads_per_item = heads_per_item(num_rows, num_heads, num_kv_heads, pool.num_threads());
+  work->num_items = num_rows * (num_heads / work->heads_per_item);
   const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
   for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
   work->run();
