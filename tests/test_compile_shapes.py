@@ -209,12 +209,12 @@ def test_after_start_up_a_varied_workload_compiles_nothing(make_llm, store, asyn
     assert compiles(events) == []
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "fp8"])
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])  # bfloat16's swaps are fp8's: an ml_dtypes host pool
 def test_swapping_after_start_up_compiles_nothing(make_llm, store, kv_cache_dtype):
     """With preemption_mode="swap" start-up provides the swaps out and in too: four sequences that need 12 of
     the cache's 8 blocks swap one another out and back in without a compile, and keep their greedy tokens.
-    A bfloat16 or fp8 cache beside the float32 model: its own step and swap programs, the rest the model's
-    dtype; its blocks come back from the host pool bit for bit (the same tokens). The prompts are 6 tokens, so
+    An fp8 cache beside the float32 model: its own step and swap programs, the rest the model's dtype; its
+    blocks come back from the host pool (ml_dtypes arrays) bit for bit (the same tokens). The prompts are 6 tokens, so
     that the four prefill in one step of 24 rows, which the matmul kernel streams as it does two prompts' 12: past
     24 rows it takes register blocks that round differently, and an fp8 cache can turn that into another token,
     which is not what this test is about."""
