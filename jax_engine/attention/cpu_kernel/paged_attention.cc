@@ -17,10 +17,9 @@
 // head's query heads, which divide among the threads (heads_per_item). Whatever the item, a row's output is the
 // same to the bit. Items are shared out over XLA's own intra-op thread pool.
 // Within an item, a 16-bit cache's keys are walked once per KV head: walking all heads of each slot at once left
-// a bfloat16 cache, half a float32 one's bytes, bound
-// by the arithmetic, no faster than float32 (`bench kernels`, 256 decode rows of SmolLM2 over 320 tokens:
-// 134-155 ms), and once per KV head it takes 111-123. The head dims models use are fixed at compile time:
-// with a run-time head dim that loop ran at 180-200 ms. A float32 cache's keys keep whole slots (768 contiguous
+// a bfloat16 cache, half a float32 one's bytes, bound by the arithmetic, no faster than float32 (`bench kernels`,
+// 256 decode rows of SmolLM2 over 320 tokens: 134-155 ms), and once per KV head it takes 111-123. The head dims
+// models use are fixed at compile time: with a run-time head dim that loop ran at 180-200 ms. A float32 cache's keys keep whole slots (768 contiguous
 // bytes of SmolLM2's), faster at small batches (8 and 32 rows: 4.5 and 17-18 ms against 4.8 and 19-21 per
 // KV head), as fast at 256 (131-143 ms). They are scored 16 keys at a time like the narrower caches'
 // (score_keys): Gemma 3's 18 layers of attention for one row, from memory, 0.96-1.05 -> 0.75-0.85 ms at a
