@@ -555,8 +555,8 @@ int64_t heads_per_item(int64_t num_rows, int64_t num_heads, int64_t num_kv_heads
   const int64_t G = num_heads / num_kv_heads;
   int64_t parts = 1;  // of a group: the fewest that divide it and give every thread an item
   while (num_rows * num_kv_heads * parts < num_threads && parts < G) {
-    for (++parts; G % parts; ++parts) {
-    }
+    do ++parts;
+    while (G % parts);  // the next divisor of G
   }
   return G / parts;
 }
