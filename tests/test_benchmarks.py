@@ -11,8 +11,9 @@ from jax_engine.attention import cpu
 
 
 def test_sharing_benchmark_prints_the_table():
+    # 256 blocks hold the widest request here; the command's default 4096 are 3 GB of zeros made six times (~30 s).
     result = subprocess.run([sys.executable, "-m", "jax_engine", "bench", "sharing", "--num-prompts", "2", "--output-len", "4",
-                             "--enforce-eager"],
+                             "--enforce-eager", "--num-gpu-blocks-override", "256"],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith(("parallel sampling", "beam search"))]
