@@ -19,13 +19,13 @@
 // Within an item, a 16-bit cache's keys are walked once per KV head: walking all heads of each slot at once left
 // a bfloat16 cache, half a float32 one's bytes, bound by the arithmetic, no faster than float32 (`bench kernels`,
 // 256 decode rows of SmolLM2 over 320 tokens: 134-155 ms), and once per KV head it takes 111-123. The head dims
-// models use are fixed at compile time: with a run-time head dim that loop ran at 180-200 ms. A float32 cache's keys keep whole slots (768 contiguous
-// bytes of SmolLM2's), faster at small batches (8 and 32 rows: 4.5 and 17-18 ms against 4.8 and 19-21 per
-// KV head), as fast at 256 (131-143 ms). They are scored 16 keys at a time like the narrower caches'
-// (score_keys): Gemma 3's 18 layers of attention for one row, from memory, 0.96-1.05 -> 0.75-0.85 ms at a
-// context of 192 (in four runs of five; one saw no change) and 2.2-2.3 -> 1.6 at 600, with the query heads split
-// between the threads (2-core Zen 4, in turns, medians of 60-100); SmolLM2's within the runs' spread (0.93-1.04x)
-// at 1 to 256 rows.
+// models use are fixed at compile time: with a run-time head dim that loop ran at 180-200 ms. A float32 cache's
+// keys keep whole slots (768 contiguous bytes of SmolLM2's), faster at small batches (8 and 32 rows: 4.5 and
+// 17-18 ms against 4.8 and 19-21 per KV head), as fast at 256 (131-143 ms). They are scored 16 keys at a time
+// like the narrower caches' (score_keys): Gemma 3's 18 layers of attention for one row, from memory, 0.96-1.05 ->
+// 0.75-0.85 ms at a context of 192 (in four runs of five; one saw no change) and 2.2-2.3 -> 1.6 at 600, with the
+// query heads split between the threads (2-core Zen 4, in turns, medians of 60-100); SmolLM2's within the runs'
+// spread (0.93-1.04x) at 1 to 256 rows.
 // The values (pass 2) are walked once per KV head and few query heads of every cache, their sums in
 // registers (sum_values): on a 2-core Xeon, `bench kernels` as above, old and new in turns, bfloat16 158-183 ->
 // 145-166 ms, float32 232-261 -> 209-225, and no slower at 1 to 32 rows nor on Gemma 3's one 256-wide KV head.
