@@ -170,7 +170,7 @@ def engine_programs(runner) -> list[tuple[str, object, tuple, dict]]:
     step, and every other program at each shape start-up compiles for eight rows and eight blocks moved."""
     from jax_engine.runner.device_programs import DEVICE_PROGRAMS, STEP, StartupShapes
 
-    programs = [(f"step: {name}", STEP.fn, (runner.model, runner.k_cache, runner.v_cache, inputs.token_ids,
+    programs = [(f"step: {name}", STEP.fn, (runner.flat_model, runner.k_cache, runner.v_cache, inputs.token_ids,
                                             inputs.lora_slots, inputs.metadata, inputs.logits_indices,
                                             runner.backend.attend), {})
                 for name, inputs in scheduled_steps(runner).items()]

@@ -20,7 +20,7 @@ def cache_copies(engine: LLMEngine) -> int:
     engine's next step."""
     runner = engine.runner
     inputs = runner.prepare(engine.scheduler.schedule())
-    args = (runner.model, runner.k_cache, runner.v_cache, inputs.token_ids, inputs.lora_slots, inputs.metadata,
+    args = (runner.flat_model, runner.k_cache, runner.v_cache, inputs.token_ids, inputs.lora_slots, inputs.metadata,
             inputs.logits_indices)
     text = users_compiled_text(STEP.fn.lower(*args, *STEP.static(runner)))
     outputs = [re.search(r"= \w+\[([\d,]+)\]", line) for line in text.splitlines()

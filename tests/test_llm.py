@@ -393,7 +393,7 @@ def test_a_small_step_reads_every_layers_weights_in_place(llm, monkeypatch):
     monkeypatch.setattr(runner, "execute", lambda inputs: seen.append(inputs) or execute(inputs))
     llm.generate(PROMPTS[0], SamplingParams(max_tokens=1), use_tqdm=False)
     inputs = seen[0]
-    step = users_compiled_text(STEP.fn.lower(runner.model, runner.k_cache, runner.v_cache, inputs.token_ids,
+    step = users_compiled_text(STEP.fn.lower(runner.flat_model, runner.k_cache, runner.v_cache, inputs.token_ids,
                                              inputs.lora_slots, inputs.metadata, inputs.logits_indices,
                                              runner.backend.attend))
     sliced = re.findall(r"= \w+\[([0-9,]*)\]\{[0-9,]*\} dynamic-slice\(", step)

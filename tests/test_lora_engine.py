@@ -126,6 +126,26 @@ def test_the_default_model_with_an_adapter_equals_peft(default_checkpoint, tmp_p
     assert np.abs(expected - base_logits).max() > 0.1 and (ours.argmax(-1) == expected.argmax(-1)).all()
 
 
+def test_programs_take_the_arrays_an_adapter_slot_holds_now(adapters):
+    """The runner hands its programs the model's arrays flattened once (runner/flat_model.py), as start-up does
+    before any adapter is in a slot: writing a slot must flatten them again, or every step keeps zeros there."""
+    import jax
+    from jax_engine.attention import get_attention_backend
+    from jax_engine.models.causal_lm import CausalLM
+    from jax_engine.runner.model_runner import ModelRunner
+
+    base, requests = adapters
+    checkpoint = load_checkpoint(str(base))
+    model = CausalLM.from_hf_weights(checkpoint.config, checkpoint.weights)
+    model.add_lora_slots(LoRALayout.of(checkpoint.config, checkpoint.weights, max_loras=2, max_rank=8))
+    runner = ModelRunner(model, 8, 4, 0, 32, 1, get_attention_backend("xla", "cpu"), np.float32, max_cpu_loras=2)
+    before = runner.flat_model
+    runner.lora.activate({requests[0]})
+    for flat in (runner.flat_model, runner.flat_model):  # and kept while no slot is written
+        assert all(a is b for a, b in zip(flat.arrays, jax.tree.leaves(model), strict=True))
+    assert any(a is not b for a, b in zip(before.arrays, runner.flat_model.arrays))
+
+
 def test_a_mixed_batch_equals_each_request_alone(llm, adapters):
     """Four adapters and the base model in one batch, each adapter twice: row by row, the same greedy tokens
     as each request alone; and the five differ on one prompt (so each row's own adapter mattered)."""

@@ -51,6 +51,7 @@ class LoRAManager:
         self.slots: list[int | None] = [None] * self.layout.max_loras  # the adapter id in each device slot
         self._last_used = [0] * self.layout.max_loras  # the activation count at each slot's last use
         self._activations = 0
+        self.writes = 0  # slots written: each replaces arrays of the model (runner/flat_model.py)
         # The stacks' host copy, in the whole model's layout: a slot is written here, then every stack is placed
         # (split over the devices under tensor parallelism). A scatter on the device would be a program to
         # compile per stack shape.
@@ -118,5 +119,6 @@ class LoRAManager:
         for name, values in self.layout.slot_arrays(adapter, self._dtype).items():
             self._stacks[name][:, slot] = values
         self.model.write_lora_stacks(self._stacks)
+        self.writes += 1
         self.slots[slot] = None if request is None else request.lora_int_id
         logger.info("LoRA slot %d now holds %s", slot, "nothing" if request is None else request.lora_name)

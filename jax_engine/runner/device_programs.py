@@ -47,40 +47,40 @@ def block_move_bucket(num_blocks: int) -> int:
 
 # ------------------------------------------------------------------------------------ the jitted functions
 @functools.partial(jax.jit, static_argnames=("attention",), donate_argnames=("k_cache", "v_cache"))
-def _forward(model, k_cache, v_cache, token_ids, lora_slots, metadata, logits_indices, attention):
-    """The model over the step's tokens (each with its LoRA adapter's slot, -1 for none); returns the hidden
-    states of the sampling rows too.
+def _forward(flat_model, k_cache, v_cache, token_ids, lora_slots, metadata, logits_indices, attention):
+    """The model (a FlatModel, as every program here takes it: flat_model.py) over the step's tokens (each with
+    its LoRA adapter's slot, -1 for none); returns the hidden states of the sampling rows too.
 
     logits_indices has one entry per possible sampled row (max_sampled_rows), whatever the step's size, so this
     function, the costly one to compile, has one shape per token bucket and the logits one per row bucket.
     """
-    hidden, k_cache, v_cache = model(token_ids, k_cache, v_cache, metadata, attention, lora_slots)
+    hidden, k_cache, v_cache = flat_model.module()(token_ids, k_cache, v_cache, metadata, attention, lora_slots)
     return hidden[logits_indices], hidden, k_cache, v_cache
 
 
 @functools.partial(jax.jit, donate_argnames=("logits_buffer",))
-def _logits(model, sampling_hidden, rows, live_rows, logits_buffer):
+def _logits(flat_model, sampling_hidden, rows, live_rows, logits_buffer):
     # The rows past live_rows pad to the row bucket: the LM head skips them. Overwriting the whole donated
     # buffer makes XLA compute the logits straight into its memory.
-    logits = model.logits(sampling_hidden[rows], live_rows)
+    logits = flat_model.module().logits(sampling_hidden[rows], live_rows)
     return jax.lax.dynamic_update_slice(logits_buffer, logits, (0, 0))
 
 
 @jax.jit
-def _greedy_tokens(model, sampling_hidden, rows):
+def _greedy_tokens(flat_model, sampling_hidden, rows):
     """Each row's most likely next token: a draft model's proposal, without the sampler or the logits on the host."""
-    return greedy_tokens(model.logits(sampling_hidden[rows]))
+    return greedy_tokens(flat_model.module().logits(sampling_hidden[rows]))
 
 
 @jax.jit
-def _all_logits(model, hidden):
-    return model.logits(hidden)
+def _all_logits(flat_model, hidden):
+    return flat_model.module().logits(hidden)
 
 
 @jax.jit
-def _token_logprobs(model, hidden, targets):
+def _token_logprobs(flat_model, hidden, targets):
     """Log-probabilities of `targets` after each row of hidden states, their ranks, and the top MAX_LOGPROBS."""
-    return token_logprobs(model.logits(hidden), targets)
+    return token_logprobs(flat_model.module().logits(hidden), targets)
 
 
 @functools.partial(jax.jit, donate_argnames=("k_cache", "v_cache"))
@@ -180,7 +180,7 @@ def step_example(runner: "ModelRunner", num_tokens: int) -> Example:
     metadata = AttentionMetadata(i32(num_tokens), i32(num_tokens), i32(rows, runner.max_blocks_per_seq), i32(rows),
                                  i32(rows + 1), i32(0), i32(0, 0), 0)
     host_inputs = runner.placed((i32(num_tokens), i32(num_tokens), metadata, i32(runner.max_sampled_rows)))
-    return Example((runner.model, runner.k_cache, runner.v_cache, *host_inputs), size=num_tokens)
+    return Example((runner.flat_model, runner.k_cache, runner.v_cache, *host_inputs), size=num_tokens)
 
 
 def _step_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
@@ -197,13 +197,13 @@ def _logits_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[E
     for rows in all_buckets(bucket, shapes.max_rows):
         buffer = _replicated(runner, (rows, cfg.vocab_size), jnp.float32)
         host = runner.placed((np.zeros(rows, np.int32), np.int32(rows)))
-        yield Example((runner.model, hidden, *host, buffer), size=rows)
+        yield Example((runner.flat_model, hidden, *host, buffer), size=rows)
 
 
 def _greedy_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
     hidden = _replicated(runner, (runner.max_sampled_rows, runner.model.cfg.hidden_size), runner.model.activation_dtype)
     for rows in all_buckets(bucket, shapes.max_rows):
-        yield Example((runner.model, hidden, runner.placed(np.zeros(rows, np.int32))), size=rows)
+        yield Example((runner.flat_model, hidden, runner.placed(np.zeros(rows, np.int32))), size=rows)
 
 
 def _sampler_shapes(logits, batch, scratch=None) -> tuple:
@@ -222,7 +222,7 @@ def _sample_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[E
 
 def _token_logprobs_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:
     hidden = np.zeros((SCORED_ROWS, runner.model.cfg.hidden_size), runner.model.activation_dtype)
-    yield Example((runner.model, *runner.placed((hidden, np.zeros(SCORED_ROWS, np.int32)))))
+    yield Example((runner.flat_model, *runner.placed((hidden, np.zeros(SCORED_ROWS, np.int32)))))
 
 
 def _copy_examples(runner: "ModelRunner", shapes: StartupShapes) -> Iterable[Example]:

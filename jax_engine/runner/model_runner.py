@@ -24,6 +24,7 @@ from jax_engine.runner.device_programs import (ALL_LOGITS, COPIED, COPY, DEVICE_
                                                TOKEN_LOGPROBS, TOKENS, DeviceProgram, block_move_bucket)
 from jax_engine.lora.manager import LoRAManager
 from jax_engine.models.causal_lm import CausalLM
+from jax_engine.runner.flat_model import FlatModel, FlattenedModel
 from jax_engine.runner.padded_layout import padded_kind_rows, padded_table_rows
 from jax_engine.runner.program_cache import ProgramCache
 from jax_engine.runner.recycled_buffers import RecycledBuffers
@@ -83,6 +84,11 @@ class ModelRunner:
         self.programs = ProgramCache()
         self.recycled = RecycledBuffers(self.replicated)
         self.lora = None if model.lora_layout is None else LoRAManager(model, max_cpu_loras)
+        self._flattened = FlattenedModel(model)
+
+    @property
+    def flat_model(self) -> FlatModel:  # the model as every program takes it (flat_model.py)
+        return self._flattened.at(self.lora.writes if self.lora else 0)
 
     # ------------------------------------------------------------------------- block copies
     def apply_block_moves(self, out: SchedulerOutput) -> None:
@@ -226,13 +232,13 @@ class ModelRunner:
     def execute(self, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
         """Run the step. Returns (hidden states of the sampling rows [max_sampled_rows, H], all of them [T, H])."""
         host_inputs = (inputs.token_ids, inputs.lora_slots, inputs.metadata, inputs.logits_indices)
-        key = STEP.key((self.model, self.k_cache, self.v_cache, *host_inputs))
+        key = STEP.key((self.flat_model, self.k_cache, self.v_cache, *host_inputs))
         if key not in self.programs and self.replicated is not None:  # through jit: place them first
             host_inputs = jax.device_put(host_inputs, self.replicated)
         # A compiled program places NumPy inputs itself, by its input shardings: the call took 0.2 ms at batch 1,
         # where jax.device_put first and then the call took 0.5 (of a ~8 ms int8 token on 2 cores).
         sampling_hidden, hidden, self.k_cache, self.v_cache = self._run(
-            STEP, (self.model, self.k_cache, self.v_cache, *host_inputs),
+            STEP, (self.flat_model, self.k_cache, self.v_cache, *host_inputs),
             cause=f"a step of {key[1][0]} tokens, {key[2][0]} sequences, {key[2][1]} blocks")
         return sampling_hidden, hidden
 
@@ -250,7 +256,7 @@ class ModelRunner:
         padded = np.zeros(len(batch.seeds), np.int32)  # the batch's rows, as many as the logits
         padded[: len(rows)] = rows
         buffer = self.recycled.take((len(padded), self.model.cfg.vocab_size))
-        logits = self._run(LOGITS, (self.model, sampling_hidden, padded, np.int32(len(rows)), buffer),
+        logits = self._run(LOGITS, (self.flat_model, sampling_hidden, padded, np.int32(len(rows)), buffer),
                            cause=f"{len(rows)} rows sampled")
         scratch = self.recycled.take(logits.shape)
         stages = [s for s, on in zip(STAGES, batch.stages) if on] if batch.flags.general else []
@@ -264,12 +270,12 @@ class ModelRunner:
         """The most likely next token after each of the first `num_rows` rows of `sampling_hidden` (a draft
         model's proposals: the rows of a step whose sequences each sample one token)."""
         rows = np.arange(self._ready_size(ROWS, bucket(num_rows)), dtype=np.int32)
-        tokens = self._run(GREEDY, (self.model, sampling_hidden, rows), cause=f"{num_rows} drafts")
+        tokens = self._run(GREEDY, (self.flat_model, sampling_hidden, rows), cause=f"{num_rows} drafts")
         return to_host(tokens)[:num_rows].tolist()
 
     def all_logits(self, hidden: jax.Array) -> np.ndarray:
         """Logits of every row of a step's hidden states (tests compare them with other models')."""
-        return to_host(self._run(ALL_LOGITS, (self.model, hidden)))
+        return to_host(self._run(ALL_LOGITS, (self.flat_model, hidden)))
 
     def token_logprobs(self, hidden: jax.Array, rows: list[int], targets: list[int]):
         """(logprob, rank, top MAX_LOGPROBS ids, their logprobs) of each target token after its row of a step's
@@ -284,7 +290,7 @@ class ModelRunner:
             part = chosen[start : start + SCORED_ROWS]
             chunk[: len(part)] = part
             chunk_targets = _padded(targets[start : start + SCORED_ROWS], SCORED_ROWS, 0)
-            scores = self._run(TOKEN_LOGPROBS, (self.model, chunk, chunk_targets), cause="prompt logprobs")
+            scores = self._run(TOKEN_LOGPROBS, (self.flat_model, chunk, chunk_targets), cause="prompt logprobs")
             results.append([to_host(x) for x in scores])
         return tuple(np.concatenate(column)[: len(rows)] for column in zip(*results))
 
