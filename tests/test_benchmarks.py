@@ -90,7 +90,7 @@ def test_throughput_benchmark_compares_with_hf_and_runs_the_workload_again(tiny_
 def test_latency_benchmark_prints_each_engine_beside_the_bound(tiny_checkpoint_dir):
     command = [sys.executable, "-m", "jax_engine", "bench", "latency", "--model", tiny_checkpoint_dir,
                "--batch-sizes", "1", "2", "--input-len", "8", "--output-len", "4", "--quantizations", "none", "int8",
-               "--max-num-batched-tokens", "16", "--num-iters-warmup", "1", "--compare", "hf"]
+               "--max-num-batched-tokens", "16", "--num-iters-warmup", "1", "--num-iters", "2", "--compare", "hf"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if " batch " in line]
@@ -164,6 +164,19 @@ def test_latency_benchmark_times_speculation_or_async_scheduling_beside_the_plai
         acceptance = re.search(r"acceptance +(\d+)%, ([\d.]+) tokens a verification, ", result.stdout)
         assert acceptance, result.stdout[-2000:]
         assert 0 < int(acceptance.group(1)) <= 100 and 1 < float(acceptance.group(2)) <= 4
+
+
+def test_llama_cpp_runs_each_batch_in_turns_with_ours():
+    """--num-iters with --compare llama.cpp: the peer runs each batch after each of our runs (default GGUF model),
+    and each engine gets one row a batch, its medians."""
+    pytest.importorskip("llama_cpp", reason="llama.cpp is an optional extra (pyproject's `llamacpp`), not installed")
+    command = [sys.executable, "-m", "jax_engine", "bench", "latency", "--batch-sizes", "1", "2", "--input-len", "8",
+               "--output-len", "4", "--quantizations", "gguf", "--num-iters", "3", "--compare", "llama.cpp",
+               "--max-num-batched-tokens", "16"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = [line.split(" batch ")[0].strip() for line in result.stdout.splitlines() if " batch " in line]
+    assert rows == ["jax_engine gguf"] * 2 + ["llama.cpp (GGUF as is)"] * 2, result.stdout
 
 
 def test_llama_cpps_prompt_lookup_keeps_its_tokens():

@@ -9,7 +9,10 @@ beat, reading every weight once per step (B x bandwidth / weight bytes, or the m
 from the roofline probe.
 
 Start-up (loading, and compiling or loading every step shape) is timed and printed on its own; the timed
-runs follow a warm-up batch, as a server's requests follow its start.
+runs follow a warm-up batch, as a server's requests follow its start. --num-iters N (vLLM's option) times each
+batch N times and reports the medians; llama.cpp, when compared, then runs each batch right after each of ours,
+so that both meet the same moments of a machine whose speed drifts (a quiet 2-core host's decode rates moved by
+10-15% between two runs, docs/performance-notes.md).
 
 --speculative-config '{json}' times each weight format twice in the same run, without and with speculative
 decoding, and prints the speculating run's acceptance, its speedup over the plain run at the same batch, and
@@ -51,6 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="untimed runs of each batch first, on other prompts of the same lengths (as vLLM's "
                              "option): where step shapes compile on first use (Pallas on a GPU), the timed run "
                              "then meets compiled shapes")
+    parser.add_argument("--num-iters", type=int, default=1,
+                        help="timed runs of each batch (vLLM's option); the medians are reported, and a llama.cpp "
+                             "peer runs each batch after each of ours, in turns")
     parser.add_argument("--compare", nargs="*", default=[], choices=["hf", "llama.cpp"],
                         help="peers to run the same workload through, in this process")
     EngineArgs.add_cli_args(parser, exclude=FIXED_ENGINE_ARGS)
@@ -84,6 +90,12 @@ def time_ours(engine, batch: list[list[int]], output_len: int, ignore_eos: bool 
     decode_tokens = sum(len(tokens) - 1 for tokens in produced.values())
     return Timing(first_token - started, decode_tokens / max(time.perf_counter() - first_token, 1e-9),
                   [list(produced[i]) for i in ids])
+
+
+def median_timing(timings: list[Timing]) -> Timing:
+    """The median TTFT and decode rate of runs of one batch (their tokens are the same: greedy)."""
+    return Timing(float(np.median([t.ttft_s for t in timings])),
+                  float(np.median([t.decode_tokens_per_s for t in timings])), timings[0].token_ids)
 
 
 def warm_up(engine, tokenizer, batch_size: int, args: argparse.Namespace) -> None:
@@ -168,11 +180,13 @@ def beside_plain(engine, before: dict, plain: Timing | None, ours: Timing) -> st
     return "    " + ", ".join(parts)
 
 
-def time_engines(args, checkpoint, batches: dict, max_len: int, report, limit) -> None:
-    """Each quantization's engines (plain, then speculating) through every batch, reported as they finish."""
+def time_engines(args, checkpoint, batches: dict, max_len: int, report, limit, peer=None) -> dict[int, list]:
+    """Each quantization's engines (plain, then speculating) through every batch, reported as they finish; with
+    `peer` (a LlamaCpp), the peer's run of the same batch after each of ours, returned as {batch: its runs}."""
     from jax_engine import LLMEngine
 
     sizes, ignore_eos = sorted(batches), args.workload == "rotations"
+    peer_runs = {b: [] for b in sizes}
     for quantization in args.quantizations:
         q = None if quantization == "none" else quantization
         if q == "gguf" and not checkpoint.blocks:
@@ -190,8 +204,12 @@ def time_engines(args, checkpoint, batches: dict, max_len: int, report, limit) -
             time_ours(engine, batches[sizes[0]], 4)  # warm-up: the first step's host-side caches
             for b in sizes:
                 warm_up(engine, checkpoint.tokenizer, b, args)
-                before = engine.stats()
-                timing = time_ours(engine, batches[b], args.output_len, ignore_eos)
+                before, runs = engine.stats(), []
+                for _ in range(args.num_iters):
+                    runs.append(time_ours(engine, batches[b], args.output_len, ignore_eos))
+                    if peer is not None:
+                        peer_runs[b].append(peer.time(batches[b], args.output_len, not ignore_eos))
+                timing = median_timing(runs)
                 report(label, b, timing.ttft_s, timing.decode_tokens_per_s, limit(nbytes, b))
                 compiled = engine.stats()["num_compilations"] - before["num_compilations"]
                 if compiled:
@@ -202,6 +220,7 @@ def time_engines(args, checkpoint, batches: dict, max_len: int, report, limit) -
                 else:
                     print(beside_plain(engine, before.get("spec_decode", {}), plain.get(b), timing), flush=True)
             del engine
+    return peer_runs
 
 
 def main(args: argparse.Namespace) -> dict:
@@ -221,23 +240,27 @@ def main(args: argparse.Namespace) -> dict:
         beside = f"  bound {limit:7.1f} tokens/s ({rate / limit:4.0%})" if limit else ""
         print(f"{label:<30} batch {b:>3}: TTFT {ttft * 1e3:8.1f} ms  decode {rate:7.1f} tokens/s{beside}", flush=True)
 
-    time_engines(args, checkpoint, batches, max_len, report, lambda nbytes, b: bound(probe, cfg.num_params, nbytes, b))
+    peer = None
+    if "llama.cpp" in args.compare:  # loaded first: it runs in turns with ours
+        peer = LlamaCpp(args.model or default_model_path(), sizes[-1], max_len)
+        peer.time(batches[sizes[0]], 2)
+    peer_runs = time_engines(args, checkpoint, batches, max_len, report,
+                             lambda nbytes, b: bound(probe, cfg.num_params, nbytes, b), peer)
     if "hf" in args.compare:
         from jax_engine.bench.hf_baseline import hf_model_from_checkpoint
 
         model = hf_model_from_checkpoint(checkpoint)
         time_hf(model, batches[sizes[0]], 2)
         for b in sizes:
-            report("transformers float32", b, *time_hf(model, batches[b], args.output_len))
-    if "llama.cpp" in args.compare:
-        path = args.model or default_model_path()
-        peer = LlamaCpp(path, sizes[-1], max_len)
-        peer.time(batches[sizes[0]], 2)
+            runs = [time_hf(model, batches[b], args.output_len) for _ in range(args.num_iters)]
+            report("transformers float32", b, *np.median(runs, axis=0))
+    if peer is not None:
         for b in sizes:
-            report("llama.cpp (GGUF as is)", b, *peer.time(batches[b], args.output_len, args.workload != "rotations"))
+            report("llama.cpp (GGUF as is)", b, *np.median(peer_runs[b], axis=0))
         spec = SpeculativeConfig.from_dict(args.speculative_config)
         if spec is not None and spec.method == "ngram" and 1 in sizes and args.workload != "rotations":
-            llama_cpp_prompt_lookup(path, batches[1][0], args.output_len, max_len, spec, report)
+            llama_cpp_prompt_lookup(args.model or default_model_path(), batches[1][0], args.output_len, max_len, spec,
+                                    report)
     print(f"probe: memory {probe.bandwidth_gbps:.1f} GB/s, matmul {probe.matmul_gflops:.0f} GFLOP/s; "
           f"{cfg.num_params / 1e6:.0f}M parameters")
     return {"rows": rows, "roofline": probe.__dict__}
