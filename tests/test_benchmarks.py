@@ -166,6 +166,12 @@ def test_latency_benchmark_times_speculation_or_async_scheduling_beside_the_plai
         assert 0 < int(acceptance.group(1)) <= 100 and 1 < float(acceptance.group(2)) <= 4
 
 
+def test_latency_refuses_no_timed_runs():
+    result = subprocess.run([sys.executable, "-m", "jax_engine", "bench", "latency", "--num-iters", "0"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "--num-iters: must be at least 1, got 0" in result.stderr, result.stderr
+
+
 def test_llama_cpp_runs_each_batch_in_turns_with_ours():
     """--num-iters with --compare llama.cpp: the peer runs each batch after each of our runs (default GGUF model),
     and each engine gets one row a batch, its medians."""

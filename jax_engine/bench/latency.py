@@ -54,12 +54,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="untimed runs of each batch first, on other prompts of the same lengths (as vLLM's "
                              "option): where step shapes compile on first use (Pallas on a GPU), the timed run "
                              "then meets compiled shapes")
-    parser.add_argument("--num-iters", type=int, default=1,
+    parser.add_argument("--num-iters", type=_at_least_one, default=1,
                         help="timed runs of each batch (vLLM's option); the medians are reported, and a llama.cpp "
                              "peer runs each batch after each of ours, in turns")
     parser.add_argument("--compare", nargs="*", default=[], choices=["hf", "llama.cpp"],
                         help="peers to run the same workload through, in this process")
     EngineArgs.add_cli_args(parser, exclude=FIXED_ENGINE_ARGS)
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 class Timing(NamedTuple):
