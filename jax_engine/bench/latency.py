@@ -247,9 +247,10 @@ def main(args: argparse.Namespace) -> dict:
         beside = f"  bound {limit:7.1f} tokens/s ({rate / limit:4.0%})" if limit else ""
         print(f"{label:<30} batch {b:>3}: TTFT {ttft * 1e3:8.1f} ms  decode {rate:7.1f} tokens/s{beside}", flush=True)
 
-    peer = None
+    peer = path = None
     if "llama.cpp" in args.compare:  # loaded first: it runs in turns with ours
-        peer = LlamaCpp(args.model or default_model_path(), sizes[-1], max_len)
+        path = args.model or default_model_path()
+        peer = LlamaCpp(path, sizes[-1], max_len)
         peer.time(batches[sizes[0]], 2)
     peer_runs = time_engines(args, checkpoint, batches, max_len, report,
                              lambda nbytes, b: bound(probe, cfg.num_params, nbytes, b), peer)
@@ -266,8 +267,7 @@ def main(args: argparse.Namespace) -> dict:
             report("llama.cpp (GGUF as is)", b, *np.median(peer_runs[b], axis=0))
         spec = SpeculativeConfig.from_dict(args.speculative_config)
         if spec is not None and spec.method == "ngram" and 1 in sizes and args.workload != "rotations":
-            llama_cpp_prompt_lookup(args.model or default_model_path(), batches[1][0], args.output_len, max_len, spec,
-                                    report)
+            llama_cpp_prompt_lookup(path, batches[1][0], args.output_len, max_len, spec, report)
     print(f"probe: memory {probe.bandwidth_gbps:.1f} GB/s, matmul {probe.matmul_gflops:.0f} GFLOP/s; "
           f"{cfg.num_params / 1e6:.0f}M parameters")
     return {"rows": rows, "roofline": probe.__dict__}
