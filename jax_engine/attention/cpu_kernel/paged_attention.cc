@@ -54,7 +54,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -63,6 +62,7 @@
 #endif
 
 #include "float16.h"
+#include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -515,8 +515,7 @@ void attend_any(const Problem& p, int64_t row, int64_t first_head, int64_t H, st
   }
 }
 
-// Work shared by the calling thread and pool threads. Held by shared_ptr: a pool task that starts after
-// the call has returned finds no item left and touches nothing else.
+// Work shared by the calling thread and pool threads (jax_engine::share_work).
 struct WorkQueue {
   Problem problem;
   ffi::DataType dtype;
@@ -659,12 +658,7 @@ ffi::Error PagedAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi
   work->dtype = dtype;
   work->heads_per_item = heads_per_item(num_rows, num_heads, num_kv_heads, pool.num_threads());
   work->num_items = num_rows * (num_heads / work->heads_per_item);
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
-  work->run();
-  // Items taken by helpers are being worked on right now; wait for those only (never for a task that has
-  // not started, so a busy pool cannot deadlock this call).
-  while (work->done.load(std::memory_order_acquire) < work->num_items) std::this_thread::yield();
+  jax_engine::share_work(pool, work);
   return ffi::Error::Success();
 }
 

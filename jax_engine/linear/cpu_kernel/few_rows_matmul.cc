@@ -57,7 +57,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -66,6 +65,7 @@
 #endif
 
 #include "float16.h"
+#include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -899,8 +899,7 @@ void features(const Problem& p, int64_t n) {
   }
 }
 
-// Work shared by the calling thread and pool threads. Held by shared_ptr: a pool task that starts after
-// the call has returned finds no item left and touches nothing else.
+// Work shared by the calling thread and pool threads (jax_engine::share_work).
 struct WorkQueue {
   Problem problem;
   std::vector<int16_t> x_int16;  // int8 weights and GGUF blocks streamed only
@@ -1097,12 +1096,7 @@ ffi::Error FewRowsMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi:
   }
   work->items_per_chunk = (N + work->features_per_item - 1) / work->features_per_item;
   work->num_items = work->items_per_chunk * ((live + work->rows_per_chunk - 1) / work->rows_per_chunk);
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), work->num_items) - 1;
-  for (int64_t i = 0; i < helpers; ++i) pool.Schedule([work] { work->run(); });
-  work->run();
-  // Items taken by helpers are being worked on right now; wait for those only (never for a task that has
-  // not started, so a busy pool cannot deadlock this call).
-  while (work->done.load(std::memory_order_acquire) < work->num_items) std::this_thread::yield();
+  jax_engine::share_work(pool, work);
   return ffi::Error::Success();
 }
 
