@@ -24,7 +24,7 @@ from jax_engine import LLM, EngineArgs, SamplingParams
 from jax_engine.engine_core.core import LAST_WORD_MS
 from jax_engine.engine_core.core_client import EngineCoreClient
 from jax_engine.engine_core.launch import CORE_MODULE
-from jax_engine.engine_core.messages import decode
+from jax_engine.engine_core.messages import decode, encode
 from tests.server_helpers import (TINY_ENGINE_ARGS, child_processes, cli_flags, data_lines, events_after, metric,
                                   start_server_process, stop_server_process, wait_for)
 
@@ -214,6 +214,22 @@ def test_a_stop_string_found_in_the_api_server_stops_the_request_in_the_core(cor
     assert not client.has_unfinished_requests()
     _outputs_until(client, lambda _: client.num_running_sequences() == 0)
     assert client.stats()["num_steps"] - steps_before < 20  # the core took the stop within a few steps
+
+
+def test_allowed_token_ids_cross_to_the_core_as_their_mask(core_client, monkeypatch):
+    """A request may list 2^20 allowed token ids: pickled, 2-5 MB that the core's loop, which every running request
+    waits for, took 14-60 ms to unpickle and ~40 to check again. The API server made their mask when it checked the
+    request: the core gets the mask alone (vocab_size / 8 bytes) and samples only among the ids."""
+    client, prompt = core_client, {"prompt": None, "prompt_token_ids": [5, 6, 7]}
+    ids = [7, 11] * 2**19
+    _, _, params = client.validate_request(prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=0,
+                                                                  allowed_token_ids=ids))
+    sizes, send = [], client._send
+    monkeypatch.setattr(client, "_send", lambda kind, body: (sizes.append(len(encode(kind, body))), send(kind, body)))
+    client.add_request("allowed", prompt, params)
+    [output] = _outputs_until(client, lambda outputs: any(o.finished for o in outputs))[-1:]
+    assert len(output.outputs[0].token_ids) == 8 and set(output.outputs[0].token_ids) <= {7, 11}
+    assert sizes[0] < 16 * 1024 and len(params.allowed_token_ids) == 2**20  # the API server's copy keeps them
 
 
 def test_a_grammar_is_built_off_the_cores_loop_and_an_abort_meanwhile_still_ends_it(core_client):

@@ -25,7 +25,7 @@ import zmq.asyncio
 
 from jax_engine.config import EngineArgs
 from jax_engine.engine_core.launch import StartedCore, start_engine_core
-from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts, decode, encode
+from jax_engine.engine_core.messages import AddRequest, CoreOutputs, EngineFacts, decode, encode, params_for_core
 from jax_engine.engine_core.output_deltas import DeltaDecoder
 from jax_engine.engine_core.text_processor import TextProcessor
 from jax_engine.input_processor import InputProcessor, ProcessedRequest, Prompt, RequestParams
@@ -130,15 +130,14 @@ class EngineCoreClient:
     def add_request(self, request_id: str, prompt: dict, params: RequestParams,
                     lora_request: LoRARequest | None = None, priority: int = 0) -> None:
         """Send a checked request (AsyncLLMEngine's prompt dict: text, token ids, cache_salt) to the core."""
-        grammar = getattr(params, "compiled_grammar", None)
-        if grammar is not None:  # its matcher stays here; the core builds its own from the text
-            params = params.derived(compiled_grammar=None)
+        grammar = getattr(params, "compiled_grammar", None)  # its matcher stays here; the core builds its own
         self._outputs.start(request_id, prompt.get("prompt"), prompt["prompt_token_ids"])
         self._text.start(request_id, prompt["prompt_token_ids"], params)
         if lora_request is not None:
             self._adapter_of[request_id] = lora_request.lora_int_id
         self._adds_sent += 1
-        self._send("add", AddRequest(request_id, prompt, params, lora_request, grammar and grammar.text, priority))
+        self._send("add", AddRequest(request_id, prompt, params_for_core(params), lora_request,
+                                     grammar and grammar.text, priority))
 
     def abort_request(self, request_ids: list[str]) -> None:
         if request_ids:
