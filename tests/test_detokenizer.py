@@ -58,3 +58,17 @@ def test_a_tokenizer_s_special_tokens_are_looked_up_once_for_all_requests(defaul
         assert detokenizer.tokens == tokenizer.convert_ids_to_tokens(hello)  # the prompt's special token skipped
         assert [detokenizer.add_token(t) for t in [end, *world]] == ["", " world"]
     assert tokenizer.lookups == 1
+
+
+def test_a_tokenizer_that_cannot_be_a_weak_key_still_detokenizes(default_checkpoint):
+    """A tokenizer class that defines equality and no hash cannot key the lookup's cache: it is looked up per
+    request, as before, instead of failing the request."""
+
+    class UnhashableTokenizer(CountingTokenizer):
+        __hash__ = None
+
+    tokenizer = UnhashableTokenizer(default_checkpoint.tokenizer)
+    for _ in range(2):
+        detokenizer = IncrementalDetokenizer(tokenizer, tokenizer.encode("Hello"))
+        assert detokenizer.add_token(tokenizer.encode(" world")[0]) == " world"
+    assert tokenizer.lookups == 2
