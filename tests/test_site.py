@@ -1,9 +1,9 @@
 """A real browser reads the site: every page opens without errors, with its images, its math and its examples,
 and nothing on it is wider than the column it is read in.
 
-The site is built strictly into a temporary folder, served on 127.0.0.1 and opened page by page in Debian's
-headless Chromium, driven by playwright (which never downloads a browser of its own here). Nothing is
-saved: no screenshots, no profile.
+The site is built strictly into a temporary folder (once: the build is tested here too, with or without a
+browser), served on 127.0.0.1 and opened page by page in Debian's headless Chromium, driven by playwright
+(which never downloads a browser of its own here). Nothing is saved: no screenshots, no profile.
 
 What "wider than the column" means, checked at a laptop's 1280 px and a phone's 390 px:
 
@@ -36,8 +36,6 @@ import threading
 
 import pytest
 
-sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
-
 ROOT = pathlib.Path(__file__).parents[1]
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
 # Flags that keep Chromium quiet on a machine with no network; playwright adds --headless and a fresh,
@@ -50,10 +48,6 @@ DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
 # 9 pt, the smallest figure text a reader should have to read, in CSS px (1 pt = 4/3 px).
 MIN_FIGURE_TEXT_PX = 12
-
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(),
-                                reason=f"Debian's chromium is not installed ({CHROMIUM} is missing): "
-                                       "`apt-get install chromium`, as .ci/run does")
 
 # Run in the page after it loaded; returns a list of problems, each a sentence.
 CHECK_PAGE = r"""() => {
@@ -168,17 +162,31 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """The strictly built site, served on 127.0.0.1: (base URL, every page's path under it)."""
+def built_site(tmp_path_factory) -> pathlib.Path:
+    """The site built with --strict (a warning, such as a broken link, fails the build): its folder."""
     out = tmp_path_factory.mktemp("site")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)],
                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_mkdocs_build_strict(built_site):
+    assert (built_site / "api" / "reference" / "index.html").exists()
+    # The API reference has a page for every module of the oracle.
+    for module in sorted((ROOT / "reference").glob("[!_]*.py")):
+        assert (built_site / "api" / "reference" / module.stem / "index.html").exists(), module.name
+
+
+@pytest.fixture(scope="module")
+def site(built_site):
+    """The built site served on 127.0.0.1: (base URL, every page's path under it)."""
     # Every page is a folder's index.html (use_directory_urls); the sitemap is empty without a site_url.
-    folders = sorted(p.parent.relative_to(out).as_posix() for p in out.glob("**/index.html"))
+    folders = sorted(p.parent.relative_to(built_site).as_posix() for p in built_site.glob("**/index.html"))
     pages = ["" if folder == "." else f"{folder}/" for folder in folders]
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=out))
+    handler = functools.partial(QuietHandler, directory=built_site)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}/", pages
@@ -188,6 +196,10 @@ def site(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"Debian's chromium is not installed ({CHROMIUM} is missing): "
+                    "`apt-get install chromium`, as .ci/run does")
+    sync_playwright = pytest.importorskip("playwright.sync_api").sync_playwright
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield browser
