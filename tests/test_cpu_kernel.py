@@ -63,7 +63,8 @@ def test_kernel_matches_the_reference(case, cache_dtype, variant: Variant):
 @pytest.mark.parametrize("head_dim, group", [(48, 3), (64, 9), (64, 17)])
 def test_the_loops_for_other_shapes(cache_dtype, head_dim, group):
     """Head dims other than 64, 80, 96, 128 and 256 take the kernel's loop with a run-time head dim; up to 16 query
-    heads per KV head score their keys 16 at a time (9: past the 8 that fit before), more one at a time."""
+    heads per KV head score their keys a vector (8 or 16) at a time (9: past the 8 that fit before), more one at a
+    time."""
     case = (16, head_dim, group, 2, [40, 1, 0, 37], [1, 1, 0, 5], 7)  # decode rows and a prefill chunk
     q, want, k, v, tables, query_seq, context_lens = kernel_case(case, cache_dtype)
     out = run_kernel(q, k, v, tables, query_seq, context_lens, case[0])

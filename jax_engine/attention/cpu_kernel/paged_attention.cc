@@ -21,7 +21,7 @@
 // 256 decode rows of SmolLM2 over 320 tokens: 134-155 ms), and once per KV head it takes 111-123. The head dims
 // models use are fixed at compile time: with a run-time head dim that loop ran at 180-200 ms. A float32 cache's
 // keys keep whole slots (768 contiguous bytes of SmolLM2's), faster at small batches (8 and 32 rows: 4.5 and
-// 17-18 ms against 4.8 and 19-21 per KV head), as fast at 256 (131-143 ms). They are scored 16 keys at a time
+// 17-18 ms against 4.8 and 19-21 per KV head), as fast at 256 (131-143 ms). They are scored 8 or 16 keys at a time
 // like the narrower caches' (score_keys): Gemma 3's 18 layers of attention for one row, from memory, 0.96-1.05 ->
 // 0.75-0.85 ms at a context of 192 (in four runs of five; one saw no change) and 2.2-2.3 -> 1.6 at 600, with the
 // query heads split between the threads (2-core Zen 4, in turns, medians of 60-100); SmolLM2's within the runs'
@@ -141,9 +141,18 @@ inline void soft_cap(float* row, int64_t count, float cap) {
   for (int64_t i = 0; i < count; ++i) row[i] = cap * std::tanh(row[i] * inverse);
 }
 
-// 16 floats: one AVX-512 register, two AVX2 ones (GCC's vector extension lowers it to what the CPU has).
-typedef float Floats __attribute__((vector_size(64)));
+// One vector register of floats: 16 with AVX-512, 8 with AVX2 (or without either). A vector wider than the
+// registers is no faster: GCC keeps it in memory and moves it through the stack in 16-byte pieces. On an
+// AVX2-only Zen 1, 16-float vectors left Gemma 3's 18 layers of one-row attention (float32, a context of 256)
+// at 2.5-3.4 ms, about a tenth of a batch-1 token, where the keys and values take 0.5 ms to read.
+#if defined(__AVX512F__)
 constexpr int kLanes = 16;
+constexpr int kVectorRegisters = 32;
+#else
+constexpr int kLanes = 8;
+constexpr int kVectorRegisters = 16;
+#endif
+typedef float Floats __attribute__((vector_size(4 * kLanes)));
 
 inline Floats load_floats(const float* p) {
   Floats v;
@@ -151,13 +160,16 @@ inline Floats load_floats(const float* p) {
   return v;
 }
 inline Floats load_floats(const BFloat16* p) {
-  typedef uint32_t Bits32 __attribute__((vector_size(64)));
+  typedef uint32_t Bits32 __attribute__((vector_size(4 * kLanes)));
   Bits32 widened;
 #if defined(__AVX512F__)  // one instruction; GCC 12 made four of the vector extension's conversion
   const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   std::memcpy(&widened, &words, sizeof widened);
+#elif defined(__AVX2__)
+  const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  std::memcpy(&widened, &words, sizeof widened);
 #else
-  typedef uint16_t Bits16 __attribute__((vector_size(32)));
+  typedef uint16_t Bits16 __attribute__((vector_size(2 * kLanes)));
   Bits16 bits;
   std::memcpy(&bits, p, sizeof bits);
   widened = __builtin_convertvector(bits, Bits32);
@@ -168,9 +180,9 @@ inline Floats load_floats(const BFloat16* p) {
   return v;
 }
 
-// 16 halves' bits -> 16 floats: one vcvtph2ps (AVX-512) or two (F16C), subnormals included whatever the
-// denormal flags say.
-typedef uint16_t HalfBits __attribute__((vector_size(32)));
+// kLanes halves' bits -> floats: one vcvtph2ps (AVX-512 or F16C), subnormals included whatever the denormal
+// flags say.
+typedef uint16_t HalfBits __attribute__((vector_size(2 * kLanes)));
 inline Floats halves_to_floats(HalfBits bits) {
   Floats v;
 #if defined(__AVX512F__)
@@ -179,10 +191,10 @@ inline Floats halves_to_floats(HalfBits bits) {
   const __m512 wide = _mm512_cvtph_ps(packed);
   std::memcpy(&v, &wide, sizeof v);
 #elif defined(__F16C__)
-  __m128i packed[2];
-  std::memcpy(packed, &bits, sizeof packed);
-  const __m256 wide[2] = {_mm256_cvtph_ps(packed[0]), _mm256_cvtph_ps(packed[1])};
-  std::memcpy(&v, wide, sizeof v);
+  __m128i packed;
+  std::memcpy(&packed, &bits, sizeof packed);
+  const __m256 wide = _mm256_cvtph_ps(packed);
+  std::memcpy(&v, &wide, sizeof v);
 #else
   for (int i = 0; i < kLanes; ++i) v[i] = jax_engine::half_bits_to_float(bits[i]);
 #endif
@@ -193,15 +205,18 @@ inline Floats load_floats(const Half* p) {
   std::memcpy(&bits, p, sizeof bits);
   return halves_to_floats(bits);
 }
-// 8-bit floats widen as halves (float16.h says how): 16 bytes, 16 floats. AVX2 zero-extends 16 bytes in one
-// instruction; GCC 12 made four of the vector extension's conversion.
+// 8-bit floats widen as halves (float16.h says how): kLanes bytes, kLanes floats. AVX2 zero-extends the bytes
+// in one instruction; GCC 12 made four of the vector extension's conversion.
 inline HalfBits load_bytes_widened(const void* p) {
   HalfBits widened;
-#if defined(__AVX2__)
+#if defined(__AVX512F__)
   const __m256i words = _mm256_cvtepu8_epi16(_mm_loadu_si128(static_cast<const __m128i*>(p)));
   std::memcpy(&widened, &words, sizeof widened);
+#elif defined(__AVX2__)
+  const __m128i words = _mm_cvtepu8_epi16(_mm_loadl_epi64(static_cast<const __m128i*>(p)));
+  std::memcpy(&widened, &words, sizeof widened);
 #else
-  typedef uint8_t Bytes __attribute__((vector_size(16)));
+  typedef uint8_t Bytes __attribute__((vector_size(kLanes)));
   Bytes bytes;
   std::memcpy(&bytes, p, sizeof bytes);
   widened = __builtin_convertvector(bytes, HalfBits);
@@ -211,7 +226,7 @@ inline HalfBits load_bytes_widened(const void* p) {
 inline Floats load_floats(const Float8E5M2* p) { return halves_to_floats(load_bytes_widened(p) << 8); }
 // e4m3 reads as 2^-8 of its values (float16.h); the loops below multiply by kLoadScale once per sum instead.
 inline Floats load_floats(const Float8E4M3* p) {
-  typedef int16_t Signed16 __attribute__((vector_size(32)));
+  typedef int16_t Signed16 __attribute__((vector_size(2 * kLanes)));
   const Signed16 high = reinterpret_cast<Signed16>(load_bytes_widened(p) << 8);  // sign bit on top
   // An arithmetic shift keeps the sign on top and copies it into bit 14, the half's top exponent bit: cleared.
   return halves_to_floats(reinterpret_cast<HalfBits>(high >> 1) & 0xbfff);
@@ -285,10 +300,10 @@ inline void load_row(const T* p, Floats* x) {
   for (int i = 0; i < D / kLanes; ++i) x[i] = load_floats(p + i * kLanes);
 }
 
-// Lane i of the result: the sum of the lanes of v[i]. Four rounds each add the two halves of every vector,
-// two vectors' halves packed into one (16 -> 8 -> 4 -> 2 -> 1 vectors): 15 adds for 16 sums, where summing
-// each vector alone takes 4 dependent adds and shuffles apiece.
-typedef int32_t LaneIndex __attribute__((vector_size(64)));
+// Lane i of the result: the sum of the lanes of v[i], for kLanes vectors (overwritten). Each round adds the two
+// halves of every vector, two vectors' halves packed into one (16 -> 8 -> 4 -> 2 -> 1 vectors with AVX-512): 15
+// adds for 16 sums, where summing each vector alone takes 4 dependent adds and shuffles apiece.
+typedef int32_t LaneIndex __attribute__((vector_size(4 * kLanes)));
 template <int W>  // lanes kept per vector after this round: from each group of 2W lanes of a, then of b
 inline Floats add_halves(Floats a, Floats b) {
   LaneIndex low, high;
@@ -299,22 +314,27 @@ inline Floats add_halves(Floats a, Floats b) {
   }
   return __builtin_shuffle(a, b, low) + __builtin_shuffle(a, b, high);
 }
-inline Floats sum_lanes_of_16(const Floats* v) {
-  Floats eights[8], fours[4], twos[2];
-  for (int i = 0; i < 8; ++i) eights[i] = add_halves<8>(v[2 * i], v[2 * i + 1]);
-  for (int i = 0; i < 4; ++i) fours[i] = add_halves<4>(eights[2 * i], eights[2 * i + 1]);
-  for (int i = 0; i < 2; ++i) twos[i] = add_halves<2>(fours[2 * i], fours[2 * i + 1]);
-  return add_halves<1>(twos[0], twos[1]);
+template <int W = kLanes / 2>  // v: 2W vectors, each lane group holding partial sums
+inline Floats sum_lanes(Floats* v) {
+  for (int i = 0; i < W; ++i) v[i] = add_halves<W>(v[2 * i], v[2 * i + 1]);  // reads 2i, 2i + 1 >= i first
+  if constexpr (W == 1) {
+    return v[0];
+  } else {
+    return sum_lanes<W / 2>(v);
+  }
 }
 
 // Pass 1 for a head dim fixed at compile time: scores[h * m + t] = scale * q[h] . k[t, h / G] over the keys
 // begin <= t < n of `kv_walked` KV heads side by side (`keys`: the first one's slot 0), G query heads each
 // (h < H = kv_walked x G <= kMaxHeadsScored). Each key is widened once for its G heads, and each head's dot
-// products are summed 16 keys at a time (sum_lanes_of_16): summed one key at a time, those sums took most of an
+// products are summed kLanes keys at a time (sum_lanes): summed one key at a time, those sums took most of an
 // 8-bit cache's pass (`bench kernels` as at the top: 190 ms, 104 so); a bfloat16 cache's whole kernel, in a C++
 // harness, went from 132 to 124 ms (6 GB) and 64 to 59 (L2). A head's scores come out the same whatever else is
 // walked with it: a work item's shape (attend) never changes a row's result.
 constexpr int64_t kMaxHeadsScored = 16;
+// Independent sums of a dot product: in one, each multiply-add waited for the one before (32 of them a key and
+// head at Gemma 3's head dim of 256 with AVX2, 5 cycles each on a Zen 1), and that wait was half the pass.
+constexpr int kDotChains = 4;
 template <typename T, int D>
 void score_keys(const Problem& p, const int32_t* table, int64_t begin, int64_t n, const T* keys, const float* q,
                 int64_t kv_walked, int64_t G, float* scores, int64_t m) {
@@ -333,7 +353,7 @@ void score_keys(const Problem& p, const int32_t* table, int64_t begin, int64_t n
   auto flush = [&] {
     for (int64_t h = 0; h < H; ++h) {
       for (int i = count; i < kLanes; ++i) partial[h][i] = Floats{};
-      const Floats sums = sum_lanes_of_16(partial[h]) * scale;
+      const Floats sums = sum_lanes(partial[h]) * scale;
       std::memcpy(scores + h * m + first, &sums, count * sizeof(float));
     }
     count = 0;
@@ -347,9 +367,10 @@ void score_keys(const Problem& p, const int32_t* table, int64_t begin, int64_t n
         load_row<T, D>(keys + slot * slot_stride + j * D, x);
         for (int64_t g = 0; g < G; ++g) {
           const Floats* qh = queries[j * G + g];
-          Floats sum = qh[0] * x[0];
-          for (int i = 1; i < V; ++i) sum += qh[i] * x[i];
-          partial[j * G + g][count] = sum;
+          Floats sums[kDotChains] = {};
+#pragma GCC unroll 32
+          for (int i = 0; i < V; ++i) sums[i % kDotChains] += qh[i] * x[i];
+          partial[j * G + g][count] = (sums[0] + sums[1]) + (sums[2] + sums[3]);
         }
       }
       if (++count == kLanes) flush();
@@ -363,36 +384,49 @@ void score_keys(const Problem& p, const int32_t* table, int64_t begin, int64_t n
   if (count) flush();
 }
 
-// Query heads whose value sums are kept in registers at once: 16 vectors of sums.
+// Vectors of value sums kept in registers at once: half the registers, the rest for the values and weights.
+constexpr int kSumVectors = kVectorRegisters / 2;
+// The vectors of sums one walk of the values keeps per head: a row's D / kLanes, or where that is more than
+// kSumVectors (a head dim of 256 with AVX2), the largest divisor of it that fits: the row is walked in parts.
 template <int D>
-constexpr int64_t kHeadsPerValueWalk = std::max(1, 16 / (D / kLanes));
+constexpr int kSumsPerHead = [] {
+  int vectors = std::min(D / kLanes, kSumVectors);
+  while ((D / kLanes) % vectors) --vectors;
+  return vectors;
+}();
+// Query heads whose value sums one walk keeps.
+template <int D>
+constexpr int64_t kHeadsPerValueWalk = std::max(1, kSumVectors / kSumsPerHead<D>);
 
 // out[g] = sum_t probs[g * m + t] * v[t] for `heads` (at most kHeadsPerValueWalk) query heads sharing the KV head
 // whose values start at `values`, with the sums in registers. Summed in memory, each token's sums waited for
 // the stores of the token before, and that loop took ~40% of the kernel's time (a C++ harness of the kernel on
-// SmolLM2's shapes, caches in L2: 90 ms a step, 76 with the sums in registers).
+// SmolLM2's shapes, caches in L2: 90 ms a step, 76 with the sums in registers). A row wider than the registers
+// hold sums for is walked in parts of W dims, each walk reading its own lines of every row.
 template <typename T, int D>
 void sum_values(const Problem& p, const int32_t* table, int64_t begin, int64_t n, const T* values,
                 const float* probs, int64_t m, int64_t heads, float* out) {
-  constexpr int V = D / kLanes;
+  constexpr int V = kSumsPerHead<D>, W = V * kLanes;
   constexpr int64_t most = kHeadsPerValueWalk<D>;
-  Floats sums[most][V] = {};
   const int64_t slot_stride = p.num_kv_heads * D;
-  for_each_slot(table, begin, n, p.block_size, values, slot_stride * sizeof(T), D * sizeof(T),
-                [&](int64_t t, int64_t slot) {
-    Floats x[V];
-    load_row<T, D>(values + slot * slot_stride, x);
+  for (int first = 0; first < D; first += W) {
+    Floats sums[most][V] = {};
+    for_each_slot(table, begin, n, p.block_size, values + first, slot_stride * sizeof(T), W * sizeof(T),
+                  [&](int64_t t, int64_t slot) {
+      Floats x[V];
+      load_row<T, W>(values + slot * slot_stride + first, x);
 #pragma GCC unroll 16
-    for (int64_t g = 0; g < most; ++g) {
-      if (g == heads) break;
-      const float weight = probs[g * m + t];
-      for (int i = 0; i < V; ++i) sums[g][i] += weight * x[i];
-    }
-  });
-  for (int64_t g = 0; g < heads; ++g) {
-    for (int i = 0; i < V; ++i) {
-      const Floats scaled = sums[g][i] * kRowScale<T, D>;
-      for (int lane = 0; lane < kLanes; ++lane) out[g * D + dim_of<T, D>(i, lane)] = scaled[lane];
+      for (int64_t g = 0; g < most; ++g) {
+        if (g == heads) break;
+        const float weight = probs[g * m + t];
+        for (int i = 0; i < V; ++i) sums[g][i] += weight * x[i];
+      }
+    });
+    for (int64_t g = 0; g < heads; ++g) {
+      for (int i = 0; i < V; ++i) {
+        const Floats scaled = sums[g][i] * kRowScale<T, W>;
+        for (int lane = 0; lane < kLanes; ++lane) out[g * D + first + dim_of<T, W>(i, lane)] = scaled[lane];
+      }
     }
   }
 }
