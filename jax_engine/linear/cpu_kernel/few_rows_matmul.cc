@@ -161,16 +161,17 @@ inline float half_at(const uint8_t* p) {
 }
 // A 4-bit block of 32 packs weight j in the low nibble of byte j, j + 16 in the high one.
 #if defined(__AVX2__)
-inline void widen_nibbles(const uint8_t* packed, int16_t offset, Int16x16& low, Int16x16& high) {
+// The offset comes off the bytes, before they are widened (a 128-bit subtraction, where a 256-bit one costs AVX2
+// CPUs that split them, such as the Zen 1, twice the micro-ops).
+inline void widen_nibbles(const uint8_t* packed, int8_t offset, Int16x16& low, Int16x16& high) {
   const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  const __m256i shift = _mm256_set1_epi16(offset);
-  low = reinterpret_cast<Int16x16>(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(bytes, mask)), shift));
+  const __m128i mask = _mm_set1_epi8(0x0f), shift = _mm_set1_epi8(offset);
+  low = reinterpret_cast<Int16x16>(_mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(bytes, mask), shift)));
   high = reinterpret_cast<Int16x16>(
-      _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask)), shift));
+      _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(bytes, 4), mask), shift)));
 }
 #else
-inline void widen_nibbles(const uint8_t* packed, int16_t offset, Int16x16& low, Int16x16& high) {
+inline void widen_nibbles(const uint8_t* packed, int8_t offset, Int16x16& low, Int16x16& high) {
   for (int j = 0; j < kIntLanes; ++j) {
     low[j] = static_cast<int16_t>((packed[j] & 0x0f) - offset);
     high[j] = static_cast<int16_t>((packed[j] >> 4) - offset);
@@ -207,8 +208,8 @@ struct Q4_1 : BlockOf32 {  // w = d q + m
 };
 // Q5_0: d, 32 high bits (bit j is weight j's fifth bit), then 16 bytes of low nibbles as Q4_0's; w = d (q - 16).
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
-// The bits are a mask register as they stand: one masked add a half, where AVX2 spreads them over lanes first
-// (five instructions a half). Gemma 3 270M's 18 Q5_0 ffn_gate (16 MB, in L3 across repeats) on a 2-core Zen 5,
+// The bits are a mask register as they stand: one masked add a half, where spreading them over 16-bit lanes
+// took AVX2 five instructions a half (AVX2 now makes bytes first, below). Gemma 3 270M's 18 Q5_0 ffn_gate (16 MB, in L3 across repeats) on a 2-core Zen 5,
 // fastest of 21 in three rounds: 0.89-1.05 -> 0.77-0.80 ms at one row, 1.36-1.45 -> 1.26-1.28 at four.
 inline void add_fifth_bits(uint32_t bits, Int16x16& low, Int16x16& high) {
   const __m256i sixteen = _mm256_set1_epi16(16);
@@ -217,18 +218,7 @@ inline void add_fifth_bits(uint32_t bits, Int16x16& low, Int16x16& high) {
     *half = reinterpret_cast<Int16x16>(_mm256_mask_add_epi16(value, static_cast<__mmask16>(part), value, sixteen));
   }
 }
-#elif defined(__AVX2__)
-inline void add_fifth_bits(uint32_t bits, Int16x16& low, Int16x16& high) {
-  const __m256i lane_bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
-                                             static_cast<int16_t>(-32768));
-  const __m256i sixteen = _mm256_set1_epi16(16);
-  for (auto [half, part] : {std::pair{&low, bits & 0xffffu}, std::pair{&high, bits >> 16}}) {
-    const __m256i set = _mm256_and_si256(_mm256_set1_epi16(static_cast<int16_t>(part)), lane_bit);
-    const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi16(set, lane_bit), sixteen);
-    *half = reinterpret_cast<Int16x16>(_mm256_add_epi16(reinterpret_cast<__m256i>(*half), fifth));
-  }
-}
-#else
+#elif !defined(__AVX2__)
 inline void add_fifth_bits(uint32_t bits, Int16x16& low, Int16x16& high) {
   for (int j = 0; j < kIntLanes; ++j) {
     low[j] = static_cast<int16_t>(low[j] + (((bits >> j) & 1u) << 4));
@@ -236,15 +226,38 @@ inline void add_fifth_bits(uint32_t bits, Int16x16& low, Int16x16& high) {
   }
 }
 #endif
+#if defined(__AVX2__) && !(defined(__AVX512BW__) && defined(__AVX512VL__))
+// Without AVX-512 each half's 16 weights are made signed bytes first, in a 128-bit register, and widened once:
+// q - 16 is the nibble with 0xf0 or-ed in where its fifth bit is clear (llama.cpp's way), the bits picked
+// out of the 32 by a byte shuffle and tested by a compare. 19 micro-ops a block on a Zen 1 (which splits every
+// 256-bit operation in two), where widening first and spreading the fifth bits over 16-bit lanes took 31.
+inline Int16x16 q5_0_half(__m128i nibbles, __m128i bits, __m128i byte_of_lane) {
+  const __m128i lane_bit = _mm_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+  const __m128i set = _mm_cmpeq_epi8(_mm_and_si128(_mm_shuffle_epi8(bits, byte_of_lane), lane_bit), lane_bit);
+  const __m128i q = _mm_or_si128(nibbles, _mm_andnot_si128(set, _mm_set1_epi8(static_cast<char>(0xf0))));
+  return reinterpret_cast<Int16x16>(_mm256_cvtepi8_epi16(q));
+}
+inline void q5_0_weights(const uint8_t* b, Int16x16& low, Int16x16& high) {
+  uint32_t word;
+  std::memcpy(&word, b + 2, sizeof word);
+  const __m128i bits = _mm_cvtsi32_si128(static_cast<int>(word));
+  const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6)), mask = _mm_set1_epi8(0x0f);
+  low = q5_0_half(_mm_and_si128(packed, mask), bits, _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+  high = q5_0_half(_mm_and_si128(_mm_srli_epi16(packed, 4), mask), bits,
+                   _mm_setr_epi8(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+}
+#else
+inline void q5_0_weights(const uint8_t* b, Int16x16& low, Int16x16& high) {
+  uint32_t bits;
+  std::memcpy(&bits, b + 2, sizeof bits);
+  widen_nibbles(b + 6, 16, low, high);
+  add_fifth_bits(bits, low, high);
+}
+#endif
 struct Q5_0 : BlockOf32 {
   static constexpr int64_t kBytes = 22;
   static constexpr int kType = 6;
-  static void weights(const uint8_t* b, int, Int16x16& low, Int16x16& high) {
-    uint32_t bits;
-    std::memcpy(&bits, b + 2, sizeof bits);
-    widen_nibbles(b + 6, 16, low, high);
-    add_fifth_bits(bits, low, high);
-  }
+  static void weights(const uint8_t* b, int, Int16x16& low, Int16x16& high) { q5_0_weights(b, low, high); }
 };
 
 // K-quants pack each run of 32 weights across 32 bytes, several runs in different bits of the same bytes:
