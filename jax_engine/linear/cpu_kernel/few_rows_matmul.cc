@@ -661,7 +661,6 @@ constexpr int64_t kManyItemsPerChunk = 16;
 constexpr int kWideLanes = sizeof(Wide) / sizeof(float);
 constexpr int64_t kPanelRows = 2 * kWideLanes;
 constexpr int64_t kLineFloats = 64 / sizeof(float);
-typedef float Float32x16 __attribute__((vector_size(64)));
 
 inline Wide load_wide(const float* p) {
   Wide v;
@@ -670,10 +669,25 @@ inline Wide load_wide(const float* p) {
 }
 // Weights q (one run's 16 integers) times scale plus minimum, as float32, into out. The product is exact (a
 // float16 scale, or one times a 6-bit sub-block scale, times a small integer), so this rounds once, as gguf-py.
+#if defined(__AVX512F__)
 inline void store_dequantized(Int16x16 q, float scale, float minimum, float* out) {
+  typedef float Float32x16 __attribute__((vector_size(64)));
   const Float32x16 w = __builtin_convertvector(q, Float32x16) * scale + minimum;
   std::memcpy(out, &w, sizeof w);
 }
+#else
+// Eight at a time, one AVX2 register: without AVX-512 a 16-float vector stays in memory, and GCC built the
+// scale's broadcast there from 16 scalar stores.
+inline void store_dequantized(Int16x16 q, float scale, float minimum, float* out) {
+  typedef int16_t Int16x8 __attribute__((vector_size(16)));
+  Int16x8 halves[2];
+  std::memcpy(halves, &q, sizeof halves);
+  for (int h = 0; h < 2; ++h) {
+    const Vec w = __builtin_convertvector(halves[h], Vec) * scale + minimum;
+    std::memcpy(out + h * kLanes, &w, sizeof w);
+  }
+}
+#endif
 
 // Output features' weights from `w` (block rows p.block_row_bytes apart), dequantized into out [features, K].
 template <typename T>
