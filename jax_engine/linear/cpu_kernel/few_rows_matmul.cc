@@ -209,8 +209,9 @@ struct Q4_1 : BlockOf32 {  // w = d q + m
 // Q5_0: d, 32 high bits (bit j is weight j's fifth bit), then 16 bytes of low nibbles as Q4_0's; w = d (q - 16).
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
 // The bits are a mask register as they stand: one masked add a half, where spreading them over 16-bit lanes
-// took AVX2 five instructions a half (AVX2 now makes bytes first, below). Gemma 3 270M's 18 Q5_0 ffn_gate (16 MB, in L3 across repeats) on a 2-core Zen 5,
-// fastest of 21 in three rounds: 0.89-1.05 -> 0.77-0.80 ms at one row, 1.36-1.45 -> 1.26-1.28 at four.
+// took AVX2 five instructions a half (AVX2 now makes bytes first, below). Gemma 3 270M's 18 Q5_0 ffn_gate
+// (16 MB, in L3 across repeats) on a 2-core Zen 5, fastest of 21 in three rounds: 0.89-1.05 -> 0.77-0.80 ms at
+// one row, 1.36-1.45 -> 1.26-1.28 at four.
 inline void add_fifth_bits(uint32_t bits, Int16x16& low, Int16x16& high) {
   const __m256i sixteen = _mm256_set1_epi16(16);
   for (auto [half, part] : {std::pair{&low, bits & 0xffffu}, std::pair{&high, bits >> 16}}) {
