@@ -335,6 +335,7 @@ constexpr int64_t kMaxHeadsScored = 16;
 // Independent sums of a dot product: in one, each multiply-add waited for the one before (32 of them a key and
 // head at Gemma 3's head dim of 256 with AVX2, 5 cycles each on a Zen 1), and that wait was half the pass.
 constexpr int kDotChains = 4;
+static_assert(kDotChains == 4, "score_keys adds the four sums pairwise");
 template <typename T, int D>
 void score_keys(const Problem& p, const int32_t* table, int64_t begin, int64_t n, const T* keys, const float* q,
                 int64_t kv_walked, int64_t G, float* scores, int64_t m) {
